@@ -1,0 +1,51 @@
+# specops developer entry points. Every target works from a fresh clone:
+# the venv is created and filled on first use.
+PY_BOOT ?= python3
+VENV    ?= .venv
+PY      := $(VENV)/bin/python
+STAMP   := $(VENV)/.installed
+
+.DEFAULT_GOAL := help
+.PHONY: help install prometheus test test-cluster lint fmt crds demo bench clean
+
+help: ## list targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
+
+$(STAMP): pyproject.toml
+	$(PY_BOOT) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+install: $(STAMP) prometheus ## create .venv with the operator and test tools, and Prometheus
+
+prometheus: ## make sure Debian's prometheus is installed (apt-get when root)
+	@scripts/ensure-prometheus.sh
+
+test: install ## run the whole test suite (unit, component, end-to-end on the emulated cluster)
+	$(PY) -m pytest tests -q
+
+test-cluster: install ## run the end-to-end tests against the cluster in $$KUBECONFIG
+	$(PY) -m pytest tests/e2e -q --cluster
+
+lint: $(STAMP) ## ruff, mypy, import-linter
+	$(VENV)/bin/ruff check operator tests
+	$(VENV)/bin/ruff format --check operator tests
+	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports
+
+fmt: $(STAMP) ## format and autofix
+	$(VENV)/bin/ruff format operator tests
+	$(VENV)/bin/ruff check --fix operator tests
+
+crds: $(STAMP) ## regenerate crds/ (and the chart copy) from the pydantic models
+	$(PY) -m specops.api.crd crds/specops.dev_speculativedeployments.yaml
+
+demo: install ## local demo: emulated cluster, simulated Triton pods, real Prometheus, the real operator
+	$(PY) -m specops.demo
+
+bench: install ## benchmarks: print tables and write JSON under bench-results/
+	$(PY) -m specops.bench all --out bench-results
+
+clean: ## remove the venv and caches
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache bench-results
