@@ -145,3 +145,30 @@ def break_even_batch(setup: ModelSetup, alpha: float, draft_length: int, max_bat
         else:
             hi = mid
     return hi
+
+
+def best_length_break_even_batch(
+    setup: ModelSetup, alpha: float, max_length: int, max_batch: int = 4096
+) -> int | None:
+    """Smallest batch at which no draft length in [1, max_length] beats plain decoding; None if never.
+
+    Unlike `break_even_batch` (one fixed length) this is where a policy free to pick the
+    length should switch speculation off. Speedup falls with batch at every length, so
+    bisection applies.
+    """
+
+    def pays(batch: int) -> bool:
+        return best_draft_length(setup, alpha, batch, max_length)[0] > 0
+
+    if not pays(1):
+        return 1
+    if pays(max_batch):
+        return None
+    lo, hi = 1, max_batch
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if pays(mid):
+            lo = mid
+        else:
+            hi = mid
+    return hi

@@ -1,0 +1,252 @@
+"""A small asynchronous Kubernetes client on httpx.
+
+Kopf watches; everything specops writes (children, status, pod discovery) goes
+through this client so it never blocks the event loop. Credentials come from the
+same places as kubectl's: the in-cluster service account, else the kubeconfig
+named by $KUBECONFIG (read when the client is built, not when a module is
+imported) or ~/.kube/config. `kubernetes.config` only parses the kubeconfig.
+"""
+
+from __future__ import annotations
+
+import os
+import ssl
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import kubernetes.client
+import kubernetes.config
+
+MERGE_PATCH = "application/merge-patch+json"
+JSON_PATCH = "application/json-patch+json"
+
+# Plural names of the kinds specops reads or writes: (apiVersion, kind) -> plural.
+PLURALS: dict[tuple[str, str], str] = {
+    ("v1", "Pod"): "pods",
+    ("v1", "Service"): "services",
+    ("v1", "ConfigMap"): "configmaps",
+    ("v1", "Event"): "events",
+    ("v1", "Secret"): "secrets",
+    ("apps/v1", "Deployment"): "deployments",
+    ("batch/v1", "Job"): "jobs",
+    ("discovery.k8s.io/v1", "EndpointSlice"): "endpointslices",
+    ("monitoring.coreos.com/v1", "PodMonitor"): "podmonitors",
+    ("gateway.networking.k8s.io/v1", "HTTPRoute"): "httproutes",
+    ("jobset.x-k8s.io/v1alpha2", "JobSet"): "jobsets",
+    ("trainer.kubeflow.org/v1alpha1", "TrainJob"): "trainjobs",
+    ("specops.dev/v1alpha1", "SpeculativeDeployment"): "speculativedeployments",
+}
+
+
+class KubeApiError(Exception):
+    """A non-2xx answer from the API server, with the Status reason and message."""
+
+    def __init__(self, status: int, reason: str, message: str) -> None:
+        super().__init__(f"{status} {reason}: {message}")
+        self.status = status
+        self.reason = reason
+        self.message = message
+
+    @property
+    def not_found(self) -> bool:
+        return self.status == 404
+
+    @property
+    def conflict(self) -> bool:
+        return self.status == 409
+
+
+@dataclass(frozen=True)
+class ConnectionSettings:
+    server: str
+    token: str | None = None
+    ca_file: str | None = None
+    cert_file: str | None = None
+    key_file: str | None = None
+    verify: bool = True
+
+
+def load_connection_settings(kubeconfig: str | None = None) -> ConnectionSettings:
+    """In-cluster service account first, else the kubeconfig ($KUBECONFIG read now)."""
+    config = kubernetes.client.Configuration()
+    path = kubeconfig or os.environ.get("KUBECONFIG")
+    if path is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
+        kubernetes.config.load_incluster_config(client_configuration=config)
+    else:
+        kubernetes.config.load_kube_config(config_file=path, client_configuration=config)
+    token = config.api_key.get("authorization") or config.api_key.get("BearerToken")
+    if token and token.lower().startswith("bearer "):
+        token = token[7:]
+    return ConnectionSettings(
+        server=config.host.rstrip("/"),
+        token=token,
+        ca_file=config.ssl_ca_cert,
+        cert_file=config.cert_file,
+        key_file=config.key_file,
+        verify=bool(config.verify_ssl),
+    )
+
+
+def resource_path(api_version: str, plural: str, namespace: str | None, name: str | None = None) -> str:
+    base = f"/api/{api_version}" if "/" not in api_version else f"/apis/{api_version}"
+    path = f"{base}/namespaces/{namespace}/{plural}" if namespace else f"{base}/{plural}"
+    return f"{path}/{name}" if name else path
+
+
+def plural_of(api_version: str, kind: str) -> str:
+    try:
+        return PLURALS[(api_version, kind)]
+    except KeyError:
+        raise ValueError(f"specops does not manage {kind} ({api_version})") from None
+
+
+def label_selector(labels: Mapping[str, str]) -> str:
+    return ",".join(f"{key}={value}" for key, value in sorted(labels.items()))
+
+
+class KubeClient:
+    """CRUD on the resources specops manages; errors raise KubeApiError."""
+
+    def __init__(self, settings: ConnectionSettings, *, timeout_s: float = 10.0) -> None:
+        self.settings = settings
+        verify: ssl.SSLContext | bool = settings.verify
+        if settings.ca_file or settings.cert_file:
+            context = ssl.create_default_context(cafile=settings.ca_file)
+            if settings.cert_file and settings.key_file:
+                context.load_cert_chain(settings.cert_file, settings.key_file)
+            if not settings.verify:
+                context.check_hostname = False
+                context.verify_mode = ssl.CERT_NONE
+            verify = context
+        headers = {"Accept": "application/json", "User-Agent": "specops"}
+        if settings.token:
+            headers["Authorization"] = f"Bearer {settings.token}"
+        self._http = httpx.AsyncClient(
+            base_url=settings.server, headers=headers, verify=verify, timeout=timeout_s
+        )
+
+    async def close(self) -> None:
+        await self._http.aclose()
+
+    async def _request(
+        self,
+        method: str,
+        path: str,
+        *,
+        json: Any = None,
+        params: Mapping[str, str] | None = None,
+        content_type: str = "application/json",
+    ) -> dict[str, Any]:
+        headers = {"Content-Type": content_type} if json is not None else {}
+        response = await self._http.request(method, path, json=json, params=params, headers=headers)
+        if response.status_code >= 400:
+            try:
+                body = response.json()
+                reason, message = str(body.get("reason", "")), str(body.get("message", response.text))
+            except ValueError:
+                reason, message = response.reason_phrase, response.text[:500]
+            raise KubeApiError(response.status_code, reason, message)
+        if not response.content:
+            return {}
+        result = response.json()
+        return result if isinstance(result, dict) else {}
+
+    async def api_served(self, group_version: str) -> bool:
+        """Whether the cluster serves an API group version (e.g. monitoring.coreos.com/v1)."""
+        try:
+            await self._request("GET", f"/apis/{group_version}")
+        except KubeApiError:
+            return False
+        return True
+
+    async def get(
+        self, api_version: str, kind: str, namespace: str | None, name: str
+    ) -> dict[str, Any] | None:
+        try:
+            return await self._request(
+                "GET", resource_path(api_version, plural_of(api_version, kind), namespace, name)
+            )
+        except KubeApiError as error:
+            if error.not_found:
+                return None
+            raise
+
+    async def list(
+        self, api_version: str, kind: str, namespace: str | None, labels: Mapping[str, str] | None = None
+    ) -> list[dict[str, Any]]:
+        params = {"labelSelector": label_selector(labels)} if labels else None
+        path = resource_path(api_version, plural_of(api_version, kind), namespace)
+        result = await self._request("GET", path, params=params)
+        return list(result.get("items") or [])
+
+    async def create(self, obj: dict[str, Any]) -> dict[str, Any]:
+        api_version, kind = obj["apiVersion"], obj["kind"]
+        namespace = obj.get("metadata", {}).get("namespace")
+        return await self._request(
+            "POST", resource_path(api_version, plural_of(api_version, kind), namespace), json=obj
+        )
+
+    async def patch(
+        self,
+        api_version: str,
+        kind: str,
+        namespace: str | None,
+        name: str,
+        patch: Any,
+        *,
+        subresource: str | None = None,
+        content_type: str = MERGE_PATCH,
+    ) -> dict[str, Any]:
+        path = resource_path(api_version, plural_of(api_version, kind), namespace, name)
+        if subresource:
+            path = f"{path}/{subresource}"
+        return await self._request("PATCH", path, json=patch, content_type=content_type)
+
+    async def delete(self, api_version: str, kind: str, namespace: str | None, name: str) -> bool:
+        """Delete with background propagation; False when it was already gone."""
+        path = resource_path(api_version, plural_of(api_version, kind), namespace, name)
+        try:
+            await self._request("DELETE", path, json={"propagationPolicy": "Background"})
+        except KubeApiError as error:
+            if error.not_found:
+                return False
+            raise
+        return True
+
+    async def update_status(
+        self,
+        api_version: str,
+        kind: str,
+        namespace: str,
+        name: str,
+        mutate: Callable[[dict[str, Any]], dict[str, Any] | None],
+        *,
+        attempts: int = 5,
+    ) -> dict[str, Any] | None:
+        """Optimistic read-modify-write of .status; `mutate(obj)` returns a status patch or None.
+
+        The patch carries the resourceVersion it was computed from, so two writers
+        (the reconcile handler and the control loop) never overwrite each other's
+        conditions: the loser gets 409 Conflict and recomputes on a fresh read.
+        """
+        for _ in range(attempts):
+            obj = await self.get(api_version, kind, namespace, name)
+            if obj is None:
+                return None
+            status_patch = mutate(obj)
+            if not status_patch:
+                return None
+            body = {
+                "metadata": {"resourceVersion": obj["metadata"]["resourceVersion"]},
+                "status": status_patch,
+            }
+            try:
+                return await self.patch(api_version, kind, namespace, name, body, subresource="status")
+            except KubeApiError as error:
+                if not error.conflict:
+                    raise
+        raise KubeApiError(
+            409, "Conflict", f"status of {namespace}/{name} kept changing; gave up after {attempts}"
+        )

@@ -1,0 +1,244 @@
+"""Prometheus polling: one grouped instant query per quantity per cycle, for every resource at once.
+
+Resources never query Prometheus themselves: they read the latest snapshot
+from memory through :class:`MetricsHub`, so the load on Prometheus depends on
+the number of (Prometheus, backend) pairs, not on the number of resources.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import httpx
+
+from specops.domain.metrics import (
+    PROFILES,
+    REASON_METRICS_UNAVAILABLE,
+    BackendProfile,
+    Measurement,
+    RawVector,
+    Snapshot,
+    build_snapshot,
+    rate_window_s,
+)
+
+logger = logging.getLogger(__name__)
+
+Clock = Callable[[], datetime]
+
+
+def utc_now() -> datetime:
+    return datetime.now(UTC)
+
+
+class QueryFailed(Exception):
+    """A query did not produce a vector; the message is what the operator reports."""
+
+
+class PrometheusPoller:
+    """Polls one Prometheus for one backend profile and keeps the latest :class:`Snapshot`.
+
+    Any failure (connection refused, timeout, HTTP error, a Prometheus error
+    answer) turns the whole cycle into an Error snapshot: a partial cycle could
+    pair an old acceptance with a new batch size and mislead the policy.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        profile: BackendProfile,
+        interval_s: float = 15.0,
+        *,
+        scrape_interval_s: float = 15.0,
+        timeout_s: float = 5.0,
+        clock: Clock = utc_now,
+    ) -> None:
+        self.url = url.rstrip("/")
+        self.profile = profile
+        self.interval_s = interval_s
+        self.window_s = rate_window_s(scrape_interval_s)
+        self.timeout_s = timeout_s
+        self._clock = clock
+        self._client = httpx.AsyncClient(timeout=httpx.Timeout(timeout_s))
+        self.latest: Snapshot = Snapshot.failed(clock(), f"no poll of {self.url} has completed yet")
+        self.cycles = 0
+        self.queries_total = 0
+        self.queries_last_cycle = 0
+
+    async def _query(self, promql: str) -> RawVector:
+        try:
+            response = await self._client.get(f"{self.url}/api/v1/query", params={"query": promql})
+        except httpx.TimeoutException:
+            raise QueryFailed(f"Prometheus at {self.url} timed out after {self.timeout_s:g}s") from None
+        except httpx.HTTPError as exc:
+            raise QueryFailed(f"cannot reach Prometheus at {self.url}: {exc!r}") from None
+        try:
+            body: Any = response.json()
+        except ValueError:
+            body = None
+        if not isinstance(body, dict):
+            raise QueryFailed(f"Prometheus at {self.url} answered HTTP {response.status_code} without JSON")
+        if body.get("status") != "success":
+            raise QueryFailed(
+                f"Prometheus at {self.url} answered HTTP {response.status_code} "
+                f"{body.get('errorType', 'error')}: {body.get('error', '')} (query: {promql})"
+            )
+        data = body.get("data") or {}
+        if data.get("resultType") != "vector":
+            raise QueryFailed(f"expected a vector from {promql!r}, got {data.get('resultType')!r}")
+        result: RawVector = data.get("result") or []
+        return result
+
+    async def poll_once(self, now: datetime) -> Snapshot:
+        """Run every quantity's query concurrently and build a snapshot stamped ``now``; never raises."""
+        queries = self.profile.queries(self.window_s)
+        self.cycles += 1
+        self.queries_last_cycle = len(queries)
+        self.queries_total += len(queries)
+        answers = await asyncio.gather(*(self._query(q) for q in queries.values()), return_exceptions=True)
+        results: dict[str, RawVector] = {}
+        for quantity, answer in zip(queries, answers, strict=True):
+            if isinstance(answer, BaseException):
+                if isinstance(answer, asyncio.CancelledError):
+                    raise answer
+                message = str(answer) if isinstance(answer, QueryFailed) else repr(answer)
+                return Snapshot.failed(now, message)
+            results[quantity] = answer
+        return build_snapshot(self.profile, results, now)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Poll every ``interval_s`` until ``stop`` is set, keeping ``latest`` up to date."""
+        while not stop.is_set():
+            started = time.monotonic()
+            previous_phase = self.latest.phase
+            try:
+                self.latest = await self.poll_once(self._clock())
+            except Exception as exc:  # a bug must not end polling for every resource
+                logger.exception("metrics poll of %s failed unexpectedly", self.url)
+                self.latest = Snapshot.failed(self._clock(), f"unexpected error: {exc!r}")
+            if self.latest.phase != previous_phase or (self.latest.phase == "Error" and self.cycles == 1):
+                log = logger.info if self.latest.phase == "Ok" else logger.warning
+                log("metrics from %s (%s): %s", self.url, self.profile.name, self.latest.error or "ok")
+            remaining = self.interval_s - (time.monotonic() - started)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=max(remaining, 0.0))
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+
+
+@dataclass
+class _Running:
+    poller: PrometheusPoller
+    stop: asyncio.Event
+    task: asyncio.Task[None]
+    intervals: dict[Hashable, float] = field(default_factory=dict)
+
+
+class MetricsHub:
+    """One poller per (Prometheus URL, backend) that at least one resource registered.
+
+    Pollers start on the first registration and stop when the last resource
+    unregisters. ``register`` and ``unregister`` must be called from the event loop.
+    """
+
+    def __init__(
+        self,
+        *,
+        scrape_interval_s: float = 15.0,
+        timeout_s: float = 5.0,
+        clock: Clock = utc_now,
+        profiles: dict[str, BackendProfile] | None = None,
+    ) -> None:
+        self.scrape_interval_s = scrape_interval_s
+        self.timeout_s = timeout_s
+        self._clock = clock
+        self._profiles = PROFILES if profiles is None else profiles
+        self._running: dict[tuple[str, str], _Running] = {}
+        self._owner: dict[Hashable, tuple[str, str]] = {}
+        self._stopping: set[asyncio.Task[None]] = set()
+
+    def poller(self, url: str, backend: str) -> PrometheusPoller | None:
+        running = self._running.get((url.rstrip("/"), backend))
+        return running.poller if running else None
+
+    def register(self, key: Hashable, url: str, backend: str, interval_s: float) -> None:
+        target = (url.rstrip("/"), backend)
+        if self._owner.get(key) not in (None, target):
+            self.unregister(key)
+        profile = self._profiles.get(backend)
+        if profile is None:
+            return  # lookup reports the unknown backend
+        running = self._running.get(target)
+        if running is None:
+            poller = PrometheusPoller(
+                target[0],
+                profile,
+                interval_s,
+                scrape_interval_s=self.scrape_interval_s,
+                timeout_s=self.timeout_s,
+                clock=self._clock,
+            )
+            stop = asyncio.Event()
+            task = asyncio.get_running_loop().create_task(
+                self._poll_until_stopped(poller, stop), name=f"metrics {target[0]} {backend}"
+            )
+            running = self._running[target] = _Running(poller, stop, task)
+        running.intervals[key] = interval_s
+        running.poller.interval_s = min(running.intervals.values())
+        self._owner[key] = target
+
+    def unregister(self, key: Hashable) -> None:
+        target = self._owner.pop(key, None)
+        running = self._running.get(target) if target else None
+        if running is None:
+            return
+        running.intervals.pop(key, None)
+        if running.intervals:
+            running.poller.interval_s = min(running.intervals.values())
+            return
+        del self._running[target]  # type: ignore[arg-type]
+        running.stop.set()
+        self._stopping.add(running.task)
+        running.task.add_done_callback(self._stopping.discard)
+
+    def lookup(
+        self,
+        url: str,
+        backend: str,
+        namespace: str,
+        name: str,
+        variant: str,
+        now: datetime,
+        draft_length: int | None = None,
+    ) -> Measurement:
+        if backend not in self._profiles:
+            return Measurement.failed(now, REASON_METRICS_UNAVAILABLE, f"no metrics profile for {backend!r}")
+        running = self._running.get((url.rstrip("/"), backend))
+        if running is None:
+            return Measurement.failed(now, REASON_METRICS_UNAVAILABLE, f"{url} is not being polled")
+        poller = running.poller
+        max_age_s = 3 * poller.interval_s + poller.timeout_s
+        return poller.latest.lookup(namespace, name, variant, now, max_age_s, draft_length)
+
+    @staticmethod
+    async def _poll_until_stopped(poller: PrometheusPoller, stop: asyncio.Event) -> None:
+        try:
+            await poller.run(stop)
+        finally:
+            await poller.aclose()
+
+    async def close(self) -> None:
+        """Stop every poller and wait for them to finish."""
+        for key in list(self._owner):
+            self.unregister(key)
+        tasks = list(self._stopping)
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)

@@ -1,0 +1,220 @@
+"""Run-time control of Triton serving pods: speculation settings live in the BLS model config.
+
+Speculation is per request in Triton's TensorRT-LLM draft-target path, so the
+BLS model holds the defaults it sends (draft length, draft model name) and a
+change is a reload of that CPU-only model with a config override: no pod
+restart. Every failure comes back as data (``ok=False`` and a message).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any
+
+import aiohttp
+import httpx
+from tritonclient.http.aio import InferenceServerClient
+from tritonclient.utils import InferenceServerException
+
+from specops.adapters.ports import ApplyResult, BlsSettings, FleetResult, GenerateResult
+from specops.domain.discovery import PodEndpoint
+
+BLS_MODEL = "tensorrt_llm_bls"
+ENSEMBLE_MODEL = "ensemble"
+NUM_DRAFT_TOKENS_PARAMETER = "specops_default_num_draft_tokens"
+DRAFT_MODEL_PARAMETER = "tensorrt_llm_draft_model_name"
+
+# What a pod can throw at us: refused/reset connections, timeouts, Triton error answers.
+_TRANSPORT_ERRORS = (
+    InferenceServerException,
+    aiohttp.ClientError,
+    httpx.HTTPError,
+    OSError,
+    TimeoutError,
+)
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, TimeoutError | httpx.TimeoutException):
+        return "timed out"
+    if isinstance(exc, InferenceServerException):
+        status = exc.status()
+        return f"Triton error{f' {status}' if status else ''}: {exc.message()}"
+    return f"{type(exc).__name__}: {exc}"
+
+
+def _string_parameter(config: Mapping[str, Any], name: str) -> str | None:
+    parameter = (config.get("parameters") or {}).get(name)
+    if not isinstance(parameter, Mapping):
+        return None
+    value = parameter.get("string_value")
+    return None if value in (None, "") else str(value)
+
+
+def settings_from_config(config: Mapping[str, Any]) -> BlsSettings:
+    """The speculation settings a BLS config holds (missing or malformed values read as None)."""
+    raw_length = _string_parameter(config, NUM_DRAFT_TOKENS_PARAMETER)
+    try:
+        length = int(raw_length) if raw_length is not None else None
+    except ValueError:
+        length = None
+    return BlsSettings(
+        num_draft_tokens=length, draft_model_name=_string_parameter(config, DRAFT_MODEL_PARAMETER)
+    )
+
+
+def config_with_settings(
+    config: Mapping[str, Any], *, num_draft_tokens: int | None, draft_model_name: str | None
+) -> dict[str, Any]:
+    """A copy of ``config`` carrying the requested settings (None leaves a setting as it is)."""
+    updated = json.loads(json.dumps(config))
+    parameters = updated.setdefault("parameters", {})
+    if num_draft_tokens is not None:
+        parameters[NUM_DRAFT_TOKENS_PARAMETER] = {"string_value": str(num_draft_tokens)}
+    if draft_model_name is not None:
+        parameters[DRAFT_MODEL_PARAMETER] = {"string_value": draft_model_name}
+    return updated
+
+
+class TritonModelControl:
+    """Triton model repository and BLS settings over HTTP (tritonclient's asyncio client)."""
+
+    def __init__(self, *, timeout_s: float = 10.0, load_timeout_s: float = 120.0) -> None:
+        self.timeout_s = timeout_s
+        self.load_timeout_s = load_timeout_s
+
+    def _client(self, endpoint: PodEndpoint, timeout_s: float | None = None) -> InferenceServerClient:
+        return InferenceServerClient(endpoint.address, conn_timeout=timeout_s or self.timeout_s)
+
+    async def _with_client(
+        self,
+        endpoint: PodEndpoint,
+        action: Callable[[InferenceServerClient], Awaitable[ApplyResult]],
+        timeout_s: float | None = None,
+    ) -> ApplyResult:
+        try:
+            async with self._client(endpoint, timeout_s) as client:
+                return await action(client)
+        except _TRANSPORT_ERRORS as exc:
+            return ApplyResult(pod=endpoint.name, ok=False, message=_describe(exc))
+
+    async def read_bls_settings(self, endpoint: PodEndpoint) -> ApplyResult:
+        async def read(client: InferenceServerClient) -> ApplyResult:
+            config = await client.get_model_config(BLS_MODEL)
+            return ApplyResult(pod=endpoint.name, ok=True, settings=settings_from_config(config))
+
+        return await self._with_client(endpoint, read)
+
+    async def apply_bls_settings(
+        self,
+        endpoint: PodEndpoint,
+        *,
+        num_draft_tokens: int | None = None,
+        draft_model_name: str | None = None,
+    ) -> ApplyResult:
+        """Reload the BLS with the requested settings, only if they differ from what it runs."""
+
+        async def apply(client: InferenceServerClient) -> ApplyResult:
+            config = await client.get_model_config(BLS_MODEL)
+            current = settings_from_config(config)
+            wanted = BlsSettings(
+                num_draft_tokens=current.num_draft_tokens if num_draft_tokens is None else num_draft_tokens,
+                draft_model_name=current.draft_model_name if draft_model_name is None else draft_model_name,
+            )
+            if wanted == current:
+                return ApplyResult(pod=endpoint.name, ok=True, changed=False, settings=current)
+            updated = config_with_settings(
+                config, num_draft_tokens=num_draft_tokens, draft_model_name=draft_model_name
+            )
+            await client.load_model(BLS_MODEL, config=json.dumps(updated))
+            return ApplyResult(pod=endpoint.name, ok=True, changed=True, settings=wanted)
+
+        return await self._with_client(endpoint, apply, self.load_timeout_s)
+
+    async def apply_to_all(
+        self,
+        endpoints: Sequence[PodEndpoint],
+        *,
+        num_draft_tokens: int | None = None,
+        draft_model_name: str | None = None,
+        retries: int = 2,
+        backoff_s: float = 0.2,
+    ) -> FleetResult:
+        """Apply to every pod concurrently, retrying each pod with exponential backoff."""
+
+        async def one(endpoint: PodEndpoint) -> ApplyResult:
+            result = ApplyResult(pod=endpoint.name, ok=False, message="not attempted")
+            for attempt in range(1, max(retries, 0) + 2):
+                result = await self.apply_bls_settings(
+                    endpoint, num_draft_tokens=num_draft_tokens, draft_model_name=draft_model_name
+                )
+                if result.ok:
+                    break
+                if attempt <= retries:
+                    await asyncio.sleep(backoff_s * 2 ** (attempt - 1))
+            return ApplyResult(
+                pod=result.pod,
+                ok=result.ok,
+                changed=result.changed,
+                message=result.message,
+                settings=result.settings,
+                attempts=attempt,
+            )
+
+        results = await asyncio.gather(*(one(e) for e in endpoints))
+        return FleetResult(
+            desired=len(endpoints),
+            applied=sum(r.ok for r in results),
+            changed=sum(r.changed for r in results),
+            errors={r.pod: r.message for r in results if not r.ok},
+            results=tuple(results),
+        )
+
+    async def load_model(
+        self, endpoint: PodEndpoint, name: str, config: Mapping[str, object] | None = None
+    ) -> ApplyResult:
+        async def load(client: InferenceServerClient) -> ApplyResult:
+            await client.load_model(name, config=json.dumps(config) if config is not None else None)
+            return ApplyResult(pod=endpoint.name, ok=True, changed=True)
+
+        return await self._with_client(endpoint, load, self.load_timeout_s)
+
+    async def unload_model(self, endpoint: PodEndpoint, name: str) -> ApplyResult:
+        async def unload(client: InferenceServerClient) -> ApplyResult:
+            await client.unload_model(name)
+            return ApplyResult(pod=endpoint.name, ok=True, changed=True)
+
+        return await self._with_client(endpoint, unload)
+
+    async def is_ready(self, endpoint: PodEndpoint, model: str | None = None) -> bool:
+        """Server readiness, or one model's readiness; unreachable means not ready."""
+
+        async def ready(client: InferenceServerClient) -> ApplyResult:
+            ok = await (client.is_model_ready(model) if model else client.is_server_ready())
+            return ApplyResult(pod=endpoint.name, ok=bool(ok))
+
+        return (await self._with_client(endpoint, ready)).ok
+
+    async def generate(
+        self, endpoint: PodEndpoint, prompt: str, max_tokens: int, num_draft_tokens: int | None = None
+    ) -> GenerateResult:
+        """Greedy completion through the ensemble's generate endpoint (tritonclient has no generate call)."""
+        body: dict[str, Any] = {"text_input": prompt, "max_tokens": max_tokens, "temperature": 0.0}
+        if num_draft_tokens is not None:
+            body["num_draft_tokens"] = num_draft_tokens
+        url = f"http://{endpoint.address}/v2/models/{ENSEMBLE_MODEL}/generate"
+        try:
+            async with httpx.AsyncClient(timeout=self.timeout_s) as client:
+                response = await client.post(url, json=body)
+            if response.status_code != 200:
+                return GenerateResult(
+                    pod=endpoint.name, ok=False, message=f"HTTP {response.status_code}: {response.text[:200]}"
+                )
+            text = response.json().get("text_output")
+        except (*_TRANSPORT_ERRORS, ValueError) as exc:
+            return GenerateResult(pod=endpoint.name, ok=False, message=_describe(exc))
+        if not isinstance(text, str):
+            return GenerateResult(pod=endpoint.name, ok=False, message="answer has no text_output")
+        return GenerateResult(pod=endpoint.name, ok=True, text=text)

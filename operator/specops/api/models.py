@@ -1,0 +1,590 @@
+"""The SpeculativeDeployment resource: pydantic models of spec and status.
+
+These models are the single source of the API. `make crds` generates the CRD's
+structural openAPIV3Schema from them (descriptions, defaults, enums, bounds and
+the CEL rules attached below), and the operator validates every body it reads
+with the same models, so a resource that slipped past an older CRD still gets a
+clear `InvalidSpec` condition instead of a crash.
+"""
+
+from __future__ import annotations
+
+from itertools import pairwise
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic.alias_generators import to_camel
+
+from specops.api.units import DURATION_PATTERN, PARAMETERS_PATTERN, parse_duration, parse_parameters
+
+GROUP = "specops.dev"
+VERSION = "v1alpha1"
+KIND = "SpeculativeDeployment"
+PLURAL = "speculativedeployments"
+SINGULAR = "speculativedeployment"
+SHORT_NAMES = ["sdep"]
+API_VERSION = f"{GROUP}/{VERSION}"
+
+ENGINE_URI_PATTERN = r"^(pvc|s3|gs|file)://.+$"
+DNS_LABEL_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+MAX_ENGINE_DRAFT_LEN = 32
+
+Duration = Annotated[str, Field(pattern=DURATION_PATTERN)]
+Parameters = Annotated[str, Field(pattern=PARAMETERS_PATTERN)]
+
+
+def _rules(*rules: tuple[str, str] | tuple[str, str, str]) -> dict[str, Any]:
+    """CEL `x-kubernetes-validations` for a model: (rule, message[, fieldPath])."""
+    out = []
+    for rule in rules:
+        entry = {"rule": rule[0], "message": rule[1]}
+        if len(rule) == 3:
+            entry["fieldPath"] = rule[2]
+        out.append(entry)
+    return {"x-kubernetes-validations": out}
+
+
+def _immutable(message: str) -> dict[str, Any]:
+    return {"x-kubernetes-validations": [{"rule": "self == oldSelf", "message": message}]}
+
+
+class ApiModel(BaseModel):
+    """camelCase on the wire, snake_case in Python; unknown fields ignored (the server prunes them)."""
+
+    model_config = ConfigDict(
+        alias_generator=to_camel, populate_by_name=True, extra="ignore", frozen=True, use_enum_values=True
+    )
+
+
+# ---------------------------------------------------------------- target / draft
+
+
+class TargetEngine(ApiModel):
+    uri: str = Field(
+        pattern=ENGINE_URI_PATTERN,
+        max_length=1024,
+        description="Where the target's compiled TensorRT-LLM engine lives: pvc://CLAIM/PATH is mounted "
+        "read-only; s3://, gs:// and file:// are fetched by the engine fetcher init container.",
+    )
+    max_draft_len: int = Field(
+        default=8,
+        ge=1,
+        le=MAX_ENGINE_DRAFT_LEN,
+        description="The engine's build-time max_draft_len: no request may draft more tokens than this.",
+    )
+
+
+class DraftEngine(ApiModel):
+    uri: str = Field(
+        pattern=ENGINE_URI_PATTERN,
+        max_length=1024,
+        description="Where the draft's compiled engine lives (same schemes as the target's).",
+    )
+
+
+class TargetSpec(ApiModel):
+    model: str = Field(
+        min_length=1,
+        max_length=253,
+        description="Name of the target model; fixed for the life of the resource.",
+        json_schema_extra=_immutable("target.model is immutable: create a new SpeculativeDeployment"),
+    )
+    version: str = Field(
+        min_length=1,
+        max_length=63,
+        description="Version of the target. A change marks the draft stale and, with retraining enabled, "
+        "starts a draft retraining round.",
+    )
+    architecture: Literal["dense", "moe"] = Field(
+        default="dense",
+        description="dense or moe (mixture of experts). A MoE target works best with an expert-distilled draft.",
+        json_schema_extra=_immutable("target.architecture is immutable"),
+    )
+    parameters: Parameters = Field(
+        description='Total parameter count, e.g. "70B" or "70e9"; feeds the performance model.',
+    )
+    active_parameters: Parameters | None = Field(
+        default=None,
+        description='MoE only: parameters active per token, e.g. "22B". Defaults to parameters.',
+    )
+    precision: Literal["bf16", "fp16", "fp8", "int8", "int4"] = Field(
+        default="bf16", description="Weight precision of the target engine (bytes per parameter)."
+    )
+    engine: TargetEngine = Field(description="The target's compiled engine.")
+
+    @property
+    def parameter_count(self) -> float:
+        return parse_parameters(self.parameters)
+
+    @property
+    def active_parameter_count(self) -> float:
+        if self.active_parameters is None:
+            return self.parameter_count
+        return parse_parameters(self.active_parameters)
+
+
+class DraftSpec(ApiModel):
+    model: str = Field(min_length=1, max_length=253, description="Name of the draft model.")
+    version: str = Field(
+        min_length=1,
+        max_length=63,
+        pattern=r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$",
+        description="Version of the draft. A change rolls the new draft out behind a canary.",
+    )
+    kind: Literal["standalone", "expertDistilled", "eagle"] = Field(
+        default="standalone",
+        description="standalone: a small model of the same family; expertDistilled: distilled from a MoE "
+        "target's expert routing; eagle: an EAGLE head on the target's hidden states.",
+    )
+    parameters: Parameters = Field(description='Draft parameter count, e.g. "7B" or "1e9".')
+    engine: DraftEngine = Field(description="The draft's compiled engine.")
+
+    @property
+    def parameter_count(self) -> float:
+        return parse_parameters(self.parameters)
+
+
+# ---------------------------------------------------------------- serving
+
+
+class GpuSpec(ApiModel):
+    type: Literal["H100", "H200", "A100", "L40S", "B200"] = Field(
+        default="H100", description="Accelerator type per replica; feeds the roofline performance model."
+    )
+    count: int = Field(default=1, ge=1, le=16, description="GPUs per replica (nvidia.com/gpu request).")
+
+
+class ServingSpec(ApiModel):
+    model_config = ApiModel.model_config | ConfigDict(
+        json_schema_extra=_rules(
+            (
+                "self.gpu.count % self.tensorParallel == 0",
+                "tensorParallel must divide gpu.count",
+                ".tensorParallel",
+            ),
+        )
+    )
+
+    backend: Literal["triton-trtllm", "trtllm-serve", "vllm", "sglang"] = Field(
+        default="triton-trtllm",
+        description="Serving engine. triton-trtllm tunes speculation per request at run time; the others "
+        "are reserved for engines that fix their speculative config at start-up.",
+        json_schema_extra=_immutable("serving.backend is immutable: create a new SpeculativeDeployment"),
+    )
+    image: str | None = Field(
+        default=None,
+        max_length=512,
+        description="Serving image (Triton with the TensorRT-LLM backend). Empty: the operator's "
+        "configured default image.",
+    )
+    replicas: int = Field(default=1, ge=0, le=1000, description="Serving replicas of the stable variant.")
+    gpu: GpuSpec = Field(default_factory=GpuSpec, description="GPUs per replica.")
+    tensor_parallel: int = Field(default=1, ge=1, le=16, description="Tensor parallel degree of the engines.")
+    engine_fetcher_image: str | None = Field(
+        default=None,
+        max_length=512,
+        description="Image of the init container that copies s3://, gs:// or file:// engines into the "
+        "pod (it runs `fetch-engine SRC DST`). Not needed for pvc:// engines.",
+    )
+    service_account_name: str | None = Field(
+        default=None,
+        pattern=DNS_LABEL_PATTERN,
+        max_length=63,
+        description="Service account of the serving pods (e.g. for object-store credentials).",
+    )
+
+
+# ---------------------------------------------------------------- speculation
+
+
+class DraftLength(ApiModel):
+    model_config = ApiModel.model_config | ConfigDict(
+        json_schema_extra=_rules(
+            ("self.min <= self.initial && self.initial <= self.max", "initial must be between min and max"),
+        )
+    )
+
+    initial: int = Field(
+        default=4, ge=1, le=MAX_ENGINE_DRAFT_LEN, description="Draft length of the Fixed phase."
+    )
+    min: int = Field(
+        default=1, ge=1, le=MAX_ENGINE_DRAFT_LEN, description="Lowest draft length the loop may pick."
+    )
+    max: int = Field(
+        default=8,
+        ge=1,
+        le=MAX_ENGINE_DRAFT_LEN,
+        description="Highest draft length the loop may pick; at most target.engine.maxDraftLen.",
+    )
+
+
+class Rollout(ApiModel):
+    baseline: Duration = Field(
+        default="10m",
+        description="How long speculation stays off at first to record baseline per-token latency.",
+    )
+    soak: Duration = Field(
+        default="30m",
+        description="How long the initial draft length runs before the loop tunes it (Fixed phase).",
+    )
+
+
+class BatchGuard(ApiModel):
+    model_config = ApiModel.model_config | ConfigDict(
+        json_schema_extra=_rules(
+            (
+                "!has(self.offAbove) || !has(self.onBelow) || self.onBelow < self.offAbove",
+                "onBelow must be lower than offAbove",
+                ".onBelow",
+            ),
+        )
+    )
+
+    off_above: int | None = Field(
+        default=None,
+        ge=1,
+        le=100000,
+        description="Override: speculation off when running requests per pod exceed this. "
+        "Empty: the performance model decides.",
+    )
+    on_below: int | None = Field(
+        default=None,
+        ge=0,
+        le=100000,
+        description="Override: speculation back on when running requests per pod fall below this.",
+    )
+    margin: float = Field(
+        default=0.05, ge=0.0, le=1.0, description="Speculation goes off when predicted speedup < 1 + margin."
+    )
+    hysteresis: float = Field(
+        default=0.10,
+        ge=0.0,
+        le=2.0,
+        description="Speculation comes back only when predicted speedup > 1 + margin + hysteresis.",
+    )
+    min_dwell: Duration = Field(default="1m", description="Minimum time between two on/off switches.")
+
+
+class SpeculationSpec(ApiModel):
+    mode: Literal["auto", "on", "off"] = Field(
+        default="auto",
+        description="auto: the control loop decides; on: always speculate (length still tuned); off: never.",
+    )
+    draft_length: DraftLength = Field(default_factory=DraftLength, description="Bounds of the draft length.")
+    rollout: Rollout = Field(default_factory=Rollout, description="Baseline and soak phases before tuning.")
+    batch_guard: BatchGuard = Field(
+        default_factory=BatchGuard,
+        description="When speculation switches off and on as batches grow and shrink.",
+    )
+
+
+# ---------------------------------------------------------------- SLO and metrics
+
+
+class SloSpec(ApiModel):
+    per_token_latency_p99: Duration | None = Field(
+        default=None, description='Per-token (inter-token) latency p99 objective, e.g. "45ms".'
+    )
+    min_acceptance: float = Field(
+        default=0.5,
+        ge=0.0,
+        le=1.0,
+        description="Floor on per-token acceptance alpha (not vLLM's accepted/drafted rate).",
+    )
+
+
+class PrometheusSource(ApiModel):
+    url: str = Field(
+        default="http://prometheus-operated.monitoring.svc:9090",
+        pattern=r"^https?://.+$",
+        max_length=1024,
+        description="Base URL of the Prometheus that scrapes the serving pods.",
+    )
+
+
+class MetricsSpec(ApiModel):
+    prometheus: PrometheusSource = Field(default_factory=PrometheusSource, description="Prometheus to query.")
+    interval: Duration = Field(default="15s", description="How often metrics are read and decisions made.")
+
+
+# ---------------------------------------------------------------- canary
+
+
+class CanaryStep(ApiModel):
+    weight: int = Field(ge=1, le=100, description="Percent of traffic sent to the canary in this step.")
+    pause: Duration = Field(default="10m", description="Bake time of this step before the next analysis.")
+
+
+def _default_steps() -> list[CanaryStep]:
+    return [CanaryStep(weight=w) for w in (5, 10, 25, 50, 100)]
+
+
+class HttpRouteRef(ApiModel):
+    http_route: str = Field(
+        pattern=DNS_LABEL_PATTERN, max_length=63, description="Name of the Gateway API HTTPRoute to manage."
+    )
+
+
+class TrafficRouting(ApiModel):
+    gateway_api: HttpRouteRef | None = Field(
+        default=None,
+        description="Split traffic with real backend weights on this HTTPRoute. Empty: replica-ratio split.",
+    )
+
+
+class CanaryAnalysis(ApiModel):
+    confidence: float = Field(
+        default=0.95, ge=0.5, le=0.999, description="Confidence of the statistical test."
+    )
+    failure_limit: int = Field(
+        default=2, ge=0, le=100, description="Failed analyses tolerated before rollback."
+    )
+    inconclusive_limit: int = Field(
+        default=3, ge=0, le=100, description="Inconclusive analyses tolerated before rollback."
+    )
+    consecutive_error_limit: int = Field(
+        default=4, ge=0, le=100, description="Consecutive metric errors tolerated before pausing judgement."
+    )
+
+
+class ConfigMapKeyRef(ApiModel):
+    name: str = Field(pattern=DNS_LABEL_PATTERN, max_length=253, description="ConfigMap name.")
+    key: str = Field(default="prompts.txt", max_length=253, description="Key holding one prompt per line.")
+
+
+class GoldenPrompts(ApiModel):
+    prompts: list[Annotated[str, Field(max_length=4096)]] = Field(
+        default_factory=list,
+        max_length=64,
+        description="Prompts for the lossless check (greedy, temperature 0).",
+    )
+    config_map_ref: ConfigMapKeyRef | None = Field(default=None, description="Prompts kept in a ConfigMap.")
+    max_tokens: int = Field(default=64, ge=1, le=4096, description="Tokens generated per golden prompt.")
+
+
+class CanarySpec(ApiModel):
+    model_config = ApiModel.model_config | ConfigDict(
+        json_schema_extra=_rules(
+            (
+                "self.steps.all(s, self.steps.exists_one(t, t.weight == s.weight))"
+                " && self.steps.map(s, s.weight).isSorted()",
+                "canary step weights must be strictly increasing",
+                ".steps",
+            ),
+        )
+    )
+
+    steps: list[CanaryStep] = Field(
+        default_factory=_default_steps,
+        min_length=1,
+        max_length=20,
+        description="Traffic weights in increasing order, each held for its pause.",
+    )
+    traffic_routing: TrafficRouting = Field(
+        default_factory=TrafficRouting, description="How traffic is split."
+    )
+    analysis: CanaryAnalysis = Field(default_factory=CanaryAnalysis, description="Judgement of each step.")
+    golden_prompts: GoldenPrompts = Field(
+        default_factory=GoldenPrompts, description="Lossless check run before any traffic."
+    )
+
+
+# ---------------------------------------------------------------- retraining
+
+
+class AcceptanceTrigger(ApiModel):
+    for_: Duration = Field(
+        default="30m", alias="for", description="How long acceptance must stay below the SLO to trigger."
+    )
+    cooldown: Duration = Field(default="24h", description="Minimum time between two triggered retrainings.")
+
+
+class RetrainingTriggers(ApiModel):
+    target_version_change: bool = Field(default=True, description="Retrain when target.version changes.")
+    acceptance_below_slo: AcceptanceTrigger | None = Field(
+        default=None,
+        alias="acceptanceBelowSLO",
+        description="Retrain when acceptance stays below slo.minAcceptance.",
+    )
+
+
+class OnPolicyKnobs(ApiModel):
+    target_assisted_rollout: bool = Field(default=True, description="Roll out with target assistance.")
+    replay_rejected: bool = Field(default=True, description="Replay positions the verifier rejected.")
+    rejected_weight: float = Field(default=2.0, ge=0.0, le=100.0, description="Weight of rejected positions.")
+
+
+class RetrainingData(ApiModel):
+    uri: str = Field(max_length=1024, description="Real prompts to train on (s3://, gs:// or pvc://).")
+
+
+class RetrainingSpec(ApiModel):
+    enabled: bool = Field(default=False, description="Whether specops starts retraining jobs.")
+    triggers: RetrainingTriggers = Field(
+        default_factory=RetrainingTriggers, description="What starts a round."
+    )
+    method: Literal["sft", "onPolicy"] = Field(default="onPolicy", description="Training method.")
+    on_policy: OnPolicyKnobs = Field(
+        default_factory=OnPolicyKnobs, description="On-policy distillation knobs."
+    )
+    data: RetrainingData | None = Field(default=None, description="Training prompts.")
+    image: str | None = Field(default=None, max_length=512, description="Trainer image.")
+    template: dict[str, Any] | None = Field(
+        default=None,
+        description="A batch/v1 Job, JobSet or TrainJob template the trainer runs in.",
+        json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
+    )
+    auto_canary: bool = Field(default=True, description="Canary the trained draft automatically.")
+
+
+# ---------------------------------------------------------------- spec
+
+
+class SpeculativeDeploymentSpec(ApiModel):
+    model_config = ApiModel.model_config | ConfigDict(
+        json_schema_extra=_rules(
+            (
+                "self.speculation.draftLength.max <= self.target.engine.maxDraftLen",
+                "speculation.draftLength.max must not exceed target.engine.maxDraftLen",
+                ".speculation.draftLength.max",
+            ),
+            (
+                "self.target.engine.uri.startsWith('pvc://') && self.draft.engine.uri.startsWith('pvc://')"
+                " || has(self.serving.engineFetcherImage)",
+                "serving.engineFetcherImage is required when an engine uri is not pvc://",
+                ".serving.engineFetcherImage",
+            ),
+        )
+    )
+
+    target: TargetSpec = Field(description="The model whose outputs users get.")
+    draft: DraftSpec = Field(description="The small model that proposes tokens for the target to verify.")
+    serving: ServingSpec = Field(default_factory=ServingSpec, description="Pods, GPUs and engine.")
+    speculation: SpeculationSpec = Field(
+        default_factory=SpeculationSpec, description="How the control loop runs speculation."
+    )
+    slo: SloSpec = Field(default_factory=SloSpec, description="Service level objectives.")
+    metrics: MetricsSpec = Field(default_factory=MetricsSpec, description="Where measurements come from.")
+    canary: CanarySpec = Field(default_factory=CanarySpec, description="How a new draft is rolled out.")
+    retraining: RetrainingSpec = Field(
+        default_factory=RetrainingSpec, description="Draft retraining when the target changes."
+    )
+
+    @model_validator(mode="after")
+    def _cross_field_rules(self) -> SpeculativeDeploymentSpec:
+        """The CRD's CEL rules again, for resources that got past an older or missing CRD."""
+        length = self.speculation.draft_length
+        if not length.min <= length.initial <= length.max:
+            raise ValueError("speculation.draftLength: initial must be between min and max")
+        if length.max > self.target.engine.max_draft_len:
+            raise ValueError("speculation.draftLength.max must not exceed target.engine.maxDraftLen")
+        if self.serving.gpu.count % self.serving.tensor_parallel:
+            raise ValueError("serving.tensorParallel must divide serving.gpu.count")
+        weights = [step.weight for step in self.canary.steps]
+        if any(b <= a for a, b in pairwise(weights)):
+            raise ValueError("canary.steps: weights must be strictly increasing")
+        guard = self.speculation.batch_guard
+        if guard.off_above is not None and guard.on_below is not None and guard.on_below >= guard.off_above:
+            raise ValueError("speculation.batchGuard.onBelow must be lower than offAbove")
+        fetch_needed = not (
+            self.target.engine.uri.startswith("pvc://") and self.draft.engine.uri.startswith("pvc://")
+        )
+        if fetch_needed and not self.serving.engine_fetcher_image:
+            raise ValueError("serving.engineFetcherImage is required when an engine uri is not pvc://")
+        return self
+
+    def seconds(self, duration: str) -> float:
+        return parse_duration(duration)
+
+
+# ---------------------------------------------------------------- status
+
+
+class Condition(ApiModel):
+    type: str = Field(description="Condition type, e.g. Ready.")
+    status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
+    reason: str = Field(description="UpperCamelCase reason of the last transition.")
+    message: str = Field(default="", description="Human-readable detail.")
+    last_transition_time: str = Field(description="When status last changed (RFC 3339).")
+    observed_generation: int | None = Field(default=None, description="Generation the condition reflects.")
+
+
+class PodsApplied(ApiModel):
+    desired: int = Field(default=0, description="Ready serving pods that should run the current setting.")
+    applied: int = Field(default=0, description="Pods confirmed to run it.")
+
+
+class SpeculationStatus(ApiModel):
+    state: Literal["on", "off"] = Field(default="off", description="Whether pods speculate now.")
+    draft_length: int = Field(default=0, description="num_draft_tokens the pods run (0 = off).")
+    tuned_length: int | None = Field(default=None, description="Draft length kept while speculation is off.")
+    reason: str | None = Field(default=None, description="Reason of the last decision.")
+    message: str | None = Field(default=None, description="Explanation of the last decision.")
+    predicted_speedup: float | None = Field(default=None, description="Modelled speedup of the decision.")
+    measured_speedup: float | None = Field(default=None, description="Baseline p50 TPOT / current p50 TPOT.")
+    smoothed_alpha: float | None = Field(default=None, description="Smoothed alpha the model used.")
+    phase_since: str | None = Field(default=None, description="When the current control phase began.")
+    last_toggle_time: str | None = Field(default=None, description="Last on/off switch.")
+    last_decision_time: str | None = Field(default=None, description="Last decision.")
+    pods: PodsApplied = Field(default_factory=PodsApplied, description="Rollout of the setting to pods.")
+
+
+class BaselineStatus(ApiModel):
+    per_token_latency_p50: str | None = Field(default=None, description="Baseline TPOT p50 (off).")
+    per_token_latency_p95: str | None = Field(default=None, description="Baseline TPOT p95 (off).")
+    per_token_latency_p99: str | None = Field(default=None, description="Baseline TPOT p99 (off).")
+    tokens_per_second: float | None = Field(default=None, description="Baseline output tokens per second.")
+    samples: int = Field(default=0, description="Measurements averaged.")
+
+
+class ObservedStatus(ApiModel):
+    alpha: float | None = Field(default=None, description="Per-token acceptance alpha.")
+    acceptance_rate: float | None = Field(default=None, description="Accepted / drafted tokens.")
+    batch: float | None = Field(default=None, description="Running requests per pod.")
+    per_token_latency_p99: str | None = Field(default=None, description="Current TPOT p99.")
+    request_rate: float | None = Field(default=None, description="Completed requests per second.")
+    at: str | None = Field(default=None, description="Time of the measurement.")
+
+
+class DraftStatus(ApiModel):
+    model: str | None = Field(default=None, description="Draft serving the stable variant.")
+    version: str | None = Field(default=None, description="Its version.")
+
+
+class SpeculativeDeploymentStatus(ApiModel):
+    observed_generation: int | None = Field(default=None, description="Generation last reconciled.")
+    phase: (
+        Literal["Pending", "Baseline", "Fixed", "Dynamic", "Canary", "Retraining", "Degraded", "Invalid"]
+        | None
+    ) = Field(default=None, description="Where the resource is in its lifecycle.")
+    draft: DraftStatus = Field(default_factory=DraftStatus, description="Draft in service.")
+    speculation: SpeculationStatus = Field(
+        default_factory=SpeculationStatus, description="Control loop state."
+    )
+    baseline: BaselineStatus = Field(
+        default_factory=BaselineStatus, description="Baseline without speculation."
+    )
+    observed: ObservedStatus = Field(default_factory=ObservedStatus, description="Latest measurement.")
+    canary: dict[str, Any] | None = Field(
+        default=None,
+        description="Canary progress.",
+        json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
+    )
+    retraining: dict[str, Any] | None = Field(
+        default=None,
+        description="Retraining progress.",
+        json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
+    )
+    conditions: list[Condition] = Field(default_factory=list, description="Standard conditions.")
+
+
+class SpeculativeDeployment(ApiModel):
+    """The whole resource as the operator reads it."""
+
+    api_version: str = Field(default=API_VERSION, description="specops.dev/v1alpha1")
+    kind: str = Field(default=KIND, description="SpeculativeDeployment")
+    metadata: dict[str, Any] = Field(default_factory=dict, description="Standard object metadata.")
+    spec: SpeculativeDeploymentSpec = Field(description="Desired state.")
+    status: SpeculativeDeploymentStatus = Field(
+        default_factory=SpeculativeDeploymentStatus, description="Observed state."
+    )

@@ -1,0 +1,45 @@
+"""String forms the API accepts for durations and model sizes, and their parsers.
+
+Durations are written like Argo Rollouts and Flagger ("90s", "10m", "1h30m");
+parameter counts like model cards ("70B", "1.5B", "500M") or in exponent form
+("70e9"). Both are strings in the CRD so YAML parsers never mangle them.
+"""
+
+from __future__ import annotations
+
+import re
+
+DURATION_PATTERN = r"^([0-9]+(\.[0-9]+)?(ms|s|m|h))+$"
+PARAMETERS_PATTERN = r"^[0-9]+(\.[0-9]+)?([eE][0-9]{1,2}|[KMBT])?$"
+
+_DURATION_PART = re.compile(r"([0-9]+(?:\.[0-9]+)?)(ms|s|m|h)")
+_DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+_SIZE_SUFFIX = {"K": 1e3, "M": 1e6, "B": 1e9, "T": 1e12}
+
+
+def parse_duration(text: str) -> float:
+    """Seconds in a duration string such as "1h30m" or "250ms"."""
+    if not re.fullmatch(DURATION_PATTERN, text):
+        raise ValueError(f"invalid duration {text!r}: use a number with a unit ms|s|m|h, e.g. 90s or 10m")
+    return sum(float(number) * _DURATION_UNITS[unit] for number, unit in _DURATION_PART.findall(text))
+
+
+def format_duration(seconds: float) -> str:
+    """Shortest readable form for status fields ("24ms", "1.5s", "10m")."""
+    if seconds < 1.0:
+        return f"{seconds * 1000:.3g}ms"
+    if seconds < 60.0:
+        return f"{seconds:.3g}s"
+    if seconds < 3600.0:
+        return f"{seconds / 60:.3g}m"
+    return f"{seconds / 3600:.3g}h"
+
+
+def parse_parameters(text: str) -> float:
+    """Parameter count from "70B", "1.5B", "500M" or "70e9"."""
+    if not re.fullmatch(PARAMETERS_PATTERN, text):
+        raise ValueError(f"invalid parameter count {text!r}: write e.g. 70B, 1.5B, 500M or 70e9")
+    suffix = text[-1]
+    if suffix in _SIZE_SUFFIX:
+        return float(text[:-1]) * _SIZE_SUFFIX[suffix]
+    return float(text)

@@ -1,0 +1,250 @@
+"""`specops bench policy`: replay load traces through the speculation policy and its alternatives.
+
+A trace is a CSV with header `t_seconds,batch,alpha` (optional `context_tokens`): the true
+mean running requests per pod and per-token acceptance over each interval. Each interval is
+one scrape-and-decide period. The realised speedup of an interval is the performance model's
+`speedup(setup, true alpha, true batch, draft length in force)`; results are time-weighted
+means over the trace.
+
+What each strategy sees:
+- policy: `decide()` starting in the Dynamic phase (baseline and soak already done, draft
+  length at `initial_length`, smoothed alpha = the first measurement); at interval i it sees
+  the measurement of interval i-1 (one scrape of delay) with noise: batch x (1 + N(0, 0.05)),
+  alpha + N(0, 0.02); no alpha at all when it was not speculating;
+- oracle: the best length in {0} U [min, max] for the true batch and alpha of each interval;
+- always-on: `initial_length` throughout; always-off: 1.0 by definition;
+- threshold rule: the folklore controller, draft length +1 when the measured acceptance rate
+  (accepted / drafted, what engines export) was above 0.7, -1 below 0.4, clamped to
+  [min, max], never off; it sees the same delayed, noisy measurements as the policy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import random
+import sys
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from specops.domain.acceptance import acceptance_rate_from_alpha
+from specops.domain.perf import GPUS, ModelSetup, speedup
+from specops.domain.policy import Baseline, Observation, PolicyConfig, PolicyState, decide
+
+BATCH_NOISE_SIGMA = 0.05  # relative: a rate() over one scrape window of a running-requests gauge
+ALPHA_NOISE_SIGMA = 0.02  # absolute: accepted/drafted counters over one window at ~1e4 drafted tokens
+THRESHOLD_UP = 0.7
+THRESHOLD_DOWN = 0.4
+EPOCH = datetime(2024, 1, 1, tzinfo=UTC)
+
+RESULT_KEYS = (
+    "policy_speedup",
+    "oracle_speedup",
+    "always_on_speedup",
+    "always_off_speedup",
+    "threshold_rule_speedup",
+    "ratio_to_oracle",
+    "toggles_per_hour",
+)
+
+
+@dataclass(frozen=True)
+class TracePoint:
+    t_seconds: float
+    batch: float
+    alpha: float
+    context_tokens: float | None = None
+
+
+def load_trace(path: Path) -> list[TracePoint]:
+    with path.open(newline="") as handle:
+        return parse_trace(handle)
+
+
+def parse_trace(lines: Iterable[str]) -> list[TracePoint]:
+    points = []
+    for row in csv.DictReader(lines):
+        context = row.get("context_tokens")
+        points.append(
+            TracePoint(
+                t_seconds=float(row["t_seconds"]),
+                batch=float(row["batch"]),
+                alpha=float(row["alpha"]),
+                context_tokens=float(context) if context not in (None, "") else None,
+            )
+        )
+    if len(points) < 2:
+        raise ValueError("a trace needs at least two intervals")
+    return points
+
+
+def shipped_traces() -> dict[str, Path]:
+    """The traces packaged with specops, by name (file stem)."""
+    folder = resources.files("specops.bench").joinpath("traces")
+    return {
+        Path(entry.name).stem: Path(str(entry))
+        for entry in sorted(folder.iterdir(), key=lambda e: e.name)
+        if entry.name.endswith(".csv")
+    }
+
+
+def default_config(setup: ModelSetup) -> PolicyConfig:
+    """The policy as a SpeculativeDeployment gets it by default (initial 4, lengths 1..8)."""
+    return PolicyConfig(
+        mode="auto",
+        initial_length=4,
+        min_length=1,
+        max_length=8,
+        baseline_duration_s=0.0,
+        soak_duration_s=0.0,
+        setup=setup,
+    )
+
+
+def replay(
+    trace: list[TracePoint],
+    setup: ModelSetup,
+    config: PolicyConfig,
+    seed: int = 0,
+    batch_noise_sigma: float = BATCH_NOISE_SIGMA,
+    alpha_noise_sigma: float = ALPHA_NOISE_SIGMA,
+) -> dict[str, float]:
+    """Mean speedups of the policy and the reference strategies over one trace."""
+    rng = random.Random(seed)
+    batch_noise = [rng.gauss(0.0, batch_noise_sigma) for _ in trace]
+    alpha_noise = [rng.gauss(0.0, alpha_noise_sigma) for _ in trace]
+    weights = _interval_weights(trace)
+    lo, hi = max(1, config.min_length), max(1, config.max_length)
+    initial = min(hi, max(lo, config.initial_length))
+
+    def measured(i: int, length: int) -> Observation:
+        point = trace[i]
+        alpha = min(1.0, max(0.0, point.alpha + alpha_noise[i])) if length > 0 else None
+        return Observation(
+            batch=max(0.0, point.batch * (1.0 + batch_noise[i])),
+            alpha=alpha,
+            context_tokens=point.context_tokens,
+        )
+
+    def realised(i: int, length: int) -> float:
+        point = trace[i]
+        at = setup if point.context_tokens is None else setup.with_context(point.context_tokens)
+        return speedup(at, point.alpha, point.batch, length)
+
+    start = EPOCH + timedelta(seconds=trace[0].t_seconds)
+    first = measured(0, initial)
+    state = PolicyState(
+        phase="Dynamic",
+        phase_since=start,
+        enabled=True,
+        draft_length=initial,
+        alpha=first.alpha,
+        last_toggle=None,
+        baseline=Baseline(None, None, None, None, 0),
+    )
+    policy_lengths = [initial]
+    threshold_lengths = [initial]
+    for i in range(1, len(trace)):
+        now = EPOCH + timedelta(seconds=trace[i].t_seconds)
+        decision = decide(config, state, measured(i - 1, policy_lengths[-1]), now)
+        state = decision.state
+        policy_lengths.append(decision.num_draft_tokens)
+        threshold_lengths.append(_threshold_step(measured(i - 1, threshold_lengths[-1]), threshold_lengths[-1], lo, hi))
+
+    def mean(values: Iterable[float]) -> float:
+        return sum(w * v for w, v in zip(weights, values, strict=True)) / sum(weights)
+
+    policy = mean(realised(i, g) for i, g in enumerate(policy_lengths))
+    oracle = mean(max([1.0, *(realised(i, g) for g in range(lo, hi + 1))]) for i in range(len(trace)))
+    toggles = sum(1 for a, b in zip(policy_lengths, policy_lengths[1:], strict=False) if (a > 0) != (b > 0))
+    hours = sum(weights) / 3600.0
+    return {
+        "policy_speedup": policy,
+        "oracle_speedup": oracle,
+        "always_on_speedup": mean(realised(i, initial) for i in range(len(trace))),
+        "always_off_speedup": 1.0,
+        "threshold_rule_speedup": mean(realised(i, g) for i, g in enumerate(threshold_lengths)),
+        "ratio_to_oracle": policy / oracle,
+        "toggles_per_hour": toggles / hours,
+        "intervals": float(len(trace)),
+        "hours": hours,
+        "policy_time_off_fraction": mean(1.0 if g == 0 else 0.0 for g in policy_lengths),
+    }
+
+
+def _threshold_step(obs: Observation, length: int, lo: int, hi: int) -> int:
+    assert obs.alpha is not None  # the threshold rule never switches off, so alpha is always measured
+    rate = acceptance_rate_from_alpha(obs.alpha, length)
+    if rate > THRESHOLD_UP:
+        return min(hi, length + 1)
+    if rate < THRESHOLD_DOWN:
+        return max(lo, length - 1)
+    return length
+
+
+def _interval_weights(trace: list[TracePoint]) -> list[float]:
+    """Each interval lasts until the next sample; the last one as long as the one before it."""
+    gaps = [b.t_seconds - a.t_seconds for a, b in zip(trace, trace[1:], strict=False)]
+    return [*gaps, gaps[-1]]
+
+
+def _format_table(rows: list[dict[str, Any]]) -> str:
+    header = f"{'trace':<22}{'policy':>8}{'oracle':>8}{'on@init':>9}{'off':>6}{'thresh':>8}{'ratio':>8}{'tog/h':>7}"
+    lines = [header, "-" * len(header)]
+    for row in rows:
+        lines.append(
+            f"{row['trace']:<22}{row['policy_speedup']:>8.3f}{row['oracle_speedup']:>8.3f}"
+            f"{row['always_on_speedup']:>9.3f}{row['always_off_speedup']:>6.2f}"
+            f"{row['threshold_rule_speedup']:>8.3f}{row['ratio_to_oracle']:>8.3f}{row['toggles_per_hour']:>7.1f}"
+        )
+    return "\n".join(lines)
+
+
+def run(traces: dict[str, Path], setup: ModelSetup, seed: int) -> list[dict[str, Any]]:
+    config = default_config(setup)
+    return [{"trace": name, **replay(load_trace(path), setup, config, seed=seed)} for name, path in traces.items()]
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog="specops bench policy",
+        description="Replay load traces through the speculation policy, an oracle and simple rules.",
+    )
+    parser.add_argument("--trace", type=Path, help="trace CSV (t_seconds,batch,alpha[,context_tokens]); "
+                        "default: every shipped trace")
+    parser.add_argument("--json", dest="json_path", help="write results as JSON to PATH ('-' for stdout)")
+    parser.add_argument("--gpu", choices=sorted(GPUS), default="H100")
+    parser.add_argument("--target-params", type=float, default=70e9)
+    parser.add_argument("--draft-params", type=float, default=7e9)
+    parser.add_argument("--seed", type=int, default=0, help="seed of the measurement noise")
+    args = parser.parse_args(argv)
+
+    setup = ModelSetup(GPUS[args.gpu], args.target_params, args.draft_params)
+    traces = {args.trace.stem: args.trace} if args.trace else shipped_traces()
+    rows = run(traces, setup, args.seed)
+    print(_format_table(rows))
+
+    described = {
+        "benchmark": "policy",
+        "gpu": args.gpu,
+        "target_params": args.target_params,
+        "draft_params": args.draft_params,
+        "seed": args.seed,
+        "batch_noise_sigma": BATCH_NOISE_SIGMA,
+        "alpha_noise_sigma": ALPHA_NOISE_SIGMA,
+    }
+    result: dict[str, Any] = {**described, **rows[0]} if args.trace else {**described, "traces": rows}
+    if args.json_path == "-":
+        print(json.dumps(result, indent=2))
+    elif args.json_path:
+        Path(args.json_path).write_text(json.dumps(result, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main(sys.argv[1:]))

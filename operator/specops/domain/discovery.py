@@ -1,0 +1,68 @@
+"""Which serving pods can be talked to, read from Pod objects as the API server returns them.
+
+Simulated pods publish 127.0.0.1 and their real port in the same fields, so this
+code is the one production runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+VARIANT_LABEL = "specops.dev/variant"
+SERVING_CONTAINER = "triton"
+HTTP_PORT_NAME = "http"
+DEFAULT_HTTP_PORT = 8000
+
+
+@dataclass(frozen=True)
+class PodEndpoint:
+    """Address of one serving pod's Triton HTTP endpoint."""
+
+    name: str
+    namespace: str
+    host: str
+    http_port: int
+    variant: str
+
+    @property
+    def address(self) -> str:
+        """host:port, the form tritonclient expects (no scheme)."""
+        return f"{self.host}:{self.http_port}"
+
+
+def _is_ready(pod: Mapping[str, Any]) -> bool:
+    conditions = (pod.get("status") or {}).get("conditions") or []
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+
+
+def _http_port(pod: Mapping[str, Any]) -> int:
+    containers = (pod.get("spec") or {}).get("containers") or []
+    if not containers:
+        return DEFAULT_HTTP_PORT
+    serving = next((c for c in containers if c.get("name") == SERVING_CONTAINER), containers[0])
+    for port in serving.get("ports") or []:
+        if port.get("name") == HTTP_PORT_NAME and port.get("containerPort"):
+            return int(port["containerPort"])
+    return DEFAULT_HTTP_PORT
+
+
+def ready_endpoints(pods: Sequence[Mapping[str, Any]]) -> list[PodEndpoint]:
+    """Pods that are Ready, have an IP and are not terminating, sorted by name for stable ordering."""
+    endpoints = []
+    for pod in pods:
+        metadata = pod.get("metadata") or {}
+        pod_ip = (pod.get("status") or {}).get("podIP")
+        if metadata.get("deletionTimestamp") or not pod_ip or not _is_ready(pod):
+            continue
+        endpoints.append(
+            PodEndpoint(
+                name=str(metadata.get("name", "")),
+                namespace=str(metadata.get("namespace", "")),
+                host=str(pod_ip),
+                http_port=_http_port(pod),
+                variant=str((metadata.get("labels") or {}).get(VARIANT_LABEL, "stable")),
+            )
+        )
+    return sorted(endpoints, key=lambda e: (e.namespace, e.name))

@@ -1,0 +1,188 @@
+"""Pure judgements of the reconcile step: drift, readiness, advisories, invalid specs.
+
+The reconciler service gathers (reads children), calls these, and writes what
+they return; nothing here touches the network or the clock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from pydantic import ValidationError
+
+from specops.api.conditions import (
+    DEGRADED,
+    DRAFT_MISMATCH,
+    DRAFT_SIZE_ADVISORY,
+    PROGRESSING,
+    READY,
+    ConditionUpdate,
+    Reason,
+)
+from specops.api.models import SpeculativeDeploymentSpec
+from specops.domain import perf
+
+# A draft whose latency ratio c reaches this leaves little room: speculation pays only while alpha > c.
+MAX_USEFUL_LATENCY_RATIO = 0.25
+# Below this share of the target's parameters a standalone draft rarely reaches useful acceptance.
+MIN_USEFUL_PARAMETER_SHARE = 0.002
+
+
+@dataclass(frozen=True)
+class EventRecord:
+    """An Event to post on the resource; `type` is Normal or Warning."""
+
+    type: Literal["Normal", "Warning"]
+    reason: str
+    message: str
+
+
+def is_subset(desired: Any, live: Any) -> bool:
+    """True when every field specops sets is already so on the live object.
+
+    The API server adds defaults (and other controllers add annotations) but never
+    removes what we set, so "desired is contained in live" means nothing to write,
+    both on a real cluster and on the emulated one.
+    """
+    if isinstance(desired, Mapping):
+        if not isinstance(live, Mapping):
+            return False
+        return all(key in live and is_subset(value, live[key]) for key, value in desired.items())
+    if isinstance(desired, list):
+        if not isinstance(live, list) or len(desired) != len(live):
+            return False
+        return all(is_subset(d, v) for d, v in zip(desired, live, strict=True))
+    if isinstance(desired, bool) or isinstance(live, bool):
+        return desired is live
+    if isinstance(desired, (int, float)) and isinstance(live, (int, float)):
+        return float(desired) == float(live)
+    return bool(desired == live)
+
+
+def owned_by(obj: Mapping[str, Any], owner_uid: str) -> bool:
+    return any(ref.get("uid") == owner_uid for ref in obj.get("metadata", {}).get("ownerReferences", []))
+
+
+def describe_validation_error(error: ValidationError, prefix: str = "spec") -> str:
+    """One line per problem, each naming the field as kubectl would (spec.speculation.draftLength)."""
+    lines = []
+    for problem in error.errors():
+        location = ".".join(str(part) for part in problem["loc"] if part != "__root__")
+        field = f"{prefix}.{location}" if location else prefix
+        message = str(problem["msg"]).removeprefix("Value error, ")
+        lines.append(f"{field}: {message}")
+    return "; ".join(lines)
+
+
+@dataclass(frozen=True)
+class Readiness:
+    phase: Literal["Pending", "Degraded", "Serving"]
+    conditions: tuple[ConditionUpdate, ...]
+
+
+def readiness(desired_replicas: int, deployments: Sequence[Mapping[str, Any] | None]) -> Readiness:
+    """Ready / Progressing / Degraded from the serving Deployments' status."""
+    present = [d for d in deployments if d is not None]
+    if len(present) < len(deployments):
+        return Readiness(
+            "Pending",
+            (
+                ConditionUpdate(
+                    READY, "False", Reason.WAITING_FOR_PODS, "serving Deployment not created yet"
+                ),
+                ConditionUpdate(PROGRESSING, "True", Reason.CHILDREN_CREATED, "creating serving objects"),
+                ConditionUpdate(DEGRADED, "False", Reason.AS_EXPECTED, ""),
+            ),
+        )
+    ready = sum(int(d.get("status", {}).get("readyReplicas") or 0) for d in present)
+    updated = sum(int(d.get("status", {}).get("updatedReplicas") or 0) for d in present)
+    stale = any(
+        int(d.get("status", {}).get("observedGeneration") or 0)
+        < int(d.get("metadata", {}).get("generation") or 0)
+        for d in present
+    )
+    unavailable = any(
+        c.get("type") == "Available" and c.get("status") == "False"
+        for d in present
+        for c in d.get("status", {}).get("conditions", [])
+    )
+    if desired_replicas == 0:
+        return Readiness(
+            "Serving",
+            (
+                ConditionUpdate(READY, "True", Reason.SCALED_TO_ZERO, "serving.replicas is 0"),
+                ConditionUpdate(PROGRESSING, "False", Reason.ROLLOUT_COMPLETE, ""),
+                ConditionUpdate(DEGRADED, "False", Reason.AS_EXPECTED, ""),
+            ),
+        )
+    message = f"{ready}/{desired_replicas} serving pods ready"
+    if ready >= desired_replicas and updated >= desired_replicas and not stale:
+        return Readiness(
+            "Serving",
+            (
+                ConditionUpdate(READY, "True", Reason.SERVING, message),
+                ConditionUpdate(PROGRESSING, "False", Reason.ROLLOUT_COMPLETE, message),
+                ConditionUpdate(DEGRADED, "False", Reason.AS_EXPECTED, ""),
+            ),
+        )
+    degraded = ConditionUpdate(DEGRADED, "False", Reason.AS_EXPECTED, "")
+    if unavailable and ready == 0:
+        degraded = ConditionUpdate(
+            DEGRADED, "True", Reason.WAITING_FOR_PODS, f"no serving pod available; {message}"
+        )
+    return Readiness(
+        "Degraded" if degraded.status == "True" else "Pending",
+        (
+            ConditionUpdate(READY, "False", Reason.WAITING_FOR_PODS, message),
+            ConditionUpdate(PROGRESSING, "True", Reason.WAITING_FOR_PODS, message),
+            degraded,
+        ),
+    )
+
+
+def advisories(spec: SpeculativeDeploymentSpec) -> tuple[ConditionUpdate, ...]:
+    """Advice, never refusal: draft kind vs target architecture, and draft size vs usefulness."""
+    target, draft = spec.target, spec.draft
+    if target.architecture == "moe" and draft.kind != "expertDistilled":
+        mismatch = ConditionUpdate(
+            DRAFT_MISMATCH,
+            "True",
+            Reason.DENSE_DRAFT_FOR_MOE,
+            f"target is mixture-of-experts but the draft is {draft.kind}: a dense draft fits MoE routing poorly "
+            "and acceptance usually suffers; prefer an expert-distilled draft",
+        )
+    else:
+        mismatch = ConditionUpdate(DRAFT_MISMATCH, "False", Reason.DRAFT_MATCHES_TARGET, "")
+    setup = perf.ModelSetup(
+        gpu=perf.GPUS[spec.serving.gpu.type],
+        target_params=target.active_parameter_count,
+        draft_params=draft.parameter_count,
+        tensor_parallel=spec.serving.tensor_parallel,
+    )
+    ratio = perf.latency_ratio(setup)
+    share = draft.parameter_count / target.active_parameter_count
+    if ratio >= MAX_USEFUL_LATENCY_RATIO:
+        size = ConditionUpdate(
+            DRAFT_SIZE_ADVISORY,
+            "True",
+            Reason.DRAFT_TOO_LARGE,
+            f"draft/target step-time ratio c={ratio:.2f} ({share:.1%} of the target's parameters): speculation "
+            f"pays only while per-token acceptance exceeds c, and little even then; a smaller draft is advised",
+        )
+    elif draft.kind != "eagle" and share < MIN_USEFUL_PARAMETER_SHARE:
+        size = ConditionUpdate(
+            DRAFT_SIZE_ADVISORY,
+            "True",
+            Reason.DRAFT_TOO_SMALL,
+            f"draft is {share:.2%} of the target's parameters: drafts this small rarely reach useful acceptance",
+        )
+    else:
+        size = ConditionUpdate(
+            DRAFT_SIZE_ADVISORY,
+            "False",
+            Reason.DRAFT_SIZE_OK,
+            f"latency ratio c={ratio:.3f}, {share:.1%} of target",
+        )
+    return (mismatch, size)

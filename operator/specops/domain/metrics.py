@@ -1,0 +1,336 @@
+"""What specops measures, per serving backend, and how raw Prometheus answers become measurements.
+
+One query per quantity covers every resource: each query is grouped
+``by (namespace, specops_deployment, variant)``, the labels the PodMonitor
+relabels from the pod labels, so the number of queries per cycle does not grow
+with the number of resources. This module is pure: the adapter runs the
+queries and hands the raw vectors to :func:`build_snapshot`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from datetime import datetime
+from typing import Any, Literal
+
+from specops.domain.acceptance import alpha_from_acceptance_rate
+
+GROUP_LABELS = ("namespace", "specops_deployment", "variant")
+_GROUP = ", ".join(GROUP_LABELS)
+
+# Quantity names: the keys of BackendProfile.queries() and of the raw results.
+Q_DRAFTED = "drafted_tokens_per_s"
+Q_ACCEPTED = "accepted_tokens_per_s"
+Q_DRAFT_STEPS = "draft_steps_per_s"
+Q_ACCEPTANCE_GAUGE = "acceptance_rate_gauge"
+Q_BATCH = "batch_per_pod"
+Q_PODS = "pods_reporting"
+Q_REQUESTS = "requests_per_s"
+Q_TOKENS = "output_tokens_per_s"
+Q_TPOT_P50 = "tpot_p50_s"
+Q_TPOT_P95 = "tpot_p95_s"
+Q_TPOT_P99 = "tpot_p99_s"
+
+# Reasons carried by error measurements (usable as condition reasons).
+REASON_METRICS_UNAVAILABLE = "MetricsUnavailable"
+REASON_NO_METRICS = "NoMetricsForDeployment"
+REASON_STALE = "MetricsStale"
+
+Key = tuple[str, str, str]
+"""(namespace, deployment, variant)."""
+
+RawVector = Sequence[Mapping[str, Any]]
+"""A Prometheus instant-query vector: [{"metric": {...}, "value": [ts, "1.5"]}, ...]."""
+
+
+def rate_window_s(scrape_interval_s: float) -> float:
+    """Rate window long enough to hold several scrapes, so one missed scrape does not blank a rate."""
+    return max(4.0 * scrape_interval_s, 10.0)
+
+
+def _duration(seconds: float) -> str:
+    return f"{max(1, round(seconds))}s"
+
+
+@dataclass(frozen=True)
+class BackendProfile:
+    """Metric names of one serving engine and the PromQL that turns them into specops quantities.
+
+    Selectors may carry label matchers (``name{label="x"}``); histogram names are
+    the base name (``_bucket`` is appended).
+    """
+
+    name: str
+    batch_gauge: str
+    request_counter: str
+    tpot_histogram: str
+    drafted_tokens: str | None = None
+    accepted_tokens: str | None = None
+    draft_steps: str | None = None
+    acceptance_rate_gauge: str | None = None
+    output_tokens_counter: str | None = None
+
+    @property
+    def measures_draft_length(self) -> bool:
+        """True when the engine counts verification steps, so g = drafted / steps is measured."""
+        return self.draft_steps is not None and self.drafted_tokens is not None
+
+    def queries(self, window_s: float) -> dict[str, str]:
+        """One PromQL instant query per quantity, each grouped so it answers for every resource at once."""
+        w = _duration(window_s)
+
+        def summed_rate(selector: str) -> str:
+            return f"sum by ({_GROUP}) (rate({selector}[{w}]))"
+
+        def quantile(q: float) -> str:
+            return f"histogram_quantile({q}, sum by ({_GROUP}, le) (rate({self.tpot_histogram}_bucket[{w}])))"
+
+        per_pod_batch = f"max by ({_GROUP}, pod) ({self.batch_gauge})"
+        result = {
+            Q_BATCH: f"avg by ({_GROUP}) ({per_pod_batch})",
+            Q_PODS: f"count by ({_GROUP}) ({per_pod_batch})",
+            Q_REQUESTS: summed_rate(self.request_counter),
+            Q_TPOT_P50: quantile(0.5),
+            Q_TPOT_P95: quantile(0.95),
+            Q_TPOT_P99: quantile(0.99),
+        }
+        if self.drafted_tokens is not None:
+            result[Q_DRAFTED] = summed_rate(self.drafted_tokens)
+        if self.accepted_tokens is not None:
+            result[Q_ACCEPTED] = summed_rate(self.accepted_tokens)
+        if self.draft_steps is not None:
+            result[Q_DRAFT_STEPS] = summed_rate(self.draft_steps)
+        if self.acceptance_rate_gauge is not None:
+            result[Q_ACCEPTANCE_GAUGE] = f"avg by ({_GROUP}) ({self.acceptance_rate_gauge})"
+        if self.output_tokens_counter is not None:
+            result[Q_TOKENS] = summed_rate(self.output_tokens_counter)
+        return result
+
+
+PROFILES: dict[str, BackendProfile] = {
+    # Triton's TensorRT-LLM backend exports no acceptance metric: the specops BLS
+    # counts drafted/accepted tokens and verification steps with Triton custom metrics.
+    "triton-trtllm": BackendProfile(
+        name="triton-trtllm",
+        batch_gauge='nv_trt_llm_request_metrics{request_type="active"}',
+        request_counter='nv_inference_request_success{model="ensemble"}',
+        tpot_histogram="specops_time_per_output_token_seconds",
+        drafted_tokens="specops_spec_decode_draft_tokens_total",
+        accepted_tokens="specops_spec_decode_accepted_tokens_total",
+        draft_steps="specops_spec_decode_steps_total",
+        output_tokens_counter="specops_output_tokens_total",
+    ),
+    # trtllm-serve counts tokens but not steps: g is the configured draft length.
+    # It has no output-token counter and its TPOT histogram is per request, so
+    # tokens/s is not measured.
+    "trtllm-serve": BackendProfile(
+        name="trtllm-serve",
+        batch_gauge="trtllm_num_requests_running",
+        request_counter="trtllm_e2e_request_latency_seconds_count",
+        tpot_histogram="trtllm_time_per_output_token_seconds",
+        drafted_tokens="trtllm_spec_decode_num_draft_tokens_total",
+        accepted_tokens="trtllm_spec_decode_num_accepted_tokens_total",
+    ),
+    # vLLM: g = draft tokens / drafts. One inter-token latency observation per
+    # generated token after the first, so its count rate approximates tokens/s.
+    "vllm": BackendProfile(
+        name="vllm",
+        batch_gauge="vllm:num_requests_running",
+        request_counter="vllm:e2e_request_latency_seconds_count",
+        tpot_histogram="vllm:inter_token_latency_seconds",
+        drafted_tokens="vllm:spec_decode_num_draft_tokens_total",
+        accepted_tokens="vllm:spec_decode_num_accepted_tokens_total",
+        draft_steps="vllm:spec_decode_num_drafts_total",
+        output_tokens_counter="vllm:inter_token_latency_seconds_count",
+    ),
+    # SGLang publishes only gauges. sglang:spec_accept_rate is read as accepted /
+    # drafted tokens and converted with the configured draft length. A gauge
+    # cannot tell "all drafts rejected" from "not speculating": 0 reads as off.
+    "sglang": BackendProfile(
+        name="sglang",
+        batch_gauge="sglang:num_running_reqs",
+        request_counter="sglang:e2e_request_latency_seconds_count",
+        tpot_histogram="sglang:inter_token_latency_seconds",
+        acceptance_rate_gauge="sglang:spec_accept_rate",
+        output_tokens_counter="sglang:inter_token_latency_seconds_count",
+    ),
+}
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """What one (namespace, deployment, variant) looked like over the last rate window.
+
+    An Error measurement never carries numbers, so no decision can be made on
+    stale or missing data by mistake. ``alpha`` is None, without error, when
+    nothing was drafted in the window (speculation off).
+    """
+
+    phase: Literal["Ok", "Error"]
+    at: datetime
+    error: str | None = None
+    reason: str | None = None
+    alpha: float | None = None
+    acceptance_rate: float | None = None
+    mean_draft_length: float | None = None
+    batch: float | None = None
+    request_rate: float | None = None
+    tokens_per_s: float | None = None
+    tpot_p50_s: float | None = None
+    tpot_p95_s: float | None = None
+    tpot_p99_s: float | None = None
+    pods_reporting: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return self.phase == "Ok"
+
+    @classmethod
+    def failed(cls, at: datetime, reason: str, message: str) -> Measurement:
+        return cls(phase="Error", at=at, reason=reason, error=message)
+
+    def with_configured_draft_length(self, draft_length: int | None) -> Measurement:
+        """Fill in g and alpha for engines that count tokens but not steps (trtllm-serve, SGLang)."""
+        if (
+            not self.ok
+            or self.alpha is not None
+            or self.acceptance_rate is None
+            or self.mean_draft_length is not None
+            or draft_length is None
+            or draft_length <= 0
+        ):
+            return self
+        return replace(
+            self,
+            mean_draft_length=float(draft_length),
+            alpha=alpha_from_acceptance_rate(self.acceptance_rate, draft_length),
+        )
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """Every resource's measurement from one poll cycle (or why the cycle failed)."""
+
+    at: datetime
+    phase: Literal["Ok", "Error"]
+    error: str | None = None
+    measurements: Mapping[Key, Measurement] = field(default_factory=dict)
+
+    @classmethod
+    def failed(cls, at: datetime, message: str) -> Snapshot:
+        return cls(at=at, phase="Error", error=message)
+
+    def lookup(
+        self,
+        namespace: str,
+        deployment: str,
+        variant: str,
+        now: datetime,
+        max_age_s: float,
+        draft_length: int | None = None,
+    ) -> Measurement:
+        """The measurement for one resource's variant, or an Error measurement saying why there is none.
+
+        ``draft_length`` is the configured draft length, used only by engines
+        whose metrics do not reveal it.
+        """
+        if self.phase != "Ok":
+            return Measurement.failed(now, REASON_METRICS_UNAVAILABLE, self.error or "metrics unavailable")
+        age_s = (now - self.at).total_seconds()
+        if age_s > max_age_s:
+            return Measurement.failed(
+                now, REASON_STALE, f"last metrics are {age_s:.0f}s old (limit {max_age_s:.0f}s)"
+            )
+        found = self.measurements.get((namespace, deployment, variant))
+        if found is None:
+            return Measurement.failed(
+                now,
+                REASON_NO_METRICS,
+                f"no metrics for {namespace}/{deployment} variant {variant} (no pod scraped yet?)",
+            )
+        return found.with_configured_draft_length(draft_length)
+
+
+def _finite(raw: Any) -> float | None:
+    try:
+        value = float(raw)
+    except (TypeError, ValueError):
+        return None
+    return value if math.isfinite(value) else None
+
+
+def _by_key(vector: RawVector) -> dict[Key, float | None]:
+    """Index a vector by its group labels; NaN/Inf (e.g. a quantile with no observations) become None."""
+    indexed: dict[Key, float | None] = {}
+    for sample in vector:
+        labels = sample.get("metric") or {}
+        deployment = labels.get("specops_deployment")
+        if not deployment:
+            continue
+        key = (str(labels.get("namespace", "")), str(deployment), str(labels.get("variant", "")))
+        value = sample.get("value")
+        indexed[key] = _finite(value[1]) if isinstance(value, list | tuple) and len(value) == 2 else None
+    return indexed
+
+
+def _acceptance(
+    profile: BackendProfile, values: Mapping[str, float | None]
+) -> tuple[float | None, float | None, float | None]:
+    """(alpha, acceptance rate, mean draft length); all None when nothing was drafted."""
+    if profile.acceptance_rate_gauge is not None:
+        gauge = values.get(Q_ACCEPTANCE_GAUGE)
+        if gauge is None or gauge <= 0:
+            return None, None, None
+        return None, min(gauge, 1.0), None
+    drafted = values.get(Q_DRAFTED)
+    accepted = values.get(Q_ACCEPTED)
+    if drafted is None or drafted <= 0 or accepted is None:
+        return None, None, None
+    rate = min(max(accepted / drafted, 0.0), 1.0)
+    steps = values.get(Q_DRAFT_STEPS)
+    if not profile.measures_draft_length or steps is None or steps <= 0:
+        return None, rate, None
+    mean_draft_length = drafted / steps
+    return alpha_from_acceptance_rate(rate, mean_draft_length), rate, mean_draft_length
+
+
+def measurement_from_values(
+    profile: BackendProfile, values: Mapping[str, float | None], at: datetime
+) -> Measurement:
+    """One resource's measurement from its value of each quantity (missing quantities are None)."""
+    alpha, rate, mean_draft_length = _acceptance(profile, values)
+    pods = values.get(Q_PODS)
+    return Measurement(
+        phase="Ok",
+        at=at,
+        alpha=alpha,
+        acceptance_rate=rate,
+        mean_draft_length=mean_draft_length,
+        batch=values.get(Q_BATCH),
+        request_rate=values.get(Q_REQUESTS),
+        tokens_per_s=values.get(Q_TOKENS),
+        tpot_p50_s=values.get(Q_TPOT_P50),
+        tpot_p95_s=values.get(Q_TPOT_P95),
+        tpot_p99_s=values.get(Q_TPOT_P99),
+        pods_reporting=round(pods) if pods is not None else 0,
+    )
+
+
+def build_snapshot(profile: BackendProfile, results: Mapping[str, RawVector], at: datetime) -> Snapshot:
+    """Turn the raw vectors of one cycle (quantity -> vector) into per-resource measurements.
+
+    A resource appears when any quantity mentions it; quantities it lacks stay None.
+    """
+    indexed = {quantity: _by_key(vector) for quantity, vector in results.items()}
+    keys: set[Key] = set()
+    for per_key in indexed.values():
+        keys.update(per_key)
+    measurements = {
+        key: measurement_from_values(
+            profile, {quantity: per_key.get(key) for quantity, per_key in indexed.items()}, at
+        )
+        for key in keys
+    }
+    return Snapshot(at=at, phase="Ok", measurements=measurements)

@@ -1,0 +1,444 @@
+"""The speculation policy: when to speculate and with how many draft tokens.
+
+The rollout follows three phases:
+
+- Baseline: speculation off for `baseline_duration_s` while the plain per-token latency
+  (p50/p95/p99) and throughput are recorded, so later gains can be measured, not assumed;
+- Fixed: speculation on at `initial_length` for `soak_duration_s`, so the acceptance
+  (alpha) settles before it steers anything;
+- Dynamic: every decision picks the draft length with the best modelled speedup
+  (`perf.speedup`) at the smoothed alpha and the observed batch, and moves at most one
+  step toward it. Speculation goes off when even the best length is predicted to gain
+  less than `margin`, and back on only above `margin + hysteresis`, never toggling twice
+  within `min_dwell_s`.
+
+The rules of thumb this replaces ("gains vanish at large batch", "4-8 draft tokens",
+"acceptance below 50 % means recalibrate") are all consequences of the same model, so
+the policy evaluates the model instead of hard-coding thresholds. `off_above_batch` /
+`on_below_batch` let an operator pin the on/off choice to measured batch sizes instead.
+
+Pure: no I/O and no clock; `now` is passed in and the whole state is a small,
+serialisable value kept in the resource's status.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from datetime import datetime
+from typing import Literal
+
+from specops.domain.perf import ModelSetup, speedup
+
+Mode = Literal["auto", "on", "off"]
+Phase = Literal["Baseline", "Fixed", "Dynamic"]
+
+# Used until the first acceptance is measured. 0.7 is a middling per-token acceptance for a
+# same-family draft of 5-10 % of the target's size: high enough to try short lengths at low
+# batch, low enough not to promise long ones.
+PRIOR_ALPHA = 0.7
+
+
+@dataclass(frozen=True)
+class PolicyConfig:
+    mode: Mode
+    initial_length: int
+    min_length: int
+    max_length: int  # already clipped to the engine's max_draft_len by the caller
+    baseline_duration_s: float
+    soak_duration_s: float
+    setup: ModelSetup
+    margin: float = 0.05
+    hysteresis: float = 0.10
+    min_dwell_s: float = 60.0
+    off_above_batch: float | None = None
+    on_below_batch: float | None = None
+    alpha_smoothing: float = 0.3
+    min_acceptance: float | None = None
+
+
+@dataclass(frozen=True)
+class Baseline:
+    """Plain-decoding reference recorded in the Baseline phase (running means of the samples)."""
+
+    p50_s: float | None
+    p95_s: float | None
+    p99_s: float | None
+    tokens_per_s: float | None
+    samples: int
+
+
+@dataclass(frozen=True)
+class Observation:
+    """One fresh measurement of one variant; stale or missing data never reaches `decide`."""
+
+    batch: float
+    alpha: float | None
+    tpot_p50_s: float | None = None
+    tpot_p95_s: float | None = None
+    tpot_p99_s: float | None = None
+    tokens_per_s: float | None = None
+    context_tokens: float | None = None
+
+
+@dataclass(frozen=True)
+class PolicyState:
+    phase: Phase
+    phase_since: datetime
+    enabled: bool
+    draft_length: int
+    alpha: float | None
+    last_toggle: datetime | None
+    baseline: Baseline | None
+
+
+@dataclass(frozen=True)
+class Decision:
+    state: PolicyState
+    num_draft_tokens: int
+    reason: str
+    message: str
+    predicted_speedup: float
+    changed: bool
+
+
+def initial_state(config: PolicyConfig, now: datetime) -> PolicyState:
+    """A fresh resource starts recording its baseline with speculation off."""
+    return PolicyState(
+        phase="Baseline",
+        phase_since=now,
+        enabled=False,
+        draft_length=_clamp(config.initial_length, *_length_bounds(config)),
+        alpha=None,
+        last_toggle=None,
+        baseline=None,
+    )
+
+
+def measured_speedup(baseline: Baseline | None, observation: Observation) -> float | None:
+    """Baseline p50 TPOT / current p50 TPOT: >1 means tokens now stream faster than without speculation.
+
+    It compares two moments, so a changed load confounds it; it is reported next to the
+    modelled speedup as evidence, and never drives the decision.
+    """
+    if baseline is None or baseline.p50_s is None or observation.tpot_p50_s is None:
+        return None
+    if baseline.p50_s <= 0 or observation.tpot_p50_s <= 0:
+        return None
+    return baseline.p50_s / observation.tpot_p50_s
+
+
+def decide(config: PolicyConfig, state: PolicyState, observation: Observation, now: datetime) -> Decision:
+    """The next state and the draft length every pod should run now (0 = speculation off)."""
+    if config.mode == "off":
+        return _forced_off(config, state, observation, now)
+    if config.mode == "on":
+        return _forced_on(config, state, observation, now)
+    if state.phase == "Baseline":
+        return _baseline(config, state, observation, now)
+    if state.phase == "Fixed":
+        return _fixed(config, state, observation, now)
+    return _dynamic(config, state, observation, now, entered_dynamic=False)
+
+
+# --- phases -------------------------------------------------------------------------------------
+
+
+def _baseline(config: PolicyConfig, state: PolicyState, obs: Observation, now: datetime) -> Decision:
+    baseline = _accumulate(state.baseline, obs)
+    elapsed = _seconds(now, state.phase_since)
+    if elapsed < config.baseline_duration_s:
+        next_state = replace(state, enabled=False, baseline=baseline)
+        return _decision(
+            state,
+            next_state,
+            "BaselineRecording",
+            f"Recording the baseline with speculation off: {elapsed:.0f}/{config.baseline_duration_s:.0f} s, "
+            f"{baseline.samples} samples{_p50_text(baseline)}.",
+            1.0,
+        )
+    length = _clamp(config.initial_length, *_length_bounds(config))
+    next_state = replace(
+        state,
+        phase="Fixed",
+        phase_since=now,
+        enabled=True,
+        draft_length=length,
+        last_toggle=now,
+        baseline=baseline,
+    )
+    alpha = state.alpha if state.alpha is not None else PRIOR_ALPHA
+    return _decision(
+        state,
+        next_state,
+        "FixedSoak",
+        f"Baseline recorded ({baseline.samples} samples{_p50_text(baseline)}); "
+        f"speculating at the initial draft length {length} for {config.soak_duration_s:.0f} s.",
+        speedup(_setup_for(config, obs), alpha, obs.batch, length),
+    )
+
+
+def _fixed(config: PolicyConfig, state: PolicyState, obs: Observation, now: datetime) -> Decision:
+    alpha, _ = _smooth_alpha(state.alpha, obs.alpha, config.alpha_smoothing)
+    elapsed = _seconds(now, state.phase_since)
+    if elapsed >= config.soak_duration_s:
+        entered = replace(state, phase="Dynamic", phase_since=now)
+        return _dynamic(config, entered, obs, now, entered_dynamic=True, previous=state)
+    length = _clamp(config.initial_length, *_length_bounds(config))
+    next_state = replace(state, enabled=True, draft_length=length, alpha=alpha)
+    shown_alpha = alpha if alpha is not None else PRIOR_ALPHA
+    return _decision(
+        state,
+        next_state,
+        "FixedSoak",
+        f"Soaking draft length {length}: {elapsed:.0f}/{config.soak_duration_s:.0f} s, "
+        f"smoothed alpha {_alpha_text(alpha)}.",
+        speedup(_setup_for(config, obs), shown_alpha, obs.batch, length),
+    )
+
+
+def _dynamic(
+    config: PolicyConfig,
+    state: PolicyState,
+    obs: Observation,
+    now: datetime,
+    *,
+    entered_dynamic: bool,
+    previous: PolicyState | None = None,
+) -> Decision:
+    before = previous if previous is not None else state
+    alpha, prior_note = _smooth_alpha(state.alpha, obs.alpha, config.alpha_smoothing)
+    use_alpha = alpha if alpha is not None else PRIOR_ALPHA
+    setup = _setup_for(config, obs)
+    lo, hi = _length_bounds(config)
+    target, target_speedup = _best_length(setup, use_alpha, obs.batch, lo, hi)
+    current = _clamp(state.draft_length, lo, hi)
+    state = replace(state, alpha=alpha, draft_length=current)
+    prefix = "Entered the dynamic phase. " if entered_dynamic else ""
+    facts = f"batch {obs.batch:.0f}, alpha {use_alpha:.2f}{prior_note}"
+
+    want_on, why = _wants_on(config, state.enabled, obs.batch, target_speedup)
+    if want_on != state.enabled:
+        since = None if state.last_toggle is None else _seconds(now, state.last_toggle)
+        if since is not None and since < config.min_dwell_s:
+            held_length = current if state.enabled else 0
+            return _decision(
+                before,
+                state,
+                "HeldMinDwell",
+                f"{prefix}Would switch speculation {'on' if want_on else 'off'} ({why}; {facts}) but the last "
+                f"switch was {since:.0f} s ago, less than the {config.min_dwell_s:.0f} s minimum dwell.",
+                speedup(setup, use_alpha, obs.batch, held_length),
+            )
+        if want_on:
+            length = _step_toward(current, target)
+            next_state = replace(state, enabled=True, draft_length=length, last_toggle=now)
+            return _decision(
+                before,
+                next_state,
+                "SpeculationEnabledLowBatch",
+                f"{prefix}Speculation on at draft length {length} ({why}; {facts}).",
+                speedup(setup, use_alpha, obs.batch, length),
+            )
+        next_state = replace(state, enabled=False, last_toggle=now)
+        return _decision(
+            before,
+            next_state,
+            _off_reason(config, setup, use_alpha, lo, hi),
+            f"{prefix}Speculation off ({why}; {facts}).",
+            1.0,
+        )
+
+    if not state.enabled:
+        return _decision(
+            before,
+            state,
+            _off_reason(config, setup, use_alpha, lo, hi),
+            f"{prefix}Speculation stays off ({why}; {facts}).",
+            1.0,
+        )
+
+    length = _step_toward(current, target)
+    next_state = replace(state, draft_length=length)
+    predicted = speedup(setup, use_alpha, obs.batch, length)
+    if length != current:
+        reason = "DraftLengthIncreased" if length > current else "DraftLengthDecreased"
+        message = (
+            f"{prefix}Draft length {current} -> {length} toward the modelled best {target} "
+            f"({target_speedup:.2f}x; {facts})."
+        )
+    elif config.min_acceptance is not None and use_alpha < config.min_acceptance:
+        reason = "AcceptanceBelowSLO"
+        message = (
+            f"{prefix}Smoothed alpha {use_alpha:.2f} is below the {config.min_acceptance:.2f} floor; "
+            f"the draft needs recalibration. Keeping draft length {length} ({predicted:.2f}x; {facts})."
+        )
+    else:
+        reason = "BestModelledSpeedup"
+        message = f"{prefix}Draft length {length} is the modelled best ({predicted:.2f}x; {facts})."
+    return _decision(before, next_state, reason, message, predicted)
+
+
+def _forced_off(config: PolicyConfig, state: PolicyState, obs: Observation, now: datetime) -> Decision:
+    """Speculation off by request. The rollout is suspended; a Baseline phase keeps recording
+    (its conditions hold), a Fixed soak restarts once auto resumes."""
+    if state.phase == "Baseline":
+        next_state = replace(state, enabled=False, baseline=_accumulate(state.baseline, obs))
+    else:
+        phase_since = now if state.phase == "Fixed" else state.phase_since
+        next_state = replace(state, enabled=False, phase_since=phase_since)
+    if state.enabled:
+        next_state = replace(next_state, last_toggle=now)
+    return _decision(state, next_state, "ForcedOff", "Speculation is off because the spec says mode: off.", 1.0)
+
+
+def _forced_on(config: PolicyConfig, state: PolicyState, obs: Observation, now: datetime) -> Decision:
+    """Speculation on by request, at the model's best length (never 0). The Baseline and Fixed
+    clocks restart, since neither phase's conditions hold while forced on."""
+    alpha, prior_note = _smooth_alpha(state.alpha, obs.alpha, config.alpha_smoothing)
+    use_alpha = alpha if alpha is not None else PRIOR_ALPHA
+    setup = _setup_for(config, obs)
+    lo, hi = _length_bounds(config)
+    length, predicted = _best_length(setup, use_alpha, obs.batch, lo, hi)
+    phase_since = now if state.phase in ("Baseline", "Fixed") else state.phase_since
+    next_state = replace(
+        state,
+        enabled=True,
+        draft_length=length,
+        alpha=alpha,
+        phase_since=phase_since,
+        last_toggle=state.last_toggle if state.enabled else now,
+    )
+    return _decision(
+        state,
+        next_state,
+        "ForcedOn",
+        f"Speculation is on because the spec says mode: on; draft length {length} is the modelled best "
+        f"({predicted:.2f}x; batch {obs.batch:.0f}, alpha {use_alpha:.2f}{prior_note}).",
+        predicted,
+    )
+
+
+# --- helpers ------------------------------------------------------------------------------------
+
+
+def _wants_on(config: PolicyConfig, enabled: bool, batch: float, best_speedup: float) -> tuple[bool, str]:
+    """The on/off choice and why; explicit batch limits replace the model's choice when set."""
+    if config.off_above_batch is not None or config.on_below_batch is not None:
+        off_above = config.off_above_batch if config.off_above_batch is not None else config.on_below_batch
+        on_below = config.on_below_batch if config.on_below_batch is not None else config.off_above_batch
+        assert off_above is not None and on_below is not None
+        if batch > off_above:
+            return False, f"batch above the configured {off_above:.0f}"
+        if batch < on_below:
+            return True, f"batch below the configured {on_below:.0f}"
+        return enabled, f"batch between the configured {on_below:.0f} and {off_above:.0f}"
+    off_below = 1.0 + config.margin
+    on_above = off_below + config.hysteresis
+    if enabled:
+        if best_speedup < off_below:
+            return False, f"best predicted speedup {best_speedup:.2f}x < {off_below:.2f}x"
+        return True, f"best predicted speedup {best_speedup:.2f}x >= {off_below:.2f}x"
+    if best_speedup > on_above:
+        return True, f"best predicted speedup {best_speedup:.2f}x > {on_above:.2f}x"
+    return False, f"best predicted speedup {best_speedup:.2f}x <= {on_above:.2f}x"
+
+
+def _off_reason(config: PolicyConfig, setup: ModelSetup, alpha: float, lo: int, hi: int) -> str:
+    """High batch when speculation would still pay unbatched at this alpha, low acceptance otherwise."""
+    if config.off_above_batch is not None or config.on_below_batch is not None:
+        return "SpeculationDisabledHighBatch"
+    _, unbatched = _best_length(setup, alpha, 1.0, lo, hi)
+    if unbatched >= 1.0 + config.margin:
+        return "SpeculationDisabledHighBatch"
+    return "SpeculationDisabledLowAcceptance"
+
+
+def _best_length(setup: ModelSetup, alpha: float, batch: float, lo: int, hi: int) -> tuple[int, float]:
+    """The length in [lo, hi] with the highest modelled speedup (ties to the shorter), and that speedup."""
+    best_g, best_s = lo, speedup(setup, alpha, batch, lo)
+    for g in range(lo + 1, hi + 1):
+        s = speedup(setup, alpha, batch, g)
+        if s > best_s:
+            best_g, best_s = g, s
+    return best_g, best_s
+
+
+def _smooth_alpha(smoothed: float | None, sample: float | None, weight: float) -> tuple[float | None, str]:
+    """EWMA of alpha; a missing sample (nothing drafted) keeps the old value. The note flags the prior."""
+    if sample is None:
+        if smoothed is None:
+            return None, f" (prior, nothing measured yet: {PRIOR_ALPHA:.2f})"
+        return smoothed, ""
+    sample = min(1.0, max(0.0, sample))
+    if smoothed is None:
+        return sample, ""
+    return (1.0 - weight) * smoothed + weight * sample, ""
+
+
+def _accumulate(baseline: Baseline | None, obs: Observation) -> Baseline:
+    """Running means of the plain-decoding latency percentiles and throughput."""
+    old = baseline if baseline is not None else Baseline(None, None, None, None, 0)
+    n = old.samples
+
+    def mean(previous: float | None, sample: float | None) -> float | None:
+        if sample is None:
+            return previous
+        if previous is None:
+            return sample
+        return previous + (sample - previous) / (n + 1)
+
+    return Baseline(
+        p50_s=mean(old.p50_s, obs.tpot_p50_s),
+        p95_s=mean(old.p95_s, obs.tpot_p95_s),
+        p99_s=mean(old.p99_s, obs.tpot_p99_s),
+        tokens_per_s=mean(old.tokens_per_s, obs.tokens_per_s),
+        samples=n + 1,
+    )
+
+
+def _decision(
+    before: PolicyState, after: PolicyState, reason: str, message: str, predicted: float
+) -> Decision:
+    tokens = _draft_tokens(after)
+    changed = tokens != _draft_tokens(before) or after.phase != before.phase
+    return Decision(after, tokens, reason, message, predicted, changed)
+
+
+def _draft_tokens(state: PolicyState) -> int:
+    return state.draft_length if state.enabled else 0
+
+
+def _setup_for(config: PolicyConfig, obs: Observation) -> ModelSetup:
+    if obs.context_tokens is None:
+        return config.setup
+    return config.setup.with_context(obs.context_tokens)
+
+
+def _length_bounds(config: PolicyConfig) -> tuple[int, int]:
+    """[lo, hi] of lengths used while on; 0 is never a length, it is 'off'."""
+    lo = max(1, config.min_length)
+    return lo, max(lo, config.max_length)
+
+
+def _clamp(value: int, lo: int, hi: int) -> int:
+    return max(lo, min(hi, value))
+
+
+def _step_toward(current: int, target: int) -> int:
+    if target > current:
+        return current + 1
+    if target < current:
+        return current - 1
+    return current
+
+
+def _seconds(now: datetime, since: datetime) -> float:
+    return (now - since).total_seconds()
+
+
+def _alpha_text(alpha: float | None) -> str:
+    return f"{alpha:.2f}" if alpha is not None else f"not measured yet (prior {PRIOR_ALPHA:.2f})"
+
+
+def _p50_text(baseline: Baseline) -> str:
+    return f", p50 TPOT {baseline.p50_s * 1000:.1f} ms" if baseline.p50_s is not None else ""

@@ -1,0 +1,99 @@
+"""Start-up, login, and create/update/resume/delete of SpeculativeDeployments. Each handler is thin."""
+
+from __future__ import annotations
+
+import logging
+from datetime import UTC, datetime
+from typing import Any
+
+import kopf
+
+from specops.adapters.kube import KubeApiError, load_connection_settings
+from specops.api.models import GROUP, PLURAL, VERSION
+from specops.domain.lifecycle import EventRecord
+from specops.services.container import Services, build_services
+
+RETRY_DELAY_S = 15.0
+
+
+def now() -> datetime:
+    return datetime.now(UTC)
+
+
+def post_events(body: Any, events: list[EventRecord]) -> None:
+    for event in events:
+        kopf.event(body, type=event.type, reason=event.reason, message=event.message)
+
+
+@kopf.on.startup()
+async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+    """Persist Kopf's bookkeeping under specops.dev annotations, and build clients once."""
+    settings.persistence.finalizer = "specops.dev/finalizer"
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="specops.dev")
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix="specops.dev")
+    settings.posting.level = logging.WARNING  # Events come from kopf.event() calls, not from log lines
+    settings.watching.server_timeout = 300
+    settings.watching.client_timeout = 330
+    settings.batching.error_delays = [1, 2, 5, 10, 30, 60]
+    memo.services = await build_services()
+
+
+@kopf.on.cleanup()
+async def close(memo: kopf.Memo, **_: Any) -> None:
+    services: Services | None = getattr(memo, "services", None)
+    if services is not None:
+        await services.close()
+
+
+@kopf.on.login()
+def login(**_: Any) -> kopf.ConnectionInfo:
+    """Credentials from the service account or $KUBECONFIG, read now (not at import)."""
+    conn = load_connection_settings()
+    return kopf.ConnectionInfo(
+        server=conn.server,
+        scheme="Bearer" if conn.token else None,
+        token=conn.token,
+        ca_path=conn.ca_file,
+        certificate_path=conn.cert_file,
+        private_key_path=conn.key_file,
+        insecure=not conn.verify,
+    )
+
+
+@kopf.on.create(GROUP, VERSION, PLURAL)
+@kopf.on.update(GROUP, VERSION, PLURAL)
+@kopf.on.resume(GROUP, VERSION, PLURAL)
+async def reconcile(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    services: Services = memo.services
+    try:
+        events = await services.reconciler.reconcile(body, now())
+    except KubeApiError as error:
+        raise kopf.TemporaryError(f"Kubernetes API: {error}", delay=RETRY_DELAY_S) from error
+    post_events(body, events)
+
+
+@kopf.on.delete(GROUP, VERSION, PLURAL)
+async def delete(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    services: Services = memo.services
+    try:
+        events = await services.reconciler.cleanup(body)
+    except KubeApiError as error:
+        raise kopf.TemporaryError(f"Kubernetes API: {error}", delay=RETRY_DELAY_S) from error
+    post_events(body, events)
+
+
+@kopf.on.event("apps", "v1", "deployments", labels={"app.kubernetes.io/managed-by": "specops"})
+async def serving_deployment_changed(body: kopf.Body, memo: kopf.Memo, type: str | None, **_: Any) -> None:
+    """A serving Deployment's status moved: refresh the owner's Ready/Progressing conditions."""
+    labels = body.get("metadata", {}).get("labels", {})
+    owner = labels.get("specops.dev/deployment")
+    if not owner or type is None:
+        return
+    services: Services = memo.services
+    try:
+        owner_body, events = await services.reconciler.refresh(body["metadata"]["namespace"], owner, now())
+    except KubeApiError as error:
+        logging.getLogger(__name__).warning("status refresh of %s failed: %s", owner, error)
+        return
+    if owner_body is not None:
+        post_events(owner_body, events)

@@ -1,0 +1,33 @@
+"""Operator-wide settings, read once at start-up from the environment (the chart sets them)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+
+def _flag(value: str | None, default: bool | None) -> bool | None:
+    if value is None or value.strip().lower() in ("", "auto"):
+        return default
+    return value.strip().lower() in ("1", "true", "yes", "on")
+
+
+@dataclass(frozen=True)
+class OperatorConfig:
+    default_image: str | None = None
+    # None = detect: render PodMonitors only when the monitoring.coreos.com API is served.
+    pod_monitor: bool | None = None
+    # Seconds between control-loop ticks when a resource gives no metrics interval.
+    default_interval_s: float = 15.0
+    # Pod-level retries when applying a setting to Triton pods.
+    triton_retries: int = 3
+
+    @classmethod
+    def from_env(cls, env: dict[str, str] | None = None) -> OperatorConfig:
+        env = dict(os.environ) if env is None else env
+        return cls(
+            default_image=env.get("SPECOPS_DEFAULT_IMAGE") or None,
+            pod_monitor=_flag(env.get("SPECOPS_POD_MONITOR"), None),
+            default_interval_s=float(env.get("SPECOPS_DEFAULT_INTERVAL_SECONDS", "15")),
+            triton_retries=int(env.get("SPECOPS_TRITON_RETRIES", "3")),
+        )

@@ -1,0 +1,300 @@
+"""Reconcile a SpeculativeDeployment's serving objects and its lifecycle status.
+
+gather (live children) -> decide (pure render + drift + readiness in domain/) ->
+act (create or patch only what differs, then one optimistic status write).
+A second reconcile with nothing changed writes nothing at all.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Protocol
+
+from pydantic import ValidationError
+
+from specops.adapters.kube import KubeApiError
+from specops.api import conditions as cond
+from specops.api.conditions import ConditionUpdate, Reason
+from specops.api.models import API_VERSION, KIND, SpeculativeDeployment
+from specops.domain import lifecycle
+from specops.domain.lifecycle import EventRecord
+from specops.domain.render import RenderError, RenderOptions, render_children
+
+log = logging.getLogger(__name__)
+
+# Kinds the reconciler renders; anything of these kinds labelled with the resource and variant
+# that is no longer rendered is pruned.
+MANAGED_KINDS: tuple[tuple[str, str], ...] = (
+    ("apps/v1", "Deployment"),
+    ("v1", "Service"),
+    ("v1", "ConfigMap"),
+    ("monitoring.coreos.com/v1", "PodMonitor"),
+)
+
+CONTROL_PHASES = {"Baseline", "Fixed", "Dynamic", "Canary", "Retraining"}
+
+# Conditions whose changes become Events: type -> (status that warrants a Warning).
+_EVENTFUL = {
+    cond.READY: "False",
+    cond.DEGRADED: "True",
+    cond.DRAFT_MISMATCH: "True",
+    cond.DRAFT_SIZE_ADVISORY: "True",
+}
+
+
+class KubePort(Protocol):
+    async def get(
+        self, api_version: str, kind: str, namespace: str | None, name: str
+    ) -> dict[str, Any] | None: ...
+
+    async def list(
+        self, api_version: str, kind: str, namespace: str | None, labels: Mapping[str, str] | None = None
+    ) -> list[dict[str, Any]]: ...
+
+    async def create(self, obj: dict[str, Any]) -> dict[str, Any]: ...
+
+    async def patch(
+        self,
+        api_version: str,
+        kind: str,
+        namespace: str | None,
+        name: str,
+        patch: Any,
+        *,
+        subresource: str | None = None,
+        content_type: str = ...,
+    ) -> dict[str, Any]: ...
+
+    async def delete(self, api_version: str, kind: str, namespace: str | None, name: str) -> bool: ...
+
+    async def update_status(
+        self,
+        api_version: str,
+        kind: str,
+        namespace: str,
+        name: str,
+        mutate: Callable[[dict[str, Any]], dict[str, Any] | None],
+        *,
+        attempts: int = ...,
+    ) -> dict[str, Any] | None: ...
+
+
+@dataclass
+class ApplyReport:
+    created: list[str] = field(default_factory=list)
+    updated: list[str] = field(default_factory=list)
+    unchanged: list[str] = field(default_factory=list)
+    pruned: list[str] = field(default_factory=list)
+    conflicts: list[str] = field(default_factory=list)
+
+    @property
+    def wrote(self) -> bool:
+        return bool(self.created or self.updated or self.pruned)
+
+
+def _key(obj: Mapping[str, Any]) -> str:
+    return f"{obj['kind']}/{obj['metadata']['name']}"
+
+
+def condition_events(old: list[dict[str, Any]], new: list[dict[str, Any]]) -> list[EventRecord]:
+    """An Event for each watched condition whose status or reason changed."""
+    events = []
+    for condition in new:
+        warn_status = _EVENTFUL.get(condition["type"])
+        if warn_status is None:
+            continue
+        before = cond.find_condition(old, condition["type"])
+        if (
+            before
+            and before.get("status") == condition["status"]
+            and before.get("reason") == condition["reason"]
+        ):
+            continue
+        if before is None and condition["status"] != warn_status and condition["type"] != cond.READY:
+            continue  # a new advisory that is False is not news
+        kind = "Warning" if condition["status"] == warn_status else "Normal"
+        message = condition.get("message") or f"{condition['type']} is {condition['status']}"
+        events.append(EventRecord(kind, condition["reason"], message))
+    return events
+
+
+class Reconciler:
+    """Owns the stable variant's serving objects and the lifecycle part of status."""
+
+    def __init__(self, kube: KubePort, render_options: RenderOptions) -> None:
+        self.kube = kube
+        self.render_options = render_options
+
+    async def reconcile(self, body: Mapping[str, Any], now: datetime) -> list[EventRecord]:
+        meta = body["metadata"]
+        namespace, name = meta["namespace"], meta["name"]
+        generation = int(meta.get("generation") or 1)
+        try:
+            resource = SpeculativeDeployment.model_validate(dict(body))
+        except ValidationError as error:
+            return await self._invalid(
+                namespace, name, generation, lifecycle.describe_validation_error(error), now
+            )
+        try:
+            children = render_children(resource, self.render_options)
+        except RenderError as error:
+            return await self._invalid(namespace, name, generation, f"{error.field}: {error}", now)
+
+        report = await self.apply(children, owner_uid=meta.get("uid", ""))
+        events = [EventRecord("Normal", "ChildCreated", f"created {key}") for key in report.created]
+        events += [EventRecord("Normal", "ChildUpdated", f"updated {key}") for key in report.updated]
+        events += [EventRecord("Normal", "ChildPruned", f"deleted {key}") for key in report.pruned]
+        events += [
+            EventRecord("Warning", "ChildConflict", f"{key} exists and is not managed by this resource")
+            for key in report.conflicts
+        ]
+        await self.prune(namespace, name, {_key(c) for c in children}, report)
+        events += await self.write_status(resource, children, report, now)
+        return events
+
+    async def refresh(
+        self, namespace: str, name: str, now: datetime
+    ) -> tuple[dict[str, Any] | None, list[EventRecord]]:
+        """Re-judge readiness after a child changed; returns the owner's body and the Events."""
+        body = await self.kube.get(API_VERSION, KIND, namespace, name)
+        if body is None or body["metadata"].get("deletionTimestamp"):
+            return None, []
+        try:
+            resource = SpeculativeDeployment.model_validate(body)
+            children = render_children(resource, self.render_options)
+        except (ValidationError, RenderError):
+            return body, []  # reconcile() already reported InvalidSpec
+        return body, await self.write_status(resource, children, ApplyReport(), now)
+
+    async def apply(self, children: list[dict[str, Any]], owner_uid: str) -> ApplyReport:
+        report = ApplyReport()
+        for child in children:
+            api_version, kind, meta = child["apiVersion"], child["kind"], child["metadata"]
+            live = await self.kube.get(api_version, kind, meta["namespace"], meta["name"])
+            if live is None:
+                await self.kube.create(child)
+                report.created.append(_key(child))
+            elif owner_uid and not lifecycle.owned_by(live, owner_uid):
+                report.conflicts.append(_key(child))
+            elif lifecycle.is_subset(child, live):
+                report.unchanged.append(_key(child))
+            else:
+                await self.kube.patch(api_version, kind, meta["namespace"], meta["name"], child)
+                report.updated.append(_key(child))
+        return report
+
+    async def prune(self, namespace: str, name: str, keep: set[str], report: ApplyReport) -> None:
+        labels = {"specops.dev/deployment": name, "specops.dev/variant": "stable"}
+        for api_version, kind in MANAGED_KINDS:
+            if kind == "PodMonitor" and not self.render_options.pod_monitor:
+                continue
+            for live in await self.kube.list(api_version, kind, namespace, labels):
+                key = f"{kind}/{live['metadata']['name']}"
+                if key not in keep:
+                    await self.kube.delete(api_version, kind, namespace, live["metadata"]["name"])
+                    report.pruned.append(key)
+
+    async def cleanup(self, body: Mapping[str, Any]) -> list[EventRecord]:
+        """On delete: remove every object labelled with this resource, whatever its variant.
+
+        Garbage collection would remove owned children eventually; deleting them here
+        also covers objects created without an ownerReference (none by design) and
+        clusters whose GC is slow, and makes the deletion visible at once.
+        """
+        namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
+        removed = []
+        for api_version, kind in MANAGED_KINDS:
+            if kind == "PodMonitor" and not self.render_options.pod_monitor:
+                continue
+            for live in await self.kube.list(api_version, kind, namespace, {"specops.dev/deployment": name}):
+                try:
+                    if await self.kube.delete(api_version, kind, namespace, live["metadata"]["name"]):
+                        removed.append(f"{kind}/{live['metadata']['name']}")
+                except KubeApiError as error:
+                    log.warning("could not delete %s/%s: %s", kind, live["metadata"]["name"], error)
+        return (
+            [EventRecord("Normal", "ChildrenDeleted", f"deleted {len(removed)} serving objects")]
+            if removed
+            else []
+        )
+
+    async def write_status(
+        self,
+        resource: SpeculativeDeployment,
+        children: list[dict[str, Any]],
+        report: ApplyReport,
+        now: datetime,
+    ) -> list[EventRecord]:
+        meta = resource.metadata
+        namespace, name = meta["namespace"], meta["name"]
+        generation = int(meta.get("generation") or 1)
+        deployments = [
+            await self.kube.get(c["apiVersion"], c["kind"], namespace, c["metadata"]["name"])
+            for c in children
+            if c["kind"] == "Deployment"
+        ]
+        state = lifecycle.readiness(resource.spec.serving.replicas, deployments)
+        updates = list(state.conditions)
+        if report.conflicts:
+            updates.append(
+                ConditionUpdate(
+                    cond.DEGRADED,
+                    "True",
+                    Reason.APPLY_FAILED,
+                    "objects exist that this resource does not own: " + ", ".join(report.conflicts),
+                )
+            )
+        updates += lifecycle.advisories(resource.spec)
+        events: list[EventRecord] = []
+
+        def mutate(live: dict[str, Any]) -> dict[str, Any] | None:
+            status = live.get("status") or {}
+            old_conditions = list(status.get("conditions") or [])
+            new_conditions = cond.set_conditions(old_conditions, updates, now, generation)
+            phase = status.get("phase")
+            if state.phase != "Serving":
+                phase = state.phase
+            elif phase not in CONTROL_PHASES:
+                phase = "Baseline"
+            patch: dict[str, Any] = {}
+            if status.get("observedGeneration") != generation:
+                patch["observedGeneration"] = generation
+            if status.get("phase") != phase:
+                patch["phase"] = phase
+            if new_conditions != old_conditions:
+                patch["conditions"] = new_conditions
+            draft = {"model": resource.spec.draft.model, "version": resource.spec.draft.version}
+            if not (status.get("draft") or {}) and draft:
+                patch["draft"] = draft
+            events[:] = condition_events(old_conditions, new_conditions)
+            return patch or None
+
+        await self.kube.update_status(API_VERSION, KIND, namespace, name, mutate)
+        return events
+
+    async def _invalid(
+        self, namespace: str, name: str, generation: int, message: str, now: datetime
+    ) -> list[EventRecord]:
+        """Park the resource with Ready=False/InvalidSpec: no crash, no hot retry, nothing touched."""
+        update = ConditionUpdate(cond.READY, "False", Reason.INVALID_SPEC, message)
+        events: list[EventRecord] = []
+
+        def mutate(live: dict[str, Any]) -> dict[str, Any] | None:
+            status = live.get("status") or {}
+            old_conditions = list(status.get("conditions") or [])
+            new_conditions = cond.set_condition(old_conditions, update, now, generation)
+            patch: dict[str, Any] = {}
+            if new_conditions != old_conditions:
+                patch["conditions"] = new_conditions
+                events[:] = [EventRecord("Warning", Reason.INVALID_SPEC, message)]
+            if status.get("phase") != "Invalid":
+                patch["phase"] = "Invalid"
+            if status.get("observedGeneration") != generation:
+                patch["observedGeneration"] = generation
+            return patch or None
+
+        await self.kube.update_status(API_VERSION, KIND, namespace, name, mutate)
+        return events

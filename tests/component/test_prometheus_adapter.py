@@ -1,0 +1,385 @@
+"""The Prometheus poller against Debian's real Prometheus scraping simulated Triton pods.
+
+Simulated pods advance with wall time, so their counters grow like a real
+pod's; Prometheus scrapes them every second through file-based discovery with
+the labels the production PodMonitor produces.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import re
+import socket
+from collections.abc import AsyncIterator, Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from aiohttp import web
+
+from specops.adapters.prometheus import MetricsHub, PrometheusPoller
+from specops.domain import perf
+from specops.domain.metrics import (
+    PROFILES,
+    REASON_METRICS_UNAVAILABLE,
+    BackendProfile,
+    Measurement,
+)
+from specops.sim import LoadPoint, SimPod
+from tests.harness.prometheus import PrometheusProcess, run_prometheus
+
+pytestmark = pytest.mark.timeout(60)
+
+SETUP = perf.ModelSetup(gpu=perf.GPUS["H100"], target_params=70e9, draft_params=1e9)
+TRITON = PROFILES["triton-trtllm"]
+POLL_INTERVAL_S = 0.5
+
+
+def now() -> datetime:
+    return datetime.now(UTC)
+
+
+def sim_pod(name: str, *, batch: float, alpha: float, draft_length: int) -> SimPod:
+    return SimPod(
+        name,
+        SETUP,
+        draft_length=draft_length,
+        load=LoadPoint(batch=batch, alpha=alpha),
+        tick_interval=0.1,
+    )
+
+
+def target_group(pod: SimPod, namespace: str, deployment: str, variant: str) -> dict[str, Any]:
+    """What the PodMonitor relabelling produces for one pod."""
+    return {
+        "targets": [f"127.0.0.1:{pod.metrics_port}"],
+        "labels": {
+            "namespace": namespace,
+            "specops_deployment": deployment,
+            "variant": variant,
+            "pod": pod.name,
+        },
+    }
+
+
+async def eventually(
+    read: Callable[[], Measurement], condition: Callable[[Measurement], bool], timeout_s: float
+) -> Measurement:
+    """Poll ``read`` until ``condition`` holds; fail with the last measurement."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while True:
+        measurement = read()
+        if condition(measurement):
+            return measurement
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"condition not met within {timeout_s}s; last: {measurement}")
+        await asyncio.sleep(0.1)
+
+
+def fully_measured(m: Measurement) -> bool:
+    return m.ok and None not in (m.alpha, m.batch, m.request_rate, m.tpot_p50_s)
+
+
+def bucket_around(value: float) -> tuple[float, float]:
+    """The TPOT histogram bucket (lower, upper] that holds ``value`` in the simulated pods."""
+    from specops.sim.pod import TPOT_BUCKETS
+
+    lower = 0.0
+    for upper in TPOT_BUCKETS:
+        if value <= upper:
+            return lower, upper
+        lower = upper
+    return lower, math.inf
+
+
+@pytest.fixture
+async def prom(tmp_path: Path) -> AsyncIterator[PrometheusProcess]:
+    async with run_prometheus(tmp_path, scrape_interval="1s") as server:
+        yield server
+
+
+@pytest.fixture
+async def pods() -> AsyncIterator[Callable[..., Any]]:
+    """Start simulated pods on demand; every one is stopped at teardown."""
+    async with contextlib.AsyncExitStack() as stack:
+
+        async def start(name: str, *, batch: float, alpha: float = 0.8, draft_length: int = 4) -> SimPod:
+            return await stack.enter_async_context(
+                sim_pod(name, batch=batch, alpha=alpha, draft_length=draft_length)
+            )
+
+        yield start
+
+
+@pytest.fixture
+async def hub() -> AsyncIterator[MetricsHub]:
+    metrics = MetricsHub(scrape_interval_s=1.0, timeout_s=2.0)
+    yield metrics
+    await metrics.close()
+
+
+async def test_snapshot_reports_acceptance_batch_and_latency_per_variant(
+    prom: PrometheusProcess, pods: Callable[..., Any], hub: MetricsHub
+) -> None:
+    # given two stable pods and one canary of deployment team-a/chat, and a deployment not speculating
+    stable_a = await pods("chat-stable-a", batch=10, alpha=0.8, draft_length=4)
+    stable_b = await pods("chat-stable-b", batch=20, alpha=0.8, draft_length=4)
+    canary = await pods("chat-canary", batch=6, alpha=0.6, draft_length=3)
+    plain = await pods("plain-0", batch=8, draft_length=0)
+    prom.set_targets(
+        [
+            target_group(stable_a, "team-a", "chat", "stable"),
+            target_group(stable_b, "team-a", "chat", "stable"),
+            target_group(canary, "team-a", "chat", "canary"),
+            target_group(plain, "team-b", "plain", "stable"),
+        ]
+    )
+    for key in ("team-a/chat", "team-b/plain"):
+        hub.register(key, prom.url, "triton-trtllm", POLL_INTERVAL_S)
+
+    def read(namespace: str, name: str, variant: str) -> Callable[[], Measurement]:
+        return lambda: hub.lookup(prom.url, "triton-trtllm", namespace, name, variant, now())
+
+    # when Prometheus has scraped a few times
+    stable = await eventually(
+        read("team-a", "chat", "stable"), lambda m: fully_measured(m) and m.pods_reporting == 2, 25
+    )
+    canary_m = await eventually(read("team-a", "chat", "canary"), fully_measured, 5)
+    plain_m = await eventually(read("team-b", "plain", "stable"), lambda m: m.ok and m.batch is not None, 5)
+
+    # then acceptance is converted back to the per-token alpha each variant runs at
+    assert stable.alpha == pytest.approx(0.8, abs=0.02)
+    assert stable.mean_draft_length == pytest.approx(4.0, rel=0.02)
+    assert canary_m.alpha == pytest.approx(0.6, abs=0.02)
+    assert canary_m.mean_draft_length == pytest.approx(3.0, rel=0.02)
+    # and the batch is the mean of the pods' running requests
+    assert stable.batch == pytest.approx(15.0)
+    assert canary_m.batch == pytest.approx(6.0)
+    # and the latency quantiles come from the bucket the model's per-token latency falls into
+    lower, _ = bucket_around(perf.per_token_latency(SETUP, 0.8, 10, 4))
+    _, upper = bucket_around(perf.per_token_latency(SETUP, 0.8, 20, 4))
+    assert stable.tpot_p50_s is not None and stable.tpot_p95_s is not None and stable.tpot_p99_s is not None
+    assert lower <= stable.tpot_p50_s <= stable.tpot_p95_s <= stable.tpot_p99_s <= upper
+    # and throughput matches what the pods emit (tokens/s summed over pods)
+    expected_tokens_per_s = 10 / perf.per_token_latency(SETUP, 0.8, 10, 4) + 20 / perf.per_token_latency(
+        SETUP, 0.8, 20, 4
+    )
+    assert stable.tokens_per_s == pytest.approx(expected_tokens_per_s, rel=0.15)
+    assert stable.request_rate == pytest.approx(expected_tokens_per_s / 200, rel=0.35)
+    # and a deployment that drafts nothing is measured, with no alpha rather than an error
+    assert plain_m.ok and plain_m.alpha is None and plain_m.acceptance_rate is None
+    assert plain_m.batch == pytest.approx(8.0)
+
+
+def _query_requests_served(metrics_text: str) -> float:
+    """prometheus_http_requests_total for the instant-query handler, read from Prometheus's own /metrics."""
+    total = 0.0
+    for line in metrics_text.splitlines():
+        if line.startswith("prometheus_http_requests_total{") and 'handler="/api/v1/query"' in line:
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+async def _requests_for_one_cycle(prom: PrometheusProcess, poller: PrometheusPoller) -> tuple[int, float]:
+    """(measurements in the snapshot, instant queries Prometheus served for that one cycle)."""
+    async with httpx.AsyncClient() as client:
+        before = _query_requests_served((await client.get(f"{prom.url}/metrics")).text)
+        snapshot = await poller.poll_once(now())
+        after = _query_requests_served((await client.get(f"{prom.url}/metrics")).text)
+    assert snapshot.phase == "Ok", snapshot.error
+    return len(snapshot.measurements), after - before
+
+
+async def test_queries_per_cycle_do_not_grow_with_resources(
+    prom: PrometheusProcess, pods: Callable[..., Any], hub: MetricsHub
+) -> None:
+    # given one resource with one pod
+    first = await pods("res-0-pod", batch=4)
+    prom.set_targets([target_group(first, "ns", "res-0", "stable")])
+    await prom.wait_for('count(up{specops_deployment="res-0"} == 1)', lambda v: len(v) == 1, 20)
+    poller = PrometheusPoller(prom.url, TRITON, POLL_INTERVAL_S, scrape_interval_s=1.0)
+    try:
+        # when one cycle runs, Prometheus serves exactly one query per quantity
+        measured, served_for_one = await _requests_for_one_cycle(prom, poller)
+        assert measured == 1
+        assert served_for_one == poller.queries_last_cycle == len(TRITON.queries(10))
+
+        # given twenty resources, all registered with the hub
+        more = [await pods(f"res-{i}-pod", batch=4) for i in range(1, 20)]
+        prom.set_targets(
+            [target_group(first, "ns", "res-0", "stable")]
+            + [target_group(pod, "ns", f"res-{i}", "stable") for i, pod in enumerate(more, start=1)]
+        )
+        for i in range(20):
+            hub.register(("ns", f"res-{i}"), prom.url, "triton-trtllm", POLL_INTERVAL_S)
+        await prom.wait_for("count(up == 1)", lambda v: bool(v) and v[0]["value"][1] == "20", 20)
+
+        # then a cycle covering all twenty still costs the same number of queries
+        measured, served_for_twenty = await _requests_for_one_cycle(prom, poller)
+        assert measured == 20
+        assert served_for_twenty == served_for_one
+        # and the hub serves all twenty resources from one poller
+        hub_poller = hub.poller(prom.url, "triton-trtllm")
+        assert hub_poller is not None
+        await eventually(
+            lambda: hub.lookup(prom.url, "triton-trtllm", "ns", "res-19", "stable", now()),
+            lambda m: m.ok,
+            10,
+        )
+        assert hub_poller.queries_last_cycle == served_for_one
+    finally:
+        await poller.aclose()
+
+
+async def test_prometheus_outage_reads_as_metrics_unavailable_then_recovers(
+    prom: PrometheusProcess, pods: Callable[..., Any], hub: MetricsHub
+) -> None:
+    # given a measured deployment
+    pod = await pods("chat-0", batch=10)
+    prom.set_targets([target_group(pod, "team-a", "chat", "stable")])
+    hub.register("team-a/chat", prom.url, "triton-trtllm", POLL_INTERVAL_S)
+
+    def read() -> Measurement:
+        return hub.lookup(prom.url, "triton-trtllm", "team-a", "chat", "stable", now())
+
+    await eventually(read, fully_measured, 25)
+
+    # when Prometheus goes away
+    await prom.stop()
+
+    # then the deployment reads as an error without numbers, not as stale numbers
+    down = await eventually(read, lambda m: not m.ok, 5)
+    assert down.reason == REASON_METRICS_UNAVAILABLE
+    assert "cannot reach Prometheus" in (down.error or "")
+    assert down.alpha is None and down.batch is None
+
+    # when it comes back on the same address, measurements resume
+    await prom.start()
+    back = await eventually(read, fully_measured, 25)
+    assert back.alpha == pytest.approx(0.8, abs=0.02)
+
+
+async def test_prometheus_error_answer_becomes_an_error_snapshot(prom: PrometheusProcess) -> None:
+    # given a profile whose query Prometheus rejects
+    broken = BackendProfile(name="broken", batch_gauge="up{", request_counter="up", tpot_histogram="x")
+    poller = PrometheusPoller(prom.url, broken, scrape_interval_s=1.0)
+    try:
+        # when a cycle runs
+        snapshot = await poller.poll_once(now())
+    finally:
+        await poller.aclose()
+    # then the cycle failed as data, with Prometheus's own explanation
+    assert snapshot.phase == "Error"
+    assert "bad_data" in (snapshot.error or "")
+    assert not snapshot.lookup("ns", "x", "stable", now(), 60).ok
+
+
+# ---------------------------------------------------------------- failures without a real Prometheus
+
+
+def _unused_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+@contextlib.asynccontextmanager
+async def fake_prometheus(handler: Callable[[web.Request], Any]) -> AsyncIterator[str]:
+    app = web.Application()
+    app.router.add_get("/api/v1/query", handler)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        yield f"http://127.0.0.1:{runner.addresses[0][1]}"
+    finally:
+        await runner.cleanup()
+
+
+async def test_connection_refused_becomes_an_error_snapshot() -> None:
+    poller = PrometheusPoller(f"http://127.0.0.1:{_unused_port()}", TRITON, timeout_s=2.0)
+    try:
+        snapshot = await poller.poll_once(now())
+    finally:
+        await poller.aclose()
+    assert snapshot.phase == "Error"
+    assert "cannot reach Prometheus" in (snapshot.error or "")
+
+
+async def test_slow_prometheus_times_out_as_an_error_snapshot() -> None:
+    release = asyncio.Event()
+
+    async def hang(request: web.Request) -> web.Response:
+        await release.wait()
+        return web.json_response({"status": "success", "data": {"resultType": "vector", "result": []}})
+
+    async with fake_prometheus(hang) as url:
+        poller = PrometheusPoller(url, TRITON, timeout_s=0.3)
+        try:
+            snapshot = await poller.poll_once(now())
+        finally:
+            release.set()
+            await poller.aclose()
+    assert snapshot.phase == "Error"
+    assert "timed out" in (snapshot.error or "")
+
+
+async def test_non_json_gateway_error_becomes_an_error_snapshot() -> None:
+    async def gateway_error(request: web.Request) -> web.Response:
+        return web.Response(status=502, text="<html>bad gateway</html>")
+
+    async with fake_prometheus(gateway_error) as url:
+        poller = PrometheusPoller(url, TRITON)
+        try:
+            snapshot = await poller.poll_once(now())
+        finally:
+            await poller.aclose()
+    assert snapshot.phase == "Error"
+    assert re.search(r"HTTP 502", snapshot.error or "")
+
+
+async def test_hub_polls_while_resources_need_it_and_stops_after_the_last_leaves() -> None:
+    queries: list[str] = []
+
+    async def empty(request: web.Request) -> web.Response:
+        queries.append(request.query["query"])
+        return web.json_response({"status": "success", "data": {"resultType": "vector", "result": []}})
+
+    async with fake_prometheus(empty) as url:
+        hub = MetricsHub(scrape_interval_s=1.0)
+        try:
+            # given nothing registered, nothing is polled
+            assert hub.poller(url, "triton-trtllm") is None
+            assert not hub.lookup(url, "triton-trtllm", "ns", "a", "stable", now()).ok
+
+            # when two resources register against the same Prometheus and backend
+            hub.register("a", url, "triton-trtllm", 0.05)
+            hub.register("b", url, "triton-trtllm", 0.05)
+            poller = hub.poller(url, "triton-trtllm")
+            assert poller is not None
+            deadline = asyncio.get_running_loop().time() + 5
+            while poller.cycles < 3 and asyncio.get_running_loop().time() < deadline:
+                await asyncio.sleep(0.02)
+
+            # then one poller serves both, and a resource without series reads as an error
+            assert poller.cycles >= 3
+            missing = hub.lookup(url, "triton-trtllm", "ns", "a", "stable", now())
+            assert not missing.ok and missing.reason == "NoMetricsForDeployment"
+
+            # when one leaves, polling goes on; when the last leaves, it stops
+            hub.unregister("a")
+            assert hub.poller(url, "triton-trtllm") is poller
+            hub.unregister("b")
+            assert hub.poller(url, "triton-trtllm") is None
+            await asyncio.sleep(0.2)
+            settled = len(queries)
+            await asyncio.sleep(0.3)
+            assert len(queries) == settled
+        finally:
+            await hub.close()

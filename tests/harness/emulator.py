@@ -1,0 +1,1020 @@
+"""A Kubernetes API server for tests: kmock's KubernetesEmulator plus a fidelity layer.
+
+kmock 0.8 stores objects verbatim and matches requests quadratically, which is
+not enough for Kopf (see DESIGN.md, "The emulated API server"). This subclass
+takes over every Kubernetes request and serves it the way an API server does:
+metadata stamping, optimistic concurrency, merge/JSON/strategic patches, a
+status subresource, finalizers, ownerReference garbage collection, selectors,
+resumable watches with 410 Gone, discovery and an admission hook.
+
+The store stays kmock's ``emulator.objects`` (every write is a new version in
+the object's history), so kmock-style assertions keep working. Reactions that
+tests add with kmock's DSL (``emulator['patch', resource] << 500``) still win
+over the emulated server, but they are matched against the current request only.
+The write path is synchronous (no ``await`` between read and write), so
+requests never interleave inside a write and no lock is needed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import copy
+import dataclasses
+import datetime
+import json
+import random
+import re
+import string
+import uuid
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, Final, TypeAlias
+
+import aiohttp.web
+import attrs
+import kmock
+import yaml
+from kmock._internal import dsl, enums, rendering
+from typing_extensions import override
+
+from tests.harness.admission import AdmissionError, CrdAdmission
+
+Body: TypeAlias = dict[str, Any]
+AdmissionHook: TypeAlias = Callable[[str, Body, Body | None], Body]
+ResourceRef: TypeAlias = "kmock.resource | str"
+
+PROTOBUF: Final = "application/vnd.kubernetes.protobuf"
+MERGE_PATCH: Final = "application/merge-patch+json"
+JSON_PATCH: Final = "application/json-patch+json"
+STRATEGIC_PATCH: Final = "application/strategic-merge-patch+json"
+APPLY_PATCH: Final = "application/apply-patch+yaml"
+ALL_VERBS: Final = ("create", "delete", "deletecollection", "get", "list", "patch", "update", "watch")
+CRD_RESOURCE: Final = kmock.resource("apiextensions.k8s.io", "v1", "customresourcedefinitions")
+NAMESPACES: Final = kmock.resource("", "v1", "namespaces")
+_NAME_SUFFIX_ALPHABET: Final = "bcdfghjklmnpqrstvwxz2456789"
+
+
+class ApiError(kmock.KubernetesError):
+    """A failure answered as a Kubernetes ``Status`` body (no traceback, unlike kmock's)."""
+
+
+def _resource(ref: ResourceRef) -> kmock.resource:
+    return ref if isinstance(ref, kmock.resource) else kmock.resource(ref)
+
+
+class AdmissionHooks(dict[kmock.resource, AdmissionHook]):
+    """Admission hooks by resource; keys may be given as strings like ``group/version/plural``."""
+
+    def __setitem__(self, key: ResourceRef, value: AdmissionHook) -> None:
+        super().__setitem__(_resource(key), value)
+
+    def __getitem__(self, key: ResourceRef) -> AdmissionHook:
+        return super().__getitem__(_resource(key))
+
+    def __contains__(self, key: object) -> bool:
+        return super().__contains__(_resource(key) if isinstance(key, str) else key)
+
+
+@dataclasses.dataclass(frozen=True)
+class WatchEvent:
+    revision: int
+    type: str
+    namespace: str | None
+    name: str
+    object: Body
+    previous: Body | None  # for selector transitions: an object leaving a selection is DELETED
+
+
+@dataclasses.dataclass(frozen=True)
+class Route:
+    """A request path split the way the API server routes it (kmock 0.8 mis-parses namespaces)."""
+
+    group: str
+    version: str
+    plural: str
+    namespace: str | None = None
+    name: str | None = None
+    subresource: str | None = None
+
+
+def parse_route(path: str) -> Route | None:
+    parts = [part for part in path.strip("/").split("/") if part]
+    if len(parts) >= 3 and parts[0] == "api":
+        group, version, rest = "", parts[1], parts[2:]
+    elif len(parts) >= 4 and parts[0] == "apis":
+        group, version, rest = parts[1], parts[2], parts[3:]
+    else:
+        return None
+    if rest[0] == "namespaces" and len(rest) >= 4 or (len(rest) == 3 and rest[2] not in ("status", "finalize")):
+        if rest[0] == "namespaces":
+            namespace, plural, *tail = rest[1:]
+            name = tail[0] if tail else None
+            return Route(group, version, plural, namespace, name, "/".join(tail[1:]) or None)
+    plural, *tail = rest
+    return Route(group, version, plural, None, tail[0] if tail else None, "/".join(tail[1:]) or None)
+
+
+# --- patches --------------------------------------------------------------------------------------
+
+
+def merge_patch(target: Any, patch: Any) -> Any:
+    """RFC 7386: objects merge recursively, ``null`` deletes a key, anything else replaces."""
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    result = copy.deepcopy(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            result.pop(key, None)
+        else:
+            result[key] = merge_patch(result.get(key), value)
+    return result
+
+
+def strip_strategic_directives(patch: Any) -> Any:
+    """Strategic merge patch is treated as a merge patch; its ``$``-directives are dropped."""
+    if isinstance(patch, dict):
+        return {k: strip_strategic_directives(v) for k, v in patch.items() if not k.startswith("$")}
+    if isinstance(patch, list):
+        return [strip_strategic_directives(item) for item in patch]
+    return patch
+
+
+class PatchError(Exception):
+    pass
+
+
+def _pointer(path: str) -> list[str]:
+    if path == "":
+        return []
+    if not path.startswith("/"):
+        raise PatchError(f"invalid JSON pointer: {path!r}")
+    return [part.replace("~1", "/").replace("~0", "~") for part in path[1:].split("/")]
+
+
+def _parent(doc: Any, parts: list[str]) -> Any:
+    node = doc
+    for part in parts[:-1]:
+        if isinstance(node, dict) and part in node:
+            node = node[part]
+        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+            node = node[int(part)]
+        else:
+            raise PatchError(f"doc is missing path: /{'/'.join(parts)}")
+    return node
+
+
+def _get(doc: Any, parts: list[str]) -> Any:
+    if not parts:
+        return doc
+    parent, last = _parent(doc, parts), parts[-1]
+    if isinstance(parent, dict) and last in parent:
+        return parent[last]
+    if isinstance(parent, list) and last.isdigit() and int(last) < len(parent):
+        return parent[int(last)]
+    raise PatchError(f"doc is missing path: /{'/'.join(parts)}")
+
+
+def _remove(doc: Any, parts: list[str]) -> Any:
+    value = _get(doc, parts)
+    parent, last = _parent(doc, parts), parts[-1]
+    if isinstance(parent, dict):
+        del parent[last]
+    else:
+        del parent[int(last)]
+    return value
+
+
+def _add(doc: Any, parts: list[str], value: Any, *, replace: bool) -> Any:
+    if not parts:
+        return value
+    parent, last = _parent(doc, parts), parts[-1]
+    if isinstance(parent, dict):
+        if replace and last not in parent:
+            raise PatchError(f"replace operation does not apply: doc is missing key: /{'/'.join(parts)}")
+        parent[last] = value
+    elif isinstance(parent, list):
+        if last == "-" and not replace:
+            parent.append(value)
+        elif last.isdigit() and int(last) <= len(parent) - (1 if replace else 0):
+            if replace:
+                parent[int(last)] = value
+            else:
+                parent.insert(int(last), value)
+        else:
+            raise PatchError(f"index out of range: /{'/'.join(parts)}")
+    else:
+        raise PatchError(f"doc is missing path: /{'/'.join(parts)}")
+    return doc
+
+
+def json_patch(doc: Any, operations: Any) -> Any:
+    """RFC 6902 (add, remove, replace, move, copy, test); any failure is a PatchError (422)."""
+    if not isinstance(operations, list):
+        raise PatchError("a JSON patch must be a list of operations")
+    doc = copy.deepcopy(doc)
+    for operation in operations:
+        op, parts = operation.get("op"), _pointer(operation.get("path", ""))
+        if op == "test":
+            if _get(doc, parts) != operation.get("value"):
+                raise PatchError(f"testing value /{'/'.join(parts)} failed")
+        elif op == "remove":
+            _remove(doc, parts)
+        elif op in ("add", "replace"):
+            doc = _add(doc, parts, copy.deepcopy(operation.get("value")), replace=op == "replace")
+        elif op == "move":
+            doc = _add(doc, parts, _remove(doc, _pointer(operation["from"])), replace=False)
+        elif op == "copy":
+            doc = _add(doc, parts, copy.deepcopy(_get(doc, _pointer(operation["from"]))), replace=False)
+        else:
+            raise PatchError(f"unsupported JSON patch operation: {op!r}")
+    return doc
+
+
+# --- selectors ------------------------------------------------------------------------------------
+
+_LABEL_TERM: Final = re.compile(
+    r"^\s*(?P<neg>!)?\s*(?P<key>[A-Za-z0-9_./-]+)\s*"
+    r"(?:(?P<op>==|=|!=)\s*(?P<value>[A-Za-z0-9_.-]*)|\s(?P<set>in|notin)\s*\((?P<values>[^)]*)\))?\s*$"
+)
+
+
+def _split_terms(selector: str) -> list[str]:
+    terms, depth, current = [], 0, ""
+    for char in selector:
+        depth += {"(": 1, ")": -1}.get(char, 0)
+        if char == "," and depth == 0:
+            terms.append(current)
+            current = ""
+        else:
+            current += char
+    terms.append(current)
+    return [term for term in terms if term.strip()]
+
+
+def label_matcher(selector: str) -> Callable[[Mapping[str, str]], bool]:
+    """Equality (``=``, ``==``, ``!=``), set (``in``, ``notin``) and existence (``k``, ``!k``) terms."""
+    checks: list[Callable[[Mapping[str, str]], bool]] = []
+    for term in _split_terms(selector):
+        match = _LABEL_TERM.match(term)
+        if match is None or (match["neg"] and (match["op"] or match["set"])):
+            raise ApiError(status=400, reason="BadRequest", message=f"unable to parse requirement: {term!r}")
+        key = match["key"]
+        if match["op"] in ("=", "=="):
+            checks.append(lambda labels, k=key, v=match["value"]: labels.get(k) == v)
+        elif match["op"] == "!=":
+            checks.append(lambda labels, k=key, v=match["value"]: labels.get(k) != v)
+        elif match["set"]:
+            values = {value.strip() for value in match["values"].split(",") if value.strip()}
+            if match["set"] == "in":
+                checks.append(lambda labels, k=key, vs=values: labels.get(k) in vs)
+            else:
+                checks.append(lambda labels, k=key, vs=values: labels.get(k) not in vs)
+        elif match["neg"]:
+            checks.append(lambda labels, k=key: k not in labels)
+        else:
+            checks.append(lambda labels, k=key: k in labels)
+    return lambda labels: all(check(labels) for check in checks)
+
+
+def field_matcher(selector: str) -> Callable[[Body], bool]:
+    """``metadata.name``/``metadata.namespace`` (and, leniently, any dotted path) with =, ==, !=."""
+    checks: list[Callable[[Body], bool]] = []
+    for term in _split_terms(selector):
+        match = re.match(r"^\s*([A-Za-z0-9_.]+)\s*(==|=|!=)\s*(.*?)\s*$", term)
+        if match is None:
+            raise ApiError(status=400, reason="BadRequest", message=f"invalid field selector: {term!r}")
+        path, op, expected = match.groups()
+
+        def lookup(obj: Body, path: str = path) -> str:
+            node: Any = obj
+            for part in path.split("."):
+                node = node.get(part) if isinstance(node, dict) else None
+            return "" if node is None else str(node)
+
+        if op == "!=":
+            checks.append(lambda obj, f=lookup, v=expected: f(obj) != v)
+        else:
+            checks.append(lambda obj, f=lookup, v=expected: f(obj) == v)
+    return lambda obj: all(check(obj) for check in checks)
+
+
+# --- the emulator ---------------------------------------------------------------------------------
+
+
+def _utc_now() -> datetime.datetime:
+    return datetime.datetime.now(datetime.UTC)
+
+
+def _timestamp(moment: datetime.datetime) -> str:
+    return moment.astimezone(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _essence(obj: Body) -> Body:
+    """What ``generation`` tracks: everything except metadata and status."""
+    return {key: value for key, value in obj.items() if key not in ("metadata", "status")}
+
+
+@attrs.define(kw_only=True)
+class FidelityEmulator(kmock.KubernetesEmulator):
+    """kmock's emulator taking over every Kubernetes request with API-server semantics."""
+
+    history_limit: int = 10_000  # watch events kept per resource; older resumes get 410 Gone
+    clock: Callable[[], datetime.datetime] = _utc_now
+    admission: AdmissionHooks = attrs.field(factory=AdmissionHooks)
+
+    _revision: int = attrs.field(default=0, init=False)
+    _events: dict[kmock.resource, collections.deque[WatchEvent]] = attrs.field(factory=dict, init=False)
+    _compacted: dict[kmock.resource, int] = attrs.field(factory=dict, init=False)
+    _changed: dict[kmock.resource, asyncio.Event] = attrs.field(factory=dict, init=False)
+    _closing: bool = attrs.field(default=False, init=False)
+    _matching: rendering.Request | None = attrs.field(default=None, init=False)
+
+    def __attrs_post_init__(self) -> None:
+        """Register no fallback reactions: the emulated server below replaces all of them."""
+
+    # kmock matches a reaction by scanning every request it ever recorded (quadratic);
+    # while matching, the request log is narrowed to the request being served.
+    @override
+    def __iter__(self) -> Iterator[rendering.Request]:
+        if self._matching is not None:
+            yield self._matching
+        else:
+            yield from super().__iter__()
+
+    @property
+    def revision(self) -> int:
+        return self._revision
+
+    # --- HTTP entry point ---
+
+    @override
+    async def __call__(self, raw_request: aiohttp.web.BaseRequest) -> aiohttp.web.StreamResponse:
+        body = await raw_request.read()
+        request = self._parse_request(raw_request, body)
+        self._requests.append(request)
+        try:
+            return await self._handle(request)
+        except ApiError as exc:
+            return self._status_response(exc)
+        except kmock.KubernetesError as exc:
+            return self._status_response(ApiError(exc.status, exc.reason, exc.message, exc.details))
+
+    def _parse_request(self, raw_request: aiohttp.web.BaseRequest, body: bytes) -> rendering.Request:
+        route = parse_route(raw_request.path)
+        method = enums.method(raw_request.method)
+        params = dict(raw_request.query)
+        action: enums.action | None = None
+        if route is not None:
+            if method == enums.method.GET:
+                watching = params.get("watch") in ("true", "1")
+                action = enums.action.WATCH if watching else (
+                    enums.action.FETCH if route.name else enums.action.LIST)
+            elif method == enums.method.POST:
+                action = enums.action.CREATE
+            elif method in (enums.method.PATCH, enums.method.PUT):
+                action = enums.action.UPDATE
+            elif method == enums.method.DELETE:
+                action = enums.action.DELETE
+        text = body.decode("utf-8", errors="replace")
+        data: Any = None
+        content_type = raw_request.headers.get("Content-Type", "")
+        if body and not content_type.startswith(PROTOBUF):
+            try:
+                data = yaml.safe_load(text) if content_type.startswith(APPLY_PATCH) else json.loads(text)
+            except (ValueError, yaml.YAMLError):
+                data = None
+        return rendering.Request(
+            id=len(self._requests),
+            raw_request=raw_request,
+            url=raw_request.url,
+            method=method,
+            params=params,
+            headers=dict(raw_request.headers),
+            cookies=dict(raw_request.cookies),
+            body=body,
+            text=text,
+            data=data,
+            action=action,
+            resource=kmock.resource(route.group, route.version, route.plural) if route else None,
+            namespace=route.namespace if route else None,
+            name=route.name if route else None,
+            subresource=route.subresource if route else None,
+        )
+
+    @override
+    async def _handle(self, request: rendering.Request) -> aiohttp.web.StreamResponse:
+        if request.headers.get("Content-Type", "").startswith(PROTOBUF):
+            raise ApiError(415, "UnsupportedMediaType", f"the body of the request was in an unknown format: {PROTOBUF}")
+
+        reaction = await self._user_reaction(request)
+        if reaction is not None:
+            return reaction
+
+        path = request.url.path.rstrip("/") or "/"
+        if request.method == enums.method.GET:
+            discovery = self._discovery(path)
+            if discovery is not None:
+                return aiohttp.web.json_response(discovery)
+        route = parse_route(path)
+        if route is None:
+            raise ApiError(404, "NotFound", "the server could not find the requested resource")
+        return await self._serve_resource(request, route)
+
+    async def _user_reaction(self, request: rendering.Request) -> aiohttp.web.StreamResponse | None:
+        """kmock DSL reactions added by a test, matched against this request only."""
+        for payload in self._payloads:
+            self._matching = request
+            try:
+                matched = request in payload._source and not payload._disabled.is_set()
+            finally:
+                self._matching = None
+            if matched:
+                try:
+                    return await payload(request)
+                except rendering.ReactionMismatchError:
+                    payload._disabled.set()
+                except NotImplementedError:
+                    pass
+        return None
+
+    @staticmethod
+    def _status_response(exc: kmock.KubernetesError) -> aiohttp.web.Response:
+        return aiohttp.web.json_response(_status_body(exc), status=exc.status)
+
+    # --- discovery ---
+
+    def _discovery(self, path: str) -> Body | None:
+        resources = list(self.resources)
+        groups: dict[str, list[str]] = {}
+        for res in resources:
+            versions = groups.setdefault(res.group or "", [])
+            if res.version not in versions:
+                versions.append(res.version or "")
+        parts = path.strip("/").split("/") if path != "/" else []
+        if parts == []:
+            paths = ["/api", "/api/v1", "/apis", "/version"]
+            paths += [f"/apis/{g}" for g in groups if g] + [f"/apis/{g}/{v}" for g in groups if g for v in groups[g]]
+            return {"paths": sorted(paths)}
+        if parts == ["version"]:
+            return {"major": "1", "minor": "31", "gitVersion": "v1.31.0", "platform": "linux/amd64"}
+        if parts == ["api"]:
+            return {"kind": "APIVersions", "versions": ["v1"], "serverAddressByClientCIDRs": []}
+        if parts == ["apis"]:
+            return {"kind": "APIGroupList", "apiVersion": "v1", "groups": [
+                self._group_body(g, vs) for g, vs in sorted(groups.items()) if g]}
+        if len(parts) == 2 and parts[0] == "apis" and parts[1] in groups:
+            return {"kind": "APIGroup", "apiVersion": "v1", **self._group_body(parts[1], groups[parts[1]])}
+        if len(parts) == 2 and parts[0] == "api" or len(parts) == 3 and parts[0] == "apis":
+            group, version = ("", parts[1]) if parts[0] == "api" else (parts[1], parts[2])
+            if version not in groups.get(group, []) and group:
+                return None
+            listed = [res for res in resources if (res.group or "") == group and res.version == version]
+            return {
+                "kind": "APIResourceList",
+                "apiVersion": "v1",
+                "groupVersion": f"{group}/{version}" if group else version,
+                "resources": [entry for res in sorted(listed, key=str) for entry in self._resource_entries(res)],
+            }
+        return None
+
+    @staticmethod
+    def _group_body(group: str, versions: list[str]) -> Body:
+        entries = [{"groupVersion": f"{group}/{v}", "version": v} for v in versions]
+        return {"name": group, "versions": entries, "preferredVersion": entries[0]}
+
+    def _resource_entries(self, res: kmock.resource) -> list[Body]:
+        info = self.resources[res]
+        entry: Body = {
+            "name": res.plural,
+            "singularName": info.singular or (info.kind or "").lower(),
+            "namespaced": info.namespaced is not False,
+            "kind": info.kind or str(res.plural).capitalize(),
+            "verbs": sorted(info.verbs) or list(ALL_VERBS),
+            "shortNames": sorted(info.shortnames),
+            "categories": sorted(info.categories),
+        }
+        subresources = [
+            {"name": f"{res.plural}/{sub}", "singularName": "", "namespaced": entry["namespaced"],
+             "kind": entry["kind"], "verbs": ["get", "patch", "update"]}
+            for sub in sorted(info.subresources)
+        ]
+        return [entry, *subresources]
+
+    # --- resource requests ---
+
+    def _info(self, res: kmock.resource) -> kmock.ResourceInfo:
+        if res not in self.resources:
+            raise ApiError(404, "NotFound", "the server could not find the requested resource")
+        return self.resources[res]
+
+    async def _serve_resource(self, request: rendering.Request, route: Route) -> aiohttp.web.StreamResponse:
+        res = kmock.resource(route.group, route.version, route.plural)
+        info = self._info(res)
+        namespace = route.namespace if info.namespaced is not False else None
+        if route.subresource is not None and route.subresource not in info.subresources:
+            raise ApiError(404, "NotFound", "the server could not find the requested resource")
+        method, params = request.method, request.params
+        status = route.subresource == "status"
+
+        if method == enums.method.GET and params.get("watch") in ("true", "1"):
+            return await self._serve_watch(request, res, namespace, route.name)
+        if method == enums.method.GET and route.name is None:
+            return aiohttp.web.json_response(self._list_body(res, namespace, params))
+        if route.name is None and method == enums.method.POST:
+            return aiohttp.web.json_response(self.create_object(res, self._body(request), namespace=namespace), status=201)
+        if route.name is None and method == enums.method.DELETE:
+            items = [
+                self.delete_object(res, obj["metadata"].get("namespace"), obj["metadata"]["name"])
+                for obj in self.list_objects(res, namespace, params.get("labelSelector", ""), params.get("fieldSelector", ""))
+            ]
+            return aiohttp.web.json_response(self._list_envelope(res, items))
+        if route.name is None:
+            raise ApiError(405, "MethodNotAllowed", f"the server does not allow this method on the requested resource")
+
+        if method == enums.method.GET:
+            return aiohttp.web.json_response(self.read_object(res, namespace, route.name))
+        if method == enums.method.PUT:
+            return aiohttp.web.json_response(
+                self.replace_object(res, namespace, route.name, self._body(request), status=status))
+        if method == enums.method.PATCH:
+            content_type = request.headers.get("Content-Type", "").split(";")[0].strip()
+            if content_type == APPLY_PATCH and self._find(res, namespace, route.name) is None:
+                body = self._body(request)
+                body.setdefault("metadata", {})["name"] = route.name
+                return aiohttp.web.json_response(self.create_object(res, body, namespace=namespace), status=201)
+            result = self.patch_object(res, namespace, route.name, request.data, content_type, status=status)
+            return aiohttp.web.json_response(result)
+        if method == enums.method.DELETE:
+            options = request.data if isinstance(request.data, dict) else {}
+            propagation = params.get("propagationPolicy") or options.get("propagationPolicy") or "Background"
+            return aiohttp.web.json_response(self.delete_object(res, namespace, route.name, propagation=propagation))
+        raise ApiError(405, "MethodNotAllowed", "the server does not allow this method on the requested resource")
+
+    @staticmethod
+    def _body(request: rendering.Request) -> Body:
+        if not isinstance(request.data, dict):
+            raise ApiError(400, "BadRequest", "the request body is not a JSON object")
+        return copy.deepcopy(request.data)
+
+    # --- the store ---
+
+    def _key(self, res: kmock.resource, namespace: str | None, name: str) -> tuple[kmock.resource, str | None, str]:
+        return (res, namespace if self.resources[res].namespaced is not False else None, name)
+
+    def _find(self, res: kmock.resource, namespace: str | None, name: str) -> Body | None:
+        key = self._key(res, namespace, name)
+        if key not in self._objects:
+            return None
+        stored = self._objects[key]
+        return None if stored.deleted else stored.raw
+
+    def _not_found(self, res: kmock.resource, name: str) -> ApiError:
+        return ApiError(404, "NotFound", f'{_qualified(res)} "{name}" not found',
+                        {"name": name, "group": res.group, "kind": res.plural})
+
+    def _store(self, res: kmock.resource, obj: Body, event: str, previous: Body | None) -> Body:
+        """Write a new version with the next resourceVersion and publish it to watchers."""
+        self._revision += 1
+        obj["metadata"]["resourceVersion"] = str(self._revision)
+        meta = obj["metadata"]
+        key = self._key(res, meta.get("namespace"), meta["name"])
+        if event == "DELETED":
+            self._objects[key].history.append(obj)
+            self._objects[key].delete()
+        elif key in self._objects:
+            self._objects[key].history.append(obj)
+        else:
+            self._objects[key] = obj
+        self._publish(res, WatchEvent(self._revision, event, meta.get("namespace"), meta["name"], obj, previous))
+        return obj
+
+    def _publish(self, res: kmock.resource, event: WatchEvent) -> None:
+        events = self._events.setdefault(res, collections.deque())
+        if len(events) >= self.history_limit:
+            self._compacted[res] = events.popleft().revision
+        events.append(event)
+        changed = self._changed.pop(res, None)
+        if changed is not None:
+            changed.set()
+
+    def compact(self) -> None:
+        """Forget all watch history, as etcd compaction does: older resumes get 410 Gone."""
+        for res, events in self._events.items():
+            if events:
+                self._compacted[res] = events[-1].revision
+            events.clear()
+
+    def close(self) -> None:
+        """End all watch streams (before the HTTP server stops)."""
+        self._closing = True
+        for changed in self._changed.values():
+            changed.set()
+        self._changed.clear()
+
+    # --- reads ---
+
+    def read_object(self, res: ResourceRef, namespace: str | None, name: str) -> Body:
+        resource = _resource(res)
+        self._info(resource)
+        found = self._find(resource, namespace, name)
+        if found is None:
+            raise self._not_found(resource, name)
+        return found
+
+    def list_objects(
+        self, res: ResourceRef, namespace: str | None = None, label_selector: str = "", field_selector: str = ""
+    ) -> list[Body]:
+        resource = _resource(res)
+        self._info(resource)
+        selected = self._selection(label_selector, field_selector)
+        found = [
+            stored.raw
+            for (key_res, key_ns, _), stored in self._objects.items()
+            if key_res == resource and not stored.deleted and (namespace is None or key_ns == namespace)
+        ]
+        found = [obj for obj in found if selected(obj)]
+        return sorted(found, key=lambda obj: (obj["metadata"].get("namespace") or "", obj["metadata"]["name"]))
+
+    @staticmethod
+    def _selection(label_selector: str, field_selector: str) -> Callable[[Body], bool]:
+        labels_ok = label_matcher(label_selector)
+        fields_ok = field_matcher(field_selector)
+        return lambda obj: labels_ok(obj.get("metadata", {}).get("labels") or {}) and fields_ok(obj)
+
+    def _list_envelope(self, res: kmock.resource, items: list[Body]) -> Body:
+        info = self.resources[res]
+        return {
+            "apiVersion": _api_version(res),
+            "kind": f"{info.kind}List",
+            "metadata": {"resourceVersion": str(self._revision)},
+            "items": items,
+        }
+
+    def _list_body(self, res: kmock.resource, namespace: str | None, params: Mapping[str, str]) -> Body:
+        items = self.list_objects(res, namespace, params.get("labelSelector", ""), params.get("fieldSelector", ""))
+        return self._list_envelope(res, items)
+
+    # --- writes ---
+
+    def create_object(self, res: ResourceRef, body: Body, *, namespace: str | None = None) -> Body:
+        """POST semantics: stamp metadata, run admission, store, publish ADDED."""
+        resource = _resource(res)
+        info = self._info(resource)
+        obj = copy.deepcopy(body)
+        meta = obj.setdefault("metadata", {})
+        if info.namespaced is not False:
+            body_namespace = meta.get("namespace")
+            if namespace and body_namespace and body_namespace != namespace:
+                raise ApiError(400, "BadRequest",
+                               "the namespace of the provided object does not match the namespace sent on the request")
+            meta["namespace"] = namespace or body_namespace or "default"
+        else:
+            meta.pop("namespace", None)
+        if not meta.get("name"):
+            if not meta.get("generateName"):
+                raise self._invalid(resource, "", [("metadata.name", "FieldValueRequired",
+                                                     "Required value: name or generateName is required")])
+            meta["name"] = meta["generateName"] + "".join(random.choices(_NAME_SUFFIX_ALPHABET, k=5))
+        if self._find(resource, meta.get("namespace"), meta["name"]) is not None:
+            raise ApiError(409, "AlreadyExists", f'{_qualified(resource)} "{meta["name"]}" already exists',
+                           {"name": meta["name"], "group": resource.group, "kind": resource.plural})
+        obj["apiVersion"] = _api_version(resource)
+        obj["kind"] = info.kind
+        for system_field in ("deletionTimestamp", "deletionGracePeriodSeconds", "resourceVersion", "managedFields"):
+            meta.pop(system_field, None)
+        meta["uid"] = str(uuid.uuid4())
+        meta["generation"] = 1
+        meta["creationTimestamp"] = _timestamp(self.clock())
+        if "status" in info.subresources:
+            obj.pop("status", None)
+        obj = self._admit(resource, "CREATE", obj, None)
+        stored = self._store(resource, obj, "ADDED", None)
+        if resource == CRD_RESOURCE:
+            register_crd(self, stored, store=False)
+        return stored
+
+    def replace_object(self, res: ResourceRef, namespace: str | None, name: str, body: Body, *, status: bool = False) -> Body:
+        """PUT semantics (the whole object, or only ``.status`` for the status subresource)."""
+        resource = _resource(res)
+        body_name = body.get("metadata", {}).get("name")
+        if body_name and body_name != name:
+            raise ApiError(400, "BadRequest", "the name of the object does not match the name on the URL")
+        return self._update(resource, namespace, name, lambda _: copy.deepcopy(body), status=status)
+
+    def patch_object(
+        self, res: ResourceRef, namespace: str | None, name: str, patch: Any, content_type: str = MERGE_PATCH,
+        *, status: bool = False,
+    ) -> Body:
+        """PATCH semantics for merge, JSON, strategic (as merge) and apply (as merge) patches."""
+        resource = _resource(res)
+        apply: Callable[[Body], Any]
+        if content_type == JSON_PATCH:
+            apply = lambda old: json_patch(old, patch)  # noqa: E731
+        elif content_type in (MERGE_PATCH, APPLY_PATCH):
+            apply = lambda old: merge_patch(old, patch)  # noqa: E731
+        elif content_type == STRATEGIC_PATCH:
+            apply = lambda old: merge_patch(old, strip_strategic_directives(patch))  # noqa: E731
+        else:
+            raise ApiError(415, "UnsupportedMediaType", f"the body of the request was in an unknown format: {content_type}")
+        if content_type != JSON_PATCH and not isinstance(patch, dict):
+            raise ApiError(400, "BadRequest", "the patch is not a JSON object")
+        return self._update(resource, namespace, name, apply, status=status)
+
+    def _update(self, res: kmock.resource, namespace: str | None, name: str,
+                change: Callable[[Body], Any], *, status: bool) -> Body:
+        info = self._info(res)
+        old = self._find(res, namespace, name)
+        if old is None:
+            raise self._not_found(res, name)
+        try:
+            candidate = change(copy.deepcopy(old))
+        except PatchError as exc:
+            raise ApiError(422, "Invalid", str(exc), {"name": name, "group": res.group, "kind": res.plural}) from exc
+        if not isinstance(candidate, dict):
+            raise ApiError(422, "Invalid", "the patched object is not a JSON object")
+        old_meta = old["metadata"]
+        given_version = (candidate.get("metadata") or {}).get("resourceVersion")
+        if given_version and given_version != old_meta["resourceVersion"]:
+            raise ApiError(409, "Conflict",
+                           f'Operation cannot be fulfilled on {_qualified(res)} "{name}": the object has been '
+                           "modified; please apply your changes to the latest version and try again",
+                           {"name": name, "group": res.group, "kind": res.plural})
+
+        if status:
+            new = copy.deepcopy(old)
+            if candidate.get("status") is None:
+                new.pop("status", None)
+            else:
+                new["status"] = candidate["status"]
+        else:
+            new = candidate
+            if "status" in info.subresources:
+                if "status" in old:
+                    new["status"] = copy.deepcopy(old["status"])
+                else:
+                    new.pop("status", None)
+            new["apiVersion"], new["kind"] = old["apiVersion"], old["kind"]
+            meta = new.setdefault("metadata", {})
+            if not isinstance(meta, dict):
+                raise ApiError(422, "Invalid", "metadata must be an object")
+            for system_field in ("uid", "name", "namespace", "creationTimestamp", "generation",
+                                 "deletionTimestamp", "deletionGracePeriodSeconds"):
+                if system_field in old_meta:
+                    meta[system_field] = old_meta[system_field]
+                else:
+                    meta.pop(system_field, None)
+            if old_meta.get("deletionTimestamp"):
+                added = set(meta.get("finalizers") or []) - set(old_meta.get("finalizers") or [])
+                if added:
+                    raise self._invalid(res, name, [("metadata.finalizers", "FieldValueForbidden",
+                                                     f"Forbidden: no new finalizers can be added if the object is being deleted, found new finalizers {sorted(added)}")])
+            new = self._admit(res, "UPDATE", new, old)
+            if _essence(new) != _essence(old):
+                new["metadata"]["generation"] = old_meta.get("generation", 1) + 1
+        new["metadata"]["resourceVersion"] = old_meta["resourceVersion"]
+        if new == old:
+            return old  # a no-op write: no new resourceVersion and no watch event, as on a real server
+        stored = self._store(res, new, "MODIFIED", old)
+        if stored["metadata"].get("deletionTimestamp") and not stored["metadata"].get("finalizers"):
+            return self._remove(res, stored)
+        return stored
+
+    def delete_object(self, res: ResourceRef, namespace: str | None, name: str, *,
+                      propagation: str = "Background") -> Body:
+        """DELETE: mark for deletion while finalizers remain; otherwise remove and collect dependents."""
+        resource = _resource(res)
+        old = self._find(resource, namespace, name)
+        if old is None:
+            raise self._not_found(resource, name)
+        if propagation == "Orphan":
+            self._orphan_dependents(old["metadata"]["uid"])
+        if old["metadata"].get("finalizers"):
+            if old["metadata"].get("deletionTimestamp"):
+                return old
+            marked = copy.deepcopy(old)
+            marked["metadata"]["deletionTimestamp"] = _timestamp(self.clock())
+            marked["metadata"]["deletionGracePeriodSeconds"] = 0
+            return self._store(resource, marked, "MODIFIED", old)
+        return self._remove(resource, old)
+
+    def _remove(self, res: kmock.resource, obj: Body) -> Body:
+        final = self._store(res, copy.deepcopy(obj), "DELETED", obj)
+        self._collect_garbage(res, final)
+        return final
+
+    def _collect_garbage(self, res: kmock.resource, removed: Body) -> None:
+        """Background cascade: dependents whose owners are all gone are deleted, recursively."""
+        uid = removed["metadata"]["uid"]
+        live_uids = {stored.raw["metadata"]["uid"] for stored in self._objects.values() if not stored.deleted}
+        for (dep_res, dep_ns, dep_name), stored in list(self._objects.items()):
+            if stored.deleted:
+                continue
+            dependent = stored.raw
+            meta = dependent["metadata"]
+            owners = {ref.get("uid") for ref in meta.get("ownerReferences") or []}
+            in_removed_namespace = res == NAMESPACES and dep_ns == removed["metadata"]["name"]
+            if (uid in owners and not owners & live_uids) or in_removed_namespace:
+                if self._find(dep_res, dep_ns, dep_name) is not None:
+                    self.delete_object(dep_res, dep_ns, dep_name)
+
+    def _orphan_dependents(self, uid: str) -> None:
+        for (dep_res, dep_ns, dep_name), stored in list(self._objects.items()):
+            if stored.deleted:
+                continue
+            refs = stored.raw["metadata"].get("ownerReferences") or []
+            if any(ref.get("uid") == uid for ref in refs):
+                kept = [ref for ref in refs if ref.get("uid") != uid]
+                patch = {"metadata": {"ownerReferences": kept or None}}
+                self.patch_object(dep_res, dep_ns, dep_name, patch)
+
+    def _admit(self, res: kmock.resource, operation: str, new: Body, old: Body | None) -> Body:
+        hook = self.admission.get(res)
+        if hook is None:
+            return new
+        try:
+            admitted = hook(operation, new, old)
+        except AdmissionError as exc:
+            causes = [(cause.field, cause.reason, cause.message) for cause in exc.causes]
+            raise self._invalid(res, new["metadata"].get("name", ""), causes) from exc
+        return admitted
+
+    def _invalid(self, res: kmock.resource, name: str, causes: list[tuple[str, str, str]]) -> ApiError:
+        kind = self.resources[res].kind or str(res.plural)
+        qualified_kind = f"{kind}.{res.group}" if res.group else kind
+        described = [f"{field}: {message}" for field, _, message in causes]
+        summary = described[0] if len(described) == 1 else f"[{', '.join(described)}]"
+        return ApiError(422, "Invalid", f'{qualified_kind} "{name}" is invalid: {summary}', {
+            "name": name, "group": res.group, "kind": kind,
+            "causes": [{"reason": reason, "message": message, "field": field} for field, reason, message in causes],
+        })
+
+    # --- watch ---
+
+    async def _serve_watch(self, request: rendering.Request, res: kmock.resource, namespace: str | None,
+                           name: str | None) -> aiohttp.web.StreamResponse:
+        params = request.params
+        selected = self._selection(params.get("labelSelector", ""), params.get("fieldSelector", ""))
+
+        def visible(obj: Body | None) -> bool:
+            if obj is None:
+                return False
+            meta = obj["metadata"]
+            return ((namespace is None or meta.get("namespace") == namespace)
+                    and (name is None or meta["name"] == name) and selected(obj))
+
+        since_text = params.get("resourceVersion", "")
+        if since_text not in ("", "0") and not since_text.isdigit():
+            raise ApiError(400, "BadRequest", f"invalid resource version: {since_text!r}")
+        timeout = float(params["timeoutSeconds"]) if params.get("timeoutSeconds") else None
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout if timeout is not None else None
+
+        assert request._raw_request is not None
+        response = aiohttp.web.StreamResponse(status=200, headers={"Content-Type": "application/json"})
+        await response.prepare(request._raw_request)
+
+        async def send(kind: str, obj: Body) -> None:
+            await response.write(json.dumps({"type": kind, "object": obj}).encode() + b"\n")
+
+        if since_text in ("", "0"):
+            since = self._revision
+            initial = [obj for obj in self.list_objects(res, namespace) if visible(obj)]
+            for obj in initial:
+                await send("ADDED", obj)
+            if params.get("sendInitialEvents") == "true" and params.get("allowWatchBookmarks") == "true":
+                await send("BOOKMARK", self._bookmark(res, since, initial_end=True))
+        else:
+            since = int(since_text)
+
+        while not self._closing:
+            changed = self._changed.setdefault(res, asyncio.Event())
+            if since < self._compacted.get(res, 0):
+                gone = ApiError(410, "Expired", f"too old resource version: {since} ({self._compacted[res]})")
+                await send("ERROR", _status_body(gone))
+                break
+            for event in self._events_since(res, since):
+                since = event.revision
+                now_visible, was_visible = visible(event.object), visible(event.previous)
+                if event.type == "MODIFIED" and now_visible != was_visible:
+                    await send("ADDED" if now_visible else "DELETED", event.object)
+                elif now_visible or (event.type == "DELETED" and was_visible):
+                    await send(event.type, event.object)
+            remaining = None if deadline is None else deadline - loop.time()
+            if remaining is not None and remaining <= 0:
+                break
+            try:
+                await asyncio.wait_for(changed.wait(), timeout=remaining)
+            except TimeoutError:
+                break
+        await response.write_eof()
+        return response
+
+    def _events_since(self, res: kmock.resource, since: int) -> list[WatchEvent]:
+        events = self._events.get(res, collections.deque())
+        newer: list[WatchEvent] = []
+        for event in reversed(events):
+            if event.revision <= since:
+                break
+            newer.append(event)
+        return newer[::-1]
+
+    def _bookmark(self, res: kmock.resource, revision: int, *, initial_end: bool) -> Body:
+        meta: Body = {"resourceVersion": str(revision)}
+        if initial_end:
+            meta["annotations"] = {"k8s.io/initial-events-end": "true"}
+        return {"apiVersion": _api_version(res), "kind": self.resources[res].kind, "metadata": meta}
+
+
+def _api_version(res: kmock.resource) -> str:
+    return f"{res.group}/{res.version}" if res.group else str(res.version)
+
+
+def _qualified(res: kmock.resource) -> str:
+    return f"{res.plural}.{res.group}" if res.group else str(res.plural)
+
+
+def _status_body(exc: kmock.KubernetesError) -> Body:
+    body: Body = {
+        "apiVersion": "v1", "kind": "Status", "metadata": {}, "status": "Failure",
+        "message": exc.message or "", "reason": exc.reason or "", "code": exc.status,
+    }
+    if exc.details:
+        body["details"] = exc.details
+    return body
+
+
+# --- resource registration ------------------------------------------------------------------------
+
+
+def register_resource(
+    emulator: FidelityEmulator, ref: ResourceRef, *, kind: str, namespaced: bool = True,
+    status: bool = False, short_names: tuple[str, ...] = (), categories: tuple[str, ...] = (),
+) -> kmock.resource:
+    """Declare a resource for discovery and serving; ``status`` adds the ``/status`` subresource."""
+    resource = _resource(ref)
+    emulator.resources[resource] = kmock.ResourceInfo(
+        kind=kind, singular=kind.lower(), namespaced=namespaced, verbs=set(ALL_VERBS),
+        shortnames=set(short_names), categories=set(categories), subresources={"status"} if status else set(),
+    )
+    return resource
+
+
+BUILTIN_RESOURCES: Final[tuple[tuple[str, str, bool, bool, tuple[str, ...]], ...]] = (
+    # (group/version/plural, kind, namespaced, status subresource, short names)
+    ("v1/pods", "Pod", True, True, ("po",)),
+    ("v1/services", "Service", True, True, ("svc",)),
+    ("v1/configmaps", "ConfigMap", True, False, ("cm",)),
+    ("v1/secrets", "Secret", True, False, ()),
+    ("v1/events", "Event", True, False, ("ev",)),
+    ("v1/namespaces", "Namespace", False, True, ("ns",)),
+    ("apps/v1/deployments", "Deployment", True, True, ("deploy",)),
+    ("batch/v1/jobs", "Job", True, True, ()),
+    ("discovery.k8s.io/v1/endpointslices", "EndpointSlice", True, False, ()),
+    ("gateway.networking.k8s.io/v1/httproutes", "HTTPRoute", True, True, ()),
+    ("apiextensions.k8s.io/v1/customresourcedefinitions", "CustomResourceDefinition", False, True, ("crd", "crds")),
+)
+
+
+def register_builtin_resources(emulator: FidelityEmulator) -> None:
+    """The built-in kinds specops and its tests touch, plus the ``default`` namespace."""
+    for ref, kind, namespaced, status, short_names in BUILTIN_RESOURCES:
+        register_resource(emulator, ref, kind=kind, namespaced=namespaced, status=status, short_names=short_names)
+    if emulator._find(NAMESPACES, None, "default") is None:
+        emulator.create_object(NAMESPACES, {"metadata": {"name": "default"}})
+
+
+def register_crd(emulator: FidelityEmulator, crd: Mapping[str, Any], *, store: bool = True) -> list[kmock.resource]:
+    """Serve a CRD's resource (every served version) and admit its objects through its schema and CEL rules.
+
+    With ``store``, the CRD object itself is also created (when CRDs are registered), so
+    ``kubectl get crd`` and operators that look for their CRD see it.
+    """
+    spec = crd["spec"]
+    names = spec["names"]
+    admission = CrdAdmission(crd)
+    registered = []
+    for version in spec["versions"]:
+        if not version.get("served", True):
+            continue
+        has_status = "status" in (version.get("subresources") or {})
+        resource = register_resource(
+            emulator, kmock.resource(spec["group"], version["name"], names["plural"]), kind=names["kind"],
+            namespaced=spec.get("scope", "Namespaced") == "Namespaced", status=has_status,
+            short_names=tuple(names.get("shortNames", ())), categories=tuple(names.get("categories", ())),
+        )
+        emulator.admission[resource] = admission
+        registered.append(resource)
+    if store and CRD_RESOURCE in emulator.resources:
+        if emulator._find(CRD_RESOURCE, None, crd["metadata"]["name"]) is None:
+            emulator.create_object(CRD_RESOURCE, copy.deepcopy(dict(crd)))
+    return registered
+
+
+__all__ = [
+    "AdmissionHook", "AdmissionHooks", "ApiError", "FidelityEmulator", "json_patch", "label_matcher",
+    "merge_patch", "parse_route", "register_builtin_resources", "register_crd", "register_resource",
+]
+
+# Keep kmock's DSL types importable from here for tests that add reactions.
+Reaction = dsl.Reaction
+_ = string  # the generated-name alphabet mirrors Kubernetes' (no vowels), not string.ascii_lowercase

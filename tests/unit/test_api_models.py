@@ -1,0 +1,76 @@
+"""The models parse the examples, apply defaults, and refuse what the CEL rules refuse."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from pydantic import ValidationError
+
+from specops.api.models import SpeculativeDeployment
+from specops.api.units import format_duration, parse_duration, parse_parameters
+from specops.domain.lifecycle import describe_validation_error
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "docs" / "examples"
+
+
+def example(name: str = "dense-70b-7b.yaml") -> dict[str, Any]:
+    return yaml.safe_load((EXAMPLES / name).read_text())
+
+
+@pytest.mark.parametrize("path", sorted(EXAMPLES.glob("*.yaml")), ids=lambda p: p.name)
+def test_examples_parse(path: Path) -> None:
+    resource = SpeculativeDeployment.model_validate(yaml.safe_load(path.read_text()))
+    assert resource.spec.target.parameter_count > resource.spec.draft.parameter_count
+
+
+def test_minimal_resource_gets_sane_defaults() -> None:
+    body = {
+        "metadata": {"name": "m", "namespace": "ns"},
+        "spec": {
+            "target": {"model": "t", "version": "1", "parameters": "70B", "engine": {"uri": "pvc://e/t"}},
+            "draft": {"model": "d", "version": "v1", "parameters": "1B", "engine": {"uri": "pvc://e/d"}},
+        },
+    }
+    spec = SpeculativeDeployment.model_validate(body).spec
+    assert spec.serving.backend == "triton-trtllm" and spec.serving.replicas == 1
+    assert spec.speculation.mode == "auto"
+    assert (spec.speculation.draft_length.initial, spec.speculation.draft_length.max) == (4, 8)
+    assert [s.weight for s in spec.canary.steps] == [5, 10, 25, 50, 100]
+    assert spec.retraining.triggers.acceptance_below_slo is None
+
+
+@pytest.mark.parametrize(
+    ("mutate", "field"),
+    [
+        (
+            lambda s: s["speculation"].update(draftLength={"initial": 9, "min": 1, "max": 8}),
+            "speculation.draftLength",
+        ),
+        (lambda s: s["speculation"].update(draftLength={"initial": 4, "min": 1, "max": 12}), "maxDraftLen"),
+        (lambda s: s["serving"].update(tensorParallel=3), "serving.tensorParallel"),
+        (lambda s: s.update(canary={"steps": [{"weight": 50}, {"weight": 10}]}), "canary.steps"),
+        (lambda s: s["target"]["engine"].update(uri="s3://bucket/engine"), "serving.engineFetcherImage"),
+        (lambda s: s["target"].update(parameters="seventy"), "target.parameters"),
+        (lambda s: s["speculation"].update(mode="sometimes"), "speculation.mode"),
+    ],
+)
+def test_invalid_specs_name_the_field(mutate: Any, field: str) -> None:
+    body = example()
+    spec = copy.deepcopy(body["spec"])
+    mutate(spec)
+    body["spec"] = spec
+    with pytest.raises(ValidationError) as info:
+        SpeculativeDeployment.model_validate(body)
+    assert field in describe_validation_error(info.value)
+
+
+def test_units() -> None:
+    assert parse_duration("1h30m") == 5400 and parse_duration("250ms") == 0.25
+    assert parse_parameters("1.5B") == 1.5e9 and parse_parameters("70e9") == 70e9
+    assert format_duration(0.024) == "24ms"
+    with pytest.raises(ValueError, match="unit"):
+        parse_duration("10")
