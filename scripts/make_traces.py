@@ -196,8 +196,12 @@ def calibrate(requests: list[Request], span: float, target_batch: float, seed: i
     """Constant multiplier whose mean running requests is `target_batch` (secant on Little's law)."""
     m = 1.0
     for _ in range(4):
-        rng = random.Random(seed)
-        batch = running_requests(scaled_arrivals(requests, span, lambda _t, m=m: m, rng), span, 60.0)
+        level = m
+
+        def constant(_t: float, level: float = level) -> float:
+            return level
+
+        batch = running_requests(scaled_arrivals(requests, span, constant, random.Random(seed)), span, 60.0)
         m *= target_batch / (sum(batch) / len(batch))
     return m
 
@@ -244,8 +248,10 @@ def main(argv: list[str]) -> int:
         batch = running_requests(scaled_arrivals(requests, span, multiplier, rng), span, interval)
         alpha = alpha_series(len(batch), interval, rng, period_s=1800.0, wander=0.02, **alpha_shape)
         write_trace(args.out / f"{name}.csv", interval, batch, alpha)
-        print(f"{name}: {len(batch)} intervals of {interval:g} s, batch {min(batch):.0f}..{max(batch):.0f}, "
-              f"mean {sum(batch) / len(batch):.0f}")
+        print(
+            f"{name}: {len(batch)} intervals of {interval:g} s, batch {min(batch):.0f}..{max(batch):.0f}, "
+            f"mean {sum(batch) / len(batch):.0f}"
+        )
     return 0
 
 

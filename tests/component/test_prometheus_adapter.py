@@ -15,7 +15,7 @@ import socket
 from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 import pytest
@@ -37,6 +37,8 @@ pytestmark = pytest.mark.timeout(60)
 SETUP = perf.ModelSetup(gpu=perf.GPUS["H100"], target_params=70e9, draft_params=1e9)
 TRITON = PROFILES["triton-trtllm"]
 POLL_INTERVAL_S = 0.5
+T = TypeVar("T")
+RATE_WINDOW_S = 4.0  # four 1 s scrapes: short, so a new series' rates settle quickly
 
 
 def now() -> datetime:
@@ -66,18 +68,16 @@ def target_group(pod: SimPod, namespace: str, deployment: str, variant: str) -> 
     }
 
 
-async def eventually(
-    read: Callable[[], Measurement], condition: Callable[[Measurement], bool], timeout_s: float
-) -> Measurement:
-    """Poll ``read`` until ``condition`` holds; fail with the last measurement."""
+async def eventually(read: Callable[[], T], condition: Callable[[T], bool], timeout_s: float) -> T:
+    """Poll ``read`` until ``condition`` holds; fail with the last value read."""
     deadline = asyncio.get_running_loop().time() + timeout_s
     while True:
-        measurement = read()
-        if condition(measurement):
-            return measurement
+        value = read()
+        if condition(value):
+            return value
         if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"condition not met within {timeout_s}s; last: {measurement}")
-        await asyncio.sleep(0.1)
+            raise AssertionError(f"condition not met within {timeout_s}s; last: {value}")
+        await asyncio.sleep(0.05)
 
 
 def fully_measured(m: Measurement) -> bool:
@@ -117,7 +117,7 @@ async def pods() -> AsyncIterator[Callable[..., Any]]:
 
 @pytest.fixture
 async def hub() -> AsyncIterator[MetricsHub]:
-    metrics = MetricsHub(scrape_interval_s=1.0, timeout_s=2.0)
+    metrics = MetricsHub(scrape_interval_s=1.0, window_s=RATE_WINDOW_S, timeout_s=2.0)
     yield metrics
     await metrics.close()
 
@@ -150,6 +150,14 @@ async def test_snapshot_reports_acceptance_batch_and_latency_per_variant(
     )
     canary_m = await eventually(read("team-a", "chat", "canary"), fully_measured, 5)
     plain_m = await eventually(read("team-b", "plain", "stable"), lambda m: m.ok and m.batch is not None, 5)
+    # and every pod's series is older than the rate window (rate() under-reports younger ones)
+    await prom.wait_for(
+        f"min(count_over_time(up[{RATE_WINDOW_S:g}s]))",
+        lambda v: bool(v) and float(v[0]["value"][1]) >= 4,
+        10,
+    )
+    window_full = now()
+    stable = await eventually(read("team-a", "chat", "stable"), lambda m: m.ok and m.at > window_full, 5)
 
     # then acceptance is converted back to the per-token alpha each variant runs at
     assert stable.alpha == pytest.approx(0.8, abs=0.02)
@@ -363,12 +371,9 @@ async def test_hub_polls_while_resources_need_it_and_stops_after_the_last_leaves
             hub.register("b", url, "triton-trtllm", 0.05)
             poller = hub.poller(url, "triton-trtllm")
             assert poller is not None
-            deadline = asyncio.get_running_loop().time() + 5
-            while poller.cycles < 3 and asyncio.get_running_loop().time() < deadline:
-                await asyncio.sleep(0.02)
+            await eventually(lambda: poller.cycles, lambda cycles: cycles >= 3, 5)
 
             # then one poller serves both, and a resource without series reads as an error
-            assert poller.cycles >= 3
             missing = hub.lookup(url, "triton-trtllm", "ns", "a", "stable", now())
             assert not missing.ok and missing.reason == "NoMetricsForDeployment"
 

@@ -102,16 +102,36 @@ class CrdAdmission:
         obj = apply_defaults(schema, obj)
 
         causes = list(schema_causes(validator, obj))
-        old_view = {k: v for k, v in old_obj.items() if k != "status"} if old_obj is not None else MISSING
-        if operation == "UPDATE" and old_view is not MISSING:
-            causes += cel_causes(schema, obj, old_view)
+        if any(cause.reason in _BLOCKING_REASONS for cause in causes):
+            if _has_rules(schema):  # the server does not run CEL on a wrongly typed object
+                causes.append(_RULES_NOT_CHECKED)
         else:
-            causes += cel_causes(schema, obj, MISSING)
+            old_view: Any = MISSING
+            if operation == "UPDATE" and old_obj is not None:
+                old_view = {key: value for key, value in old_obj.items() if key != "status"}
+            causes += cel_causes(schema, obj, old_view)
         if causes:
             raise AdmissionError(causes)
         if status is not MISSING:
             obj["status"] = status
         return obj
+
+
+_BLOCKING_REASONS: Final = ("FieldValueTypeInvalid", "FieldValueNotSupported")
+_RULES_NOT_CHECKED: Final = FieldCause(
+    "<nil>",
+    "FieldValueInvalid",
+    'Invalid value: "null": some validation rules were not checked because the object was invalid; '
+    "correct the existing errors to complete validation",
+)
+
+
+def _has_rules(schema: Any) -> bool:
+    if isinstance(schema, Mapping):
+        return "x-kubernetes-validations" in schema or any(_has_rules(value) for value in schema.values())
+    if isinstance(schema, list):
+        return any(_has_rules(item) for item in schema)
+    return False
 
 
 def _without_status(schema: Mapping[str, Any]) -> dict[str, Any]:
@@ -251,7 +271,9 @@ def _error_causes(error: ValidationError) -> Iterable[FieldCause]:
 # --- CEL rules ------------------------------------------------------------------------------------
 
 
-_QUANTITY: Final = re.compile(r"^([+-]?(?:\d+(?:\.\d*)?|\.\d+))(Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE]|[eE][+-]?\d+)?$")
+_QUANTITY: Final = re.compile(
+    r"^([+-]?(?:\d+(?:\.\d*)?|\.\d+))(Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE]|[eE][+-]?\d+)?$"
+)
 _QUANTITY_SCALE: Final = {
     "n": "1e-9", "u": "1e-6", "m": "1e-3", "": "1", "k": "1e3", "M": "1e6", "G": "1e9", "T": "1e12",
     "P": "1e15", "E": "1e18", "Ki": str(2**10), "Mi": str(2**20), "Gi": str(2**30), "Ti": str(2**40),
@@ -381,10 +403,14 @@ def _check_rule(
     try:
         result = _evaluate(expression, variables)
     except Exception as exc:  # an evaluation error refuses the object, as on a real server
-        return FieldCause(field, "FieldValueInvalid", f'Invalid value: "{shown_type}": {exc} evaluating rule: {expression}')
+        return FieldCause(
+            field, "FieldValueInvalid", f'Invalid value: "{shown_type}": {exc} evaluating rule: {expression}'
+        )
     if result is True:
         return None
-    message = _rule_message(rule, variables) if result is False else f"rule did not evaluate to bool: {expression}"
+    message = (
+        _rule_message(rule, variables) if result is False else f"rule did not evaluate to bool: {expression}"
+    )
     reason = rule.get("reason", "FieldValueInvalid")
     prefixes = {
         "FieldValueForbidden": "Forbidden: ",

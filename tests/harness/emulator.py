@@ -25,7 +25,6 @@ import datetime
 import json
 import random
 import re
-import string
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Final, TypeAlias
@@ -34,7 +33,7 @@ import aiohttp.web
 import attrs
 import kmock
 import yaml
-from kmock._internal import dsl, enums, rendering
+from kmock._internal import enums, rendering
 from typing_extensions import override
 
 from tests.harness.admission import AdmissionError, CrdAdmission
@@ -105,11 +104,10 @@ def parse_route(path: str) -> Route | None:
         group, version, rest = parts[1], parts[2], parts[3:]
     else:
         return None
-    if rest[0] == "namespaces" and len(rest) >= 4 or (len(rest) == 3 and rest[2] not in ("status", "finalize")):
-        if rest[0] == "namespaces":
-            namespace, plural, *tail = rest[1:]
-            name = tail[0] if tail else None
-            return Route(group, version, plural, namespace, name, "/".join(tail[1:]) or None)
+    serves_namespace_itself = len(rest) <= 2 or (len(rest) == 3 and rest[2] in ("status", "finalize"))
+    if rest[0] == "namespaces" and not serves_namespace_itself:
+        namespace, plural, *tail = rest[1:]
+        return Route(group, version, plural, namespace, tail[0] if tail else None, "/".join(tail[1:]) or None)
     plural, *tail = rest
     return Route(group, version, plural, None, tail[0] if tail else None, "/".join(tail[1:]) or None)
 
@@ -327,6 +325,7 @@ class FidelityEmulator(kmock.KubernetesEmulator):
     _compacted: dict[kmock.resource, int] = attrs.field(factory=dict, init=False)
     _changed: dict[kmock.resource, asyncio.Event] = attrs.field(factory=dict, init=False)
     _closing: bool = attrs.field(default=False, init=False)
+    _watchers: collections.Counter[kmock.resource] = attrs.field(factory=collections.Counter, init=False)
     _matching: rendering.Request | None = attrs.field(default=None, init=False)
 
     def __attrs_post_init__(self) -> None:
@@ -344,6 +343,10 @@ class FidelityEmulator(kmock.KubernetesEmulator):
     @property
     def revision(self) -> int:
         return self._revision
+
+    def watchers(self, res: ResourceRef) -> int:
+        """How many watch streams are open on a resource (tests wait for an operator to be watching)."""
+        return self._watchers[_resource(res)]
 
     # --- HTTP entry point ---
 
@@ -367,8 +370,11 @@ class FidelityEmulator(kmock.KubernetesEmulator):
         if route is not None:
             if method == enums.method.GET:
                 watching = params.get("watch") in ("true", "1")
-                action = enums.action.WATCH if watching else (
-                    enums.action.FETCH if route.name else enums.action.LIST)
+                action = (
+                    enums.action.WATCH
+                    if watching
+                    else (enums.action.FETCH if route.name else enums.action.LIST)
+                )
             elif method == enums.method.POST:
                 action = enums.action.CREATE
             elif method in (enums.method.PATCH, enums.method.PUT):
@@ -404,7 +410,9 @@ class FidelityEmulator(kmock.KubernetesEmulator):
     @override
     async def _handle(self, request: rendering.Request) -> aiohttp.web.StreamResponse:
         if request.headers.get("Content-Type", "").startswith(PROTOBUF):
-            raise ApiError(415, "UnsupportedMediaType", f"the body of the request was in an unknown format: {PROTOBUF}")
+            raise ApiError(
+                415, "UnsupportedMediaType", f"the body of the request was in an unknown format: {PROTOBUF}"
+            )
 
         reaction = await self._user_reaction(request)
         if reaction is not None:
@@ -453,18 +461,23 @@ class FidelityEmulator(kmock.KubernetesEmulator):
         parts = path.strip("/").split("/") if path != "/" else []
         if parts == []:
             paths = ["/api", "/api/v1", "/apis", "/version"]
-            paths += [f"/apis/{g}" for g in groups if g] + [f"/apis/{g}/{v}" for g in groups if g for v in groups[g]]
+            paths += [f"/apis/{g}" for g in groups if g] + [
+                f"/apis/{g}/{v}" for g in groups if g for v in groups[g]
+            ]
             return {"paths": sorted(paths)}
         if parts == ["version"]:
             return {"major": "1", "minor": "31", "gitVersion": "v1.31.0", "platform": "linux/amd64"}
         if parts == ["api"]:
             return {"kind": "APIVersions", "versions": ["v1"], "serverAddressByClientCIDRs": []}
         if parts == ["apis"]:
-            return {"kind": "APIGroupList", "apiVersion": "v1", "groups": [
-                self._group_body(g, vs) for g, vs in sorted(groups.items()) if g]}
+            return {
+                "kind": "APIGroupList",
+                "apiVersion": "v1",
+                "groups": [self._group_body(g, vs) for g, vs in sorted(groups.items()) if g],
+            }
         if len(parts) == 2 and parts[0] == "apis" and parts[1] in groups:
             return {"kind": "APIGroup", "apiVersion": "v1", **self._group_body(parts[1], groups[parts[1]])}
-        if len(parts) == 2 and parts[0] == "api" or len(parts) == 3 and parts[0] == "apis":
+        if (len(parts) == 2 and parts[0] == "api") or (len(parts) == 3 and parts[0] == "apis"):
             group, version = ("", parts[1]) if parts[0] == "api" else (parts[1], parts[2])
             if version not in groups.get(group, []) and group:
                 return None
@@ -473,7 +486,9 @@ class FidelityEmulator(kmock.KubernetesEmulator):
                 "kind": "APIResourceList",
                 "apiVersion": "v1",
                 "groupVersion": f"{group}/{version}" if group else version,
-                "resources": [entry for res in sorted(listed, key=str) for entry in self._resource_entries(res)],
+                "resources": [
+                    entry for res in sorted(listed, key=str) for entry in self._resource_entries(res)
+                ],
             }
         return None
 
@@ -494,8 +509,13 @@ class FidelityEmulator(kmock.KubernetesEmulator):
             "categories": sorted(info.categories),
         }
         subresources = [
-            {"name": f"{res.plural}/{sub}", "singularName": "", "namespaced": entry["namespaced"],
-             "kind": entry["kind"], "verbs": ["get", "patch", "update"]}
+            {
+                "name": f"{res.plural}/{sub}",
+                "singularName": "",
+                "namespaced": entry["namespaced"],
+                "kind": entry["kind"],
+                "verbs": ["get", "patch", "update"],
+            }
             for sub in sorted(info.subresources)
         ]
         return [entry, *subresources]
@@ -521,34 +541,47 @@ class FidelityEmulator(kmock.KubernetesEmulator):
         if method == enums.method.GET and route.name is None:
             return aiohttp.web.json_response(self._list_body(res, namespace, params))
         if route.name is None and method == enums.method.POST:
-            return aiohttp.web.json_response(self.create_object(res, self._body(request), namespace=namespace), status=201)
+            return aiohttp.web.json_response(
+                self.create_object(res, self._body(request), namespace=namespace), status=201
+            )
         if route.name is None and method == enums.method.DELETE:
             items = [
                 self.delete_object(res, obj["metadata"].get("namespace"), obj["metadata"]["name"])
-                for obj in self.list_objects(res, namespace, params.get("labelSelector", ""), params.get("fieldSelector", ""))
+                for obj in self.list_objects(
+                    res, namespace, params.get("labelSelector", ""), params.get("fieldSelector", "")
+                )
             ]
             return aiohttp.web.json_response(self._list_envelope(res, items))
         if route.name is None:
-            raise ApiError(405, "MethodNotAllowed", f"the server does not allow this method on the requested resource")
+            raise ApiError(
+                405, "MethodNotAllowed", "the server does not allow this method on the requested resource"
+            )
 
         if method == enums.method.GET:
             return aiohttp.web.json_response(self.read_object(res, namespace, route.name))
         if method == enums.method.PUT:
             return aiohttp.web.json_response(
-                self.replace_object(res, namespace, route.name, self._body(request), status=status))
+                self.replace_object(res, namespace, route.name, self._body(request), status=status)
+            )
         if method == enums.method.PATCH:
             content_type = request.headers.get("Content-Type", "").split(";")[0].strip()
             if content_type == APPLY_PATCH and self._find(res, namespace, route.name) is None:
                 body = self._body(request)
                 body.setdefault("metadata", {})["name"] = route.name
-                return aiohttp.web.json_response(self.create_object(res, body, namespace=namespace), status=201)
+                return aiohttp.web.json_response(
+                    self.create_object(res, body, namespace=namespace), status=201
+                )
             result = self.patch_object(res, namespace, route.name, request.data, content_type, status=status)
             return aiohttp.web.json_response(result)
         if method == enums.method.DELETE:
             options = request.data if isinstance(request.data, dict) else {}
             propagation = params.get("propagationPolicy") or options.get("propagationPolicy") or "Background"
-            return aiohttp.web.json_response(self.delete_object(res, namespace, route.name, propagation=propagation))
-        raise ApiError(405, "MethodNotAllowed", "the server does not allow this method on the requested resource")
+            return aiohttp.web.json_response(
+                self.delete_object(res, namespace, route.name, propagation=propagation)
+            )
+        raise ApiError(
+            405, "MethodNotAllowed", "the server does not allow this method on the requested resource"
+        )
 
     @staticmethod
     def _body(request: rendering.Request) -> Body:
@@ -558,8 +591,11 @@ class FidelityEmulator(kmock.KubernetesEmulator):
 
     # --- the store ---
 
-    def _key(self, res: kmock.resource, namespace: str | None, name: str) -> tuple[kmock.resource, str | None, str]:
-        return (res, namespace if self.resources[res].namespaced is not False else None, name)
+    def _key(
+        self, res: kmock.resource, namespace: str | None, name: str
+    ) -> tuple[kmock.resource, str | None, str]:
+        cluster_scoped = res in self.resources and self.resources[res].namespaced is False
+        return (res, None if cluster_scoped else namespace, name)
 
     def _find(self, res: kmock.resource, namespace: str | None, name: str) -> Body | None:
         key = self._key(res, namespace, name)
@@ -569,8 +605,12 @@ class FidelityEmulator(kmock.KubernetesEmulator):
         return None if stored.deleted else stored.raw
 
     def _not_found(self, res: kmock.resource, name: str) -> ApiError:
-        return ApiError(404, "NotFound", f'{_qualified(res)} "{name}" not found',
-                        {"name": name, "group": res.group, "kind": res.plural})
+        return ApiError(
+            404,
+            "NotFound",
+            f'{_qualified(res)} "{name}" not found',
+            {"name": name, "group": res.group, "kind": res.plural},
+        )
 
     def _store(self, res: kmock.resource, obj: Body, event: str, previous: Body | None) -> Body:
         """Write a new version with the next resourceVersion and publish it to watchers."""
@@ -585,7 +625,9 @@ class FidelityEmulator(kmock.KubernetesEmulator):
             self._objects[key].history.append(obj)
         else:
             self._objects[key] = obj
-        self._publish(res, WatchEvent(self._revision, event, meta.get("namespace"), meta["name"], obj, previous))
+        self._publish(
+            res, WatchEvent(self._revision, event, meta.get("namespace"), meta["name"], obj, previous)
+        )
         return obj
 
     def _publish(self, res: kmock.resource, event: WatchEvent) -> None:
@@ -622,7 +664,11 @@ class FidelityEmulator(kmock.KubernetesEmulator):
         return found
 
     def list_objects(
-        self, res: ResourceRef, namespace: str | None = None, label_selector: str = "", field_selector: str = ""
+        self,
+        res: ResourceRef,
+        namespace: str | None = None,
+        label_selector: str = "",
+        field_selector: str = "",
     ) -> list[Body]:
         resource = _resource(res)
         self._info(resource)
@@ -633,7 +679,9 @@ class FidelityEmulator(kmock.KubernetesEmulator):
             if key_res == resource and not stored.deleted and (namespace is None or key_ns == namespace)
         ]
         found = [obj for obj in found if selected(obj)]
-        return sorted(found, key=lambda obj: (obj["metadata"].get("namespace") or "", obj["metadata"]["name"]))
+        return sorted(
+            found, key=lambda obj: (obj["metadata"].get("namespace") or "", obj["metadata"]["name"])
+        )
 
     @staticmethod
     def _selection(label_selector: str, field_selector: str) -> Callable[[Body], bool]:
@@ -651,7 +699,9 @@ class FidelityEmulator(kmock.KubernetesEmulator):
         }
 
     def _list_body(self, res: kmock.resource, namespace: str | None, params: Mapping[str, str]) -> Body:
-        items = self.list_objects(res, namespace, params.get("labelSelector", ""), params.get("fieldSelector", ""))
+        items = self.list_objects(
+            res, namespace, params.get("labelSelector", ""), params.get("fieldSelector", "")
+        )
         return self._list_envelope(res, items)
 
     # --- writes ---
@@ -665,22 +715,43 @@ class FidelityEmulator(kmock.KubernetesEmulator):
         if info.namespaced is not False:
             body_namespace = meta.get("namespace")
             if namespace and body_namespace and body_namespace != namespace:
-                raise ApiError(400, "BadRequest",
-                               "the namespace of the provided object does not match the namespace sent on the request")
+                raise ApiError(
+                    400,
+                    "BadRequest",
+                    "the namespace of the provided object does not match the namespace sent on the request",
+                )
             meta["namespace"] = namespace or body_namespace or "default"
         else:
             meta.pop("namespace", None)
         if not meta.get("name"):
             if not meta.get("generateName"):
-                raise self._invalid(resource, "", [("metadata.name", "FieldValueRequired",
-                                                     "Required value: name or generateName is required")])
+                raise self._invalid(
+                    resource,
+                    "",
+                    [
+                        (
+                            "metadata.name",
+                            "FieldValueRequired",
+                            "Required value: name or generateName is required",
+                        )
+                    ],
+                )
             meta["name"] = meta["generateName"] + "".join(random.choices(_NAME_SUFFIX_ALPHABET, k=5))
         if self._find(resource, meta.get("namespace"), meta["name"]) is not None:
-            raise ApiError(409, "AlreadyExists", f'{_qualified(resource)} "{meta["name"]}" already exists',
-                           {"name": meta["name"], "group": resource.group, "kind": resource.plural})
-        obj["apiVersion"] = _api_version(resource)
-        obj["kind"] = info.kind
-        for system_field in ("deletionTimestamp", "deletionGracePeriodSeconds", "resourceVersion", "managedFields"):
+            raise ApiError(
+                409,
+                "AlreadyExists",
+                f'{_qualified(resource)} "{meta["name"]}" already exists',
+                {"name": meta["name"], "group": resource.group, "kind": resource.plural},
+            )
+        obj = {"apiVersion": _api_version(resource), "kind": info.kind, **obj}
+        meta = obj["metadata"]
+        for system_field in (
+            "deletionTimestamp",
+            "deletionGracePeriodSeconds",
+            "resourceVersion",
+            "managedFields",
+        ):
             meta.pop(system_field, None)
         meta["uid"] = str(uuid.uuid4())
         meta["generation"] = 1
@@ -693,7 +764,9 @@ class FidelityEmulator(kmock.KubernetesEmulator):
             register_crd(self, stored, store=False)
         return stored
 
-    def replace_object(self, res: ResourceRef, namespace: str | None, name: str, body: Body, *, status: bool = False) -> Body:
+    def replace_object(
+        self, res: ResourceRef, namespace: str | None, name: str, body: Body, *, status: bool = False
+    ) -> Body:
         """PUT semantics (the whole object, or only ``.status`` for the status subresource)."""
         resource = _resource(res)
         body_name = body.get("metadata", {}).get("name")
@@ -702,8 +775,14 @@ class FidelityEmulator(kmock.KubernetesEmulator):
         return self._update(resource, namespace, name, lambda _: copy.deepcopy(body), status=status)
 
     def patch_object(
-        self, res: ResourceRef, namespace: str | None, name: str, patch: Any, content_type: str = MERGE_PATCH,
-        *, status: bool = False,
+        self,
+        res: ResourceRef,
+        namespace: str | None,
+        name: str,
+        patch: Any,
+        content_type: str = MERGE_PATCH,
+        *,
+        status: bool = False,
     ) -> Body:
         """PATCH semantics for merge, JSON, strategic (as merge) and apply (as merge) patches."""
         resource = _resource(res)
@@ -715,13 +794,24 @@ class FidelityEmulator(kmock.KubernetesEmulator):
         elif content_type == STRATEGIC_PATCH:
             apply = lambda old: merge_patch(old, strip_strategic_directives(patch))  # noqa: E731
         else:
-            raise ApiError(415, "UnsupportedMediaType", f"the body of the request was in an unknown format: {content_type}")
+            raise ApiError(
+                415,
+                "UnsupportedMediaType",
+                f"the body of the request was in an unknown format: {content_type}",
+            )
         if content_type != JSON_PATCH and not isinstance(patch, dict):
             raise ApiError(400, "BadRequest", "the patch is not a JSON object")
         return self._update(resource, namespace, name, apply, status=status)
 
-    def _update(self, res: kmock.resource, namespace: str | None, name: str,
-                change: Callable[[Body], Any], *, status: bool) -> Body:
+    def _update(
+        self,
+        res: kmock.resource,
+        namespace: str | None,
+        name: str,
+        change: Callable[[Body], Any],
+        *,
+        status: bool,
+    ) -> Body:
         info = self._info(res)
         old = self._find(res, namespace, name)
         if old is None:
@@ -729,16 +819,21 @@ class FidelityEmulator(kmock.KubernetesEmulator):
         try:
             candidate = change(copy.deepcopy(old))
         except PatchError as exc:
-            raise ApiError(422, "Invalid", str(exc), {"name": name, "group": res.group, "kind": res.plural}) from exc
+            raise ApiError(
+                422, "Invalid", str(exc), {"name": name, "group": res.group, "kind": res.plural}
+            ) from exc
         if not isinstance(candidate, dict):
             raise ApiError(422, "Invalid", "the patched object is not a JSON object")
         old_meta = old["metadata"]
         given_version = (candidate.get("metadata") or {}).get("resourceVersion")
         if given_version and given_version != old_meta["resourceVersion"]:
-            raise ApiError(409, "Conflict",
-                           f'Operation cannot be fulfilled on {_qualified(res)} "{name}": the object has been '
-                           "modified; please apply your changes to the latest version and try again",
-                           {"name": name, "group": res.group, "kind": res.plural})
+            raise ApiError(
+                409,
+                "Conflict",
+                f'Operation cannot be fulfilled on {_qualified(res)} "{name}": the object has been '
+                "modified; please apply your changes to the latest version and try again",
+                {"name": name, "group": res.group, "kind": res.plural},
+            )
 
         if status:
             new = copy.deepcopy(old)
@@ -757,8 +852,15 @@ class FidelityEmulator(kmock.KubernetesEmulator):
             meta = new.setdefault("metadata", {})
             if not isinstance(meta, dict):
                 raise ApiError(422, "Invalid", "metadata must be an object")
-            for system_field in ("uid", "name", "namespace", "creationTimestamp", "generation",
-                                 "deletionTimestamp", "deletionGracePeriodSeconds"):
+            for system_field in (
+                "uid",
+                "name",
+                "namespace",
+                "creationTimestamp",
+                "generation",
+                "deletionTimestamp",
+                "deletionGracePeriodSeconds",
+            ):
                 if system_field in old_meta:
                     meta[system_field] = old_meta[system_field]
                 else:
@@ -766,8 +868,17 @@ class FidelityEmulator(kmock.KubernetesEmulator):
             if old_meta.get("deletionTimestamp"):
                 added = set(meta.get("finalizers") or []) - set(old_meta.get("finalizers") or [])
                 if added:
-                    raise self._invalid(res, name, [("metadata.finalizers", "FieldValueForbidden",
-                                                     f"Forbidden: no new finalizers can be added if the object is being deleted, found new finalizers {sorted(added)}")])
+                    raise self._invalid(
+                        res,
+                        name,
+                        [
+                            (
+                                "metadata.finalizers",
+                                "FieldValueForbidden",
+                                f"Forbidden: no new finalizers can be added if the object is being deleted, found new finalizers {sorted(added)}",
+                            )
+                        ],
+                    )
             new = self._admit(res, "UPDATE", new, old)
             if _essence(new) != _essence(old):
                 new["metadata"]["generation"] = old_meta.get("generation", 1) + 1
@@ -779,8 +890,9 @@ class FidelityEmulator(kmock.KubernetesEmulator):
             return self._remove(res, stored)
         return stored
 
-    def delete_object(self, res: ResourceRef, namespace: str | None, name: str, *,
-                      propagation: str = "Background") -> Body:
+    def delete_object(
+        self, res: ResourceRef, namespace: str | None, name: str, *, propagation: str = "Background"
+    ) -> Body:
         """DELETE: mark for deletion while finalizers remain; otherwise remove and collect dependents."""
         resource = _resource(res)
         old = self._find(resource, namespace, name)
@@ -813,9 +925,10 @@ class FidelityEmulator(kmock.KubernetesEmulator):
             meta = dependent["metadata"]
             owners = {ref.get("uid") for ref in meta.get("ownerReferences") or []}
             in_removed_namespace = res == NAMESPACES and dep_ns == removed["metadata"]["name"]
-            if (uid in owners and not owners & live_uids) or in_removed_namespace:
-                if self._find(dep_res, dep_ns, dep_name) is not None:
-                    self.delete_object(dep_res, dep_ns, dep_name)
+            orphaned = uid in owners and not owners & live_uids
+            # an earlier cascade in this loop may already have removed it
+            if (orphaned or in_removed_namespace) and self._find(dep_res, dep_ns, dep_name) is not None:
+                self.delete_object(dep_res, dep_ns, dep_name)
 
     def _orphan_dependents(self, uid: str) -> None:
         for (dep_res, dep_ns, dep_name), stored in list(self._objects.items()):
@@ -843,15 +956,26 @@ class FidelityEmulator(kmock.KubernetesEmulator):
         qualified_kind = f"{kind}.{res.group}" if res.group else kind
         described = [f"{field}: {message}" for field, _, message in causes]
         summary = described[0] if len(described) == 1 else f"[{', '.join(described)}]"
-        return ApiError(422, "Invalid", f'{qualified_kind} "{name}" is invalid: {summary}', {
-            "name": name, "group": res.group, "kind": kind,
-            "causes": [{"reason": reason, "message": message, "field": field} for field, reason, message in causes],
-        })
+        return ApiError(
+            422,
+            "Invalid",
+            f'{qualified_kind} "{name}" is invalid: {summary}',
+            {
+                "name": name,
+                "group": res.group,
+                "kind": kind,
+                "causes": [
+                    {"reason": reason, "message": message, "field": field}
+                    for field, reason, message in causes
+                ],
+            },
+        )
 
     # --- watch ---
 
-    async def _serve_watch(self, request: rendering.Request, res: kmock.resource, namespace: str | None,
-                           name: str | None) -> aiohttp.web.StreamResponse:
+    async def _serve_watch(
+        self, request: rendering.Request, res: kmock.resource, namespace: str | None, name: str | None
+    ) -> aiohttp.web.StreamResponse:
         params = request.params
         selected = self._selection(params.get("labelSelector", ""), params.get("fieldSelector", ""))
 
@@ -859,8 +983,11 @@ class FidelityEmulator(kmock.KubernetesEmulator):
             if obj is None:
                 return False
             meta = obj["metadata"]
-            return ((namespace is None or meta.get("namespace") == namespace)
-                    and (name is None or meta["name"] == name) and selected(obj))
+            return (
+                (namespace is None or meta.get("namespace") == namespace)
+                and (name is None or meta["name"] == name)
+                and selected(obj)
+            )
 
         since_text = params.get("resourceVersion", "")
         if since_text not in ("", "0") and not since_text.isdigit():
@@ -873,12 +1000,31 @@ class FidelityEmulator(kmock.KubernetesEmulator):
         response = aiohttp.web.StreamResponse(status=200, headers={"Content-Type": "application/json"})
         await response.prepare(request._raw_request)
 
+        self._watchers[res] += 1
+        try:
+            await self._stream_events(response, res, since_text, deadline, visible, params)
+        finally:
+            self._watchers[res] -= 1
+        await response.write_eof()
+        return response
+
+    async def _stream_events(
+        self,
+        response: aiohttp.web.StreamResponse,
+        res: kmock.resource,
+        since_text: str,
+        deadline: float | None,
+        visible: Callable[[Body | None], bool],
+        params: Mapping[str, str],
+    ) -> None:
+        loop = asyncio.get_running_loop()
+
         async def send(kind: str, obj: Body) -> None:
             await response.write(json.dumps({"type": kind, "object": obj}).encode() + b"\n")
 
         if since_text in ("", "0"):
             since = self._revision
-            initial = [obj for obj in self.list_objects(res, namespace) if visible(obj)]
+            initial = [obj for obj in self.list_objects(res) if visible(obj)]
             for obj in initial:
                 await send("ADDED", obj)
             if params.get("sendInitialEvents") == "true" and params.get("allowWatchBookmarks") == "true":
@@ -906,8 +1052,6 @@ class FidelityEmulator(kmock.KubernetesEmulator):
                 await asyncio.wait_for(changed.wait(), timeout=remaining)
             except TimeoutError:
                 break
-        await response.write_eof()
-        return response
 
     def _events_since(self, res: kmock.resource, since: int) -> list[WatchEvent]:
         events = self._events.get(res, collections.deque())
@@ -935,8 +1079,13 @@ def _qualified(res: kmock.resource) -> str:
 
 def _status_body(exc: kmock.KubernetesError) -> Body:
     body: Body = {
-        "apiVersion": "v1", "kind": "Status", "metadata": {}, "status": "Failure",
-        "message": exc.message or "", "reason": exc.reason or "", "code": exc.status,
+        "apiVersion": "v1",
+        "kind": "Status",
+        "metadata": {},
+        "status": "Failure",
+        "message": exc.message or "",
+        "reason": exc.reason or "",
+        "code": exc.status,
     }
     if exc.details:
         body["details"] = exc.details
@@ -947,14 +1096,25 @@ def _status_body(exc: kmock.KubernetesError) -> Body:
 
 
 def register_resource(
-    emulator: FidelityEmulator, ref: ResourceRef, *, kind: str, namespaced: bool = True,
-    status: bool = False, short_names: tuple[str, ...] = (), categories: tuple[str, ...] = (),
+    emulator: FidelityEmulator,
+    ref: ResourceRef,
+    *,
+    kind: str,
+    namespaced: bool = True,
+    status: bool = False,
+    short_names: tuple[str, ...] = (),
+    categories: tuple[str, ...] = (),
 ) -> kmock.resource:
     """Declare a resource for discovery and serving; ``status`` adds the ``/status`` subresource."""
     resource = _resource(ref)
     emulator.resources[resource] = kmock.ResourceInfo(
-        kind=kind, singular=kind.lower(), namespaced=namespaced, verbs=set(ALL_VERBS),
-        shortnames=set(short_names), categories=set(categories), subresources={"status"} if status else set(),
+        kind=kind,
+        singular=kind.lower(),
+        namespaced=namespaced,
+        verbs=set(ALL_VERBS),
+        shortnames=set(short_names),
+        categories=set(categories),
+        subresources={"status"} if status else set(),
     )
     return resource
 
@@ -971,19 +1131,29 @@ BUILTIN_RESOURCES: Final[tuple[tuple[str, str, bool, bool, tuple[str, ...]], ...
     ("batch/v1/jobs", "Job", True, True, ()),
     ("discovery.k8s.io/v1/endpointslices", "EndpointSlice", True, False, ()),
     ("gateway.networking.k8s.io/v1/httproutes", "HTTPRoute", True, True, ()),
-    ("apiextensions.k8s.io/v1/customresourcedefinitions", "CustomResourceDefinition", False, True, ("crd", "crds")),
+    (
+        "apiextensions.k8s.io/v1/customresourcedefinitions",
+        "CustomResourceDefinition",
+        False,
+        True,
+        ("crd", "crds"),
+    ),
 )
 
 
 def register_builtin_resources(emulator: FidelityEmulator) -> None:
     """The built-in kinds specops and its tests touch, plus the ``default`` namespace."""
     for ref, kind, namespaced, status, short_names in BUILTIN_RESOURCES:
-        register_resource(emulator, ref, kind=kind, namespaced=namespaced, status=status, short_names=short_names)
+        register_resource(
+            emulator, ref, kind=kind, namespaced=namespaced, status=status, short_names=short_names
+        )
     if emulator._find(NAMESPACES, None, "default") is None:
         emulator.create_object(NAMESPACES, {"metadata": {"name": "default"}})
 
 
-def register_crd(emulator: FidelityEmulator, crd: Mapping[str, Any], *, store: bool = True) -> list[kmock.resource]:
+def register_crd(
+    emulator: FidelityEmulator, crd: Mapping[str, Any], *, store: bool = True
+) -> list[kmock.resource]:
     """Serve a CRD's resource (every served version) and admit its objects through its schema and CEL rules.
 
     With ``store``, the CRD object itself is also created (when CRDs are registered), so
@@ -998,23 +1168,32 @@ def register_crd(emulator: FidelityEmulator, crd: Mapping[str, Any], *, store: b
             continue
         has_status = "status" in (version.get("subresources") or {})
         resource = register_resource(
-            emulator, kmock.resource(spec["group"], version["name"], names["plural"]), kind=names["kind"],
-            namespaced=spec.get("scope", "Namespaced") == "Namespaced", status=has_status,
-            short_names=tuple(names.get("shortNames", ())), categories=tuple(names.get("categories", ())),
+            emulator,
+            kmock.resource(spec["group"], version["name"], names["plural"]),
+            kind=names["kind"],
+            namespaced=spec.get("scope", "Namespaced") == "Namespaced",
+            status=has_status,
+            short_names=tuple(names.get("shortNames", ())),
+            categories=tuple(names.get("categories", ())),
         )
         emulator.admission[resource] = admission
         registered.append(resource)
-    if store and CRD_RESOURCE in emulator.resources:
-        if emulator._find(CRD_RESOURCE, None, crd["metadata"]["name"]) is None:
-            emulator.create_object(CRD_RESOURCE, copy.deepcopy(dict(crd)))
+    crd_name = crd["metadata"]["name"]
+    if store and CRD_RESOURCE in emulator.resources and emulator._find(CRD_RESOURCE, None, crd_name) is None:
+        emulator.create_object(CRD_RESOURCE, copy.deepcopy(dict(crd)))
     return registered
 
 
 __all__ = [
-    "AdmissionHook", "AdmissionHooks", "ApiError", "FidelityEmulator", "json_patch", "label_matcher",
-    "merge_patch", "parse_route", "register_builtin_resources", "register_crd", "register_resource",
+    "AdmissionHook",
+    "AdmissionHooks",
+    "ApiError",
+    "FidelityEmulator",
+    "json_patch",
+    "label_matcher",
+    "merge_patch",
+    "parse_route",
+    "register_builtin_resources",
+    "register_crd",
+    "register_resource",
 ]
-
-# Keep kmock's DSL types importable from here for tests that add reactions.
-Reaction = dsl.Reaction
-_ = string  # the generated-name alphabet mirrors Kubernetes' (no vowels), not string.ascii_lowercase

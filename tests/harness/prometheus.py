@@ -126,7 +126,11 @@ class PrometheusProcess:
         return result
 
     async def wait_for(
-        self, promql: str, predicate: Callable[[Vector], bool], timeout: float = 20.0, every_s: float = 0.25
+        self,
+        promql: str,
+        predicate: Callable[[Vector], bool],
+        timeout: float = 20.0,  # noqa: ASYNC109 (a deadline that reports the last answer)
+        every_s: float = 0.25,
     ) -> Vector:
         """Poll ``promql`` until ``predicate`` holds for its vector; TimeoutError shows the last answer."""
         deadline = asyncio.get_running_loop().time() + timeout

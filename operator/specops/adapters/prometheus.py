@@ -48,6 +48,9 @@ class PrometheusPoller:
     Any failure (connection refused, timeout, HTTP error, a Prometheus error
     answer) turns the whole cycle into an Error snapshot: a partial cycle could
     pair an old acceptance with a new batch size and mislead the policy.
+
+    Rates use ``window_s`` (default: max(4 scrapes, 10 s)); until a series is that
+    old, Prometheus's rate() under-reports it, while ratios such as acceptance hold.
     """
 
     def __init__(
@@ -57,13 +60,14 @@ class PrometheusPoller:
         interval_s: float = 15.0,
         *,
         scrape_interval_s: float = 15.0,
+        window_s: float | None = None,
         timeout_s: float = 5.0,
         clock: Clock = utc_now,
     ) -> None:
         self.url = url.rstrip("/")
         self.profile = profile
         self.interval_s = interval_s
-        self.window_s = rate_window_s(scrape_interval_s)
+        self.window_s = window_s if window_s is not None else rate_window_s(scrape_interval_s)
         self.timeout_s = timeout_s
         self._clock = clock
         self._client = httpx.AsyncClient(timeout=httpx.Timeout(timeout_s))
@@ -153,11 +157,13 @@ class MetricsHub:
         self,
         *,
         scrape_interval_s: float = 15.0,
+        window_s: float | None = None,
         timeout_s: float = 5.0,
         clock: Clock = utc_now,
         profiles: dict[str, BackendProfile] | None = None,
     ) -> None:
         self.scrape_interval_s = scrape_interval_s
+        self.window_s = window_s
         self.timeout_s = timeout_s
         self._clock = clock
         self._profiles = PROFILES if profiles is None else profiles
@@ -183,6 +189,7 @@ class MetricsHub:
                 profile,
                 interval_s,
                 scrape_interval_s=self.scrape_interval_s,
+                window_s=self.window_s,
                 timeout_s=self.timeout_s,
                 clock=self._clock,
             )
@@ -197,14 +204,14 @@ class MetricsHub:
 
     def unregister(self, key: Hashable) -> None:
         target = self._owner.pop(key, None)
-        running = self._running.get(target) if target else None
-        if running is None:
+        if target is None or target not in self._running:
             return
+        running = self._running[target]
         running.intervals.pop(key, None)
         if running.intervals:
             running.poller.interval_s = min(running.intervals.values())
             return
-        del self._running[target]  # type: ignore[arg-type]
+        del self._running[target]
         running.stop.set()
         self._stopping.add(running.task)
         running.task.add_done_callback(self._stopping.discard)
@@ -219,6 +226,7 @@ class MetricsHub:
         now: datetime,
         draft_length: int | None = None,
     ) -> Measurement:
+        """The latest measurement from memory; an Error measurement when none is usable (never raises)."""
         if backend not in self._profiles:
             return Measurement.failed(now, REASON_METRICS_UNAVAILABLE, f"no metrics profile for {backend!r}")
         running = self._running.get((url.rstrip("/"), backend))

@@ -523,6 +523,13 @@ class SpeculationStatus(ApiModel):
     predicted_speedup: float | None = Field(default=None, description="Modelled speedup of the decision.")
     measured_speedup: float | None = Field(default=None, description="Baseline p50 TPOT / current p50 TPOT.")
     smoothed_alpha: float | None = Field(default=None, description="Smoothed alpha the model used.")
+    enable_evidence: float | None = Field(
+        default=None, description="Accumulated evidence (speedup-seconds) for switching speculation back on."
+    )
+    evidence_at: str | None = Field(default=None, description="When that evidence was last updated.")
+    control_phase: Literal["Baseline", "Fixed", "Dynamic"] | None = Field(
+        default=None, description="Phase of the control loop: Baseline, then Fixed, then Dynamic."
+    )
     phase_since: str | None = Field(default=None, description="When the current control phase began.")
     last_toggle_time: str | None = Field(default=None, description="Last on/off switch.")
     last_decision_time: str | None = Field(default=None, description="Last decision.")

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import itertools
 import json
 import random
 import sys
@@ -154,14 +155,16 @@ def replay(
         decision = decide(config, state, measured(i - 1, policy_lengths[-1]), now)
         state = decision.state
         policy_lengths.append(decision.num_draft_tokens)
-        threshold_lengths.append(_threshold_step(measured(i - 1, threshold_lengths[-1]), threshold_lengths[-1], lo, hi))
+        threshold_lengths.append(
+            _threshold_step(measured(i - 1, threshold_lengths[-1]), threshold_lengths[-1], lo, hi)
+        )
 
     def mean(values: Iterable[float]) -> float:
         return sum(w * v for w, v in zip(weights, values, strict=True)) / sum(weights)
 
     policy = mean(realised(i, g) for i, g in enumerate(policy_lengths))
     oracle = mean(max([1.0, *(realised(i, g) for g in range(lo, hi + 1))]) for i in range(len(trace)))
-    toggles = sum(1 for a, b in zip(policy_lengths, policy_lengths[1:], strict=False) if (a > 0) != (b > 0))
+    toggles = sum(1 for a, b in itertools.pairwise(policy_lengths) if (a > 0) != (b > 0))
     hours = sum(weights) / 3600.0
     return {
         "policy_speedup": policy,
@@ -189,7 +192,7 @@ def _threshold_step(obs: Observation, length: int, lo: int, hi: int) -> int:
 
 def _interval_weights(trace: list[TracePoint]) -> list[float]:
     """Each interval lasts until the next sample; the last one as long as the one before it."""
-    gaps = [b.t_seconds - a.t_seconds for a, b in zip(trace, trace[1:], strict=False)]
+    gaps = [b.t_seconds - a.t_seconds for a, b in itertools.pairwise(trace)]
     return [*gaps, gaps[-1]]
 
 
@@ -207,7 +210,9 @@ def _format_table(rows: list[dict[str, Any]]) -> str:
 
 def run(traces: dict[str, Path], setup: ModelSetup, seed: int) -> list[dict[str, Any]]:
     config = default_config(setup)
-    return [{"trace": name, **replay(load_trace(path), setup, config, seed=seed)} for name, path in traces.items()]
+    return [
+        {"trace": name, **replay(load_trace(path), setup, config, seed=seed)} for name, path in traces.items()
+    ]
 
 
 def main(argv: list[str]) -> int:
@@ -215,8 +220,11 @@ def main(argv: list[str]) -> int:
         prog="specops bench policy",
         description="Replay load traces through the speculation policy, an oracle and simple rules.",
     )
-    parser.add_argument("--trace", type=Path, help="trace CSV (t_seconds,batch,alpha[,context_tokens]); "
-                        "default: every shipped trace")
+    parser.add_argument(
+        "--trace",
+        type=Path,
+        help="trace CSV (t_seconds,batch,alpha[,context_tokens]); default: every shipped trace",
+    )
     parser.add_argument("--json", dest="json_path", help="write results as JSON to PATH ('-' for stdout)")
     parser.add_argument("--gpu", choices=sorted(GPUS), default="H100")
     parser.add_argument("--target-params", type=float, default=70e9)
@@ -227,7 +235,7 @@ def main(argv: list[str]) -> int:
     setup = ModelSetup(GPUS[args.gpu], args.target_params, args.draft_params)
     traces = {args.trace.stem: args.trace} if args.trace else shipped_traces()
     rows = run(traces, setup, args.seed)
-    print(_format_table(rows))
+    print(_format_table(rows), file=sys.stderr if args.json_path == "-" else sys.stdout)
 
     described = {
         "benchmark": "policy",

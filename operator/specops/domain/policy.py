@@ -12,6 +12,13 @@ The rollout follows three phases:
   less than `margin`, and back on only above `margin + hysteresis`, never toggling twice
   within `min_dwell_s`.
 
+Switching back on also needs evidence: while off, each decision adds (predicted best
+speedup - on threshold) x seconds since the previous decision to a running sum floored at
+zero (a one-sided CUSUM), and speculation returns only once the sum reaches
+`enable_evidence`. A clear gain (2x after a burst) qualifies at the next decision; a
+marginal one near break-even must persist for minutes, which is what keeps noisy load
+around break-even from flapping (`specops bench policy` measures it).
+
 The rules of thumb this replaces ("gains vanish at large batch", "4-8 draft tokens",
 "acceptance below 50 % means recalibrate") are all consequences of the same model, so
 the policy evaluates the model instead of hard-coding thresholds. `off_above_batch` /
@@ -40,20 +47,23 @@ PRIOR_ALPHA = 0.7
 
 @dataclass(frozen=True)
 class PolicyConfig:
+    """What the spec asks for, plus the performance model of this deployment."""
+
     mode: Mode
     initial_length: int
     min_length: int
     max_length: int  # already clipped to the engine's max_draft_len by the caller
-    baseline_duration_s: float
-    soak_duration_s: float
+    baseline_duration_s: float  # Baseline phase: speculation off, recording
+    soak_duration_s: float  # Fixed phase at initial_length
     setup: ModelSetup
-    margin: float = 0.05
-    hysteresis: float = 0.10
-    min_dwell_s: float = 60.0
-    off_above_batch: float | None = None
-    on_below_batch: float | None = None
-    alpha_smoothing: float = 0.3
-    min_acceptance: float | None = None
+    margin: float = 0.05  # off when the best predicted speedup < 1 + margin
+    hysteresis: float = 0.10  # on again only above 1 + margin + hysteresis
+    min_dwell_s: float = 60.0  # minimum time between two on/off toggles
+    off_above_batch: float | None = None  # explicit override of the model's on/off choice
+    on_below_batch: float | None = None  # (either alone serves as both limits)
+    alpha_smoothing: float = 0.3  # EWMA weight of a new alpha sample
+    min_acceptance: float | None = None  # SLO floor on alpha; only changes the reported reason
+    enable_evidence: float = 5.0  # speedup-seconds above the on threshold needed to switch back on
 
 
 @dataclass(frozen=True)
@@ -82,6 +92,8 @@ class Observation:
 
 @dataclass(frozen=True)
 class PolicyState:
+    """Everything the policy remembers between decisions; persisted in the resource's status."""
+
     phase: Phase
     phase_since: datetime
     enabled: bool
@@ -89,10 +101,14 @@ class PolicyState:
     alpha: float | None
     last_toggle: datetime | None
     baseline: Baseline | None
+    enable_evidence: float = 0.0  # CUSUM of predicted gain above the on threshold while off
+    evidence_at: datetime | None = None  # when enable_evidence was last updated
 
 
 @dataclass(frozen=True)
 class Decision:
+    """The next state, what every pod should run now, and why (`changed` => emit an Event)."""
+
     state: PolicyState
     num_draft_tokens: int
     reason: str
@@ -213,25 +229,46 @@ def _dynamic(
     target, target_speedup = _best_length(setup, use_alpha, obs.batch, lo, hi)
     current = _clamp(state.draft_length, lo, hi)
     state = replace(state, alpha=alpha, draft_length=current)
+    state = _update_evidence(config, state, target_speedup, now)
     prefix = "Entered the dynamic phase. " if entered_dynamic else ""
     facts = f"batch {obs.batch:.0f}, alpha {use_alpha:.2f}{prior_note}"
 
+    def hold(reason: str, message: str) -> Decision:
+        length = current if state.enabled else 0
+        return _decision(
+            before, state, reason, prefix + message, speedup(setup, use_alpha, obs.batch, length)
+        )
+
     want_on, why = _wants_on(config, state.enabled, obs.batch, target_speedup)
+    if (
+        want_on
+        and not state.enabled
+        and not _overridden(config)
+        and state.enable_evidence < config.enable_evidence
+    ):
+        return hold(
+            "HeldAwaitingEvidence",
+            f"Speculation stays off until the gain persists ({why}; evidence "
+            f"{state.enable_evidence:.1f}/{config.enable_evidence:.1f} speedup-seconds; {facts}).",
+        )
     if want_on != state.enabled:
         since = None if state.last_toggle is None else _seconds(now, state.last_toggle)
         if since is not None and since < config.min_dwell_s:
-            held_length = current if state.enabled else 0
-            return _decision(
-                before,
-                state,
+            return hold(
                 "HeldMinDwell",
-                f"{prefix}Would switch speculation {'on' if want_on else 'off'} ({why}; {facts}) but the last "
+                f"Would switch speculation {'on' if want_on else 'off'} ({why}; {facts}) but the last "
                 f"switch was {since:.0f} s ago, less than the {config.min_dwell_s:.0f} s minimum dwell.",
-                speedup(setup, use_alpha, obs.batch, held_length),
             )
         if want_on:
             length = _step_toward(current, target)
-            next_state = replace(state, enabled=True, draft_length=length, last_toggle=now)
+            next_state = replace(
+                state,
+                enabled=True,
+                draft_length=length,
+                last_toggle=now,
+                enable_evidence=0.0,
+                evidence_at=None,
+            )
             return _decision(
                 before,
                 next_state,
@@ -239,7 +276,7 @@ def _dynamic(
                 f"{prefix}Speculation on at draft length {length} ({why}; {facts}).",
                 speedup(setup, use_alpha, obs.batch, length),
             )
-        next_state = replace(state, enabled=False, last_toggle=now)
+        next_state = replace(state, enabled=False, last_toggle=now, enable_evidence=0.0, evidence_at=now)
         return _decision(
             before,
             next_state,
@@ -249,13 +286,7 @@ def _dynamic(
         )
 
     if not state.enabled:
-        return _decision(
-            before,
-            state,
-            _off_reason(config, setup, use_alpha, lo, hi),
-            f"{prefix}Speculation stays off ({why}; {facts}).",
-            1.0,
-        )
+        return hold(_off_reason(config, setup, use_alpha, lo, hi), f"Speculation stays off ({why}; {facts}).")
 
     length = _step_toward(current, target)
     next_state = replace(state, draft_length=length)
@@ -278,6 +309,23 @@ def _dynamic(
     return _decision(before, next_state, reason, message, predicted)
 
 
+def _update_evidence(
+    config: PolicyConfig, state: PolicyState, best_speedup: float, now: datetime
+) -> PolicyState:
+    """While off, add (best speedup - on threshold) x elapsed seconds, floored at 0 (one-sided CUSUM).
+
+    Elapsed time is capped at `min_dwell_s` so a long gap between decisions (an operator
+    restart) does not count as sustained evidence.
+    """
+    if state.enabled:
+        return replace(state, enable_evidence=0.0, evidence_at=None)
+    elapsed = 0.0 if state.evidence_at is None else _seconds(now, state.evidence_at)
+    elapsed = min(max(0.0, elapsed), config.min_dwell_s)
+    on_threshold = 1.0 + config.margin + config.hysteresis
+    evidence = max(0.0, state.enable_evidence + (best_speedup - on_threshold) * elapsed)
+    return replace(state, enable_evidence=evidence, evidence_at=now)
+
+
 def _forced_off(config: PolicyConfig, state: PolicyState, obs: Observation, now: datetime) -> Decision:
     """Speculation off by request. The rollout is suspended; a Baseline phase keeps recording
     (its conditions hold), a Fixed soak restarts once auto resumes."""
@@ -288,7 +336,9 @@ def _forced_off(config: PolicyConfig, state: PolicyState, obs: Observation, now:
         next_state = replace(state, enabled=False, phase_since=phase_since)
     if state.enabled:
         next_state = replace(next_state, last_toggle=now)
-    return _decision(state, next_state, "ForcedOff", "Speculation is off because the spec says mode: off.", 1.0)
+    return _decision(
+        state, next_state, "ForcedOff", "Speculation is off because the spec says mode: off.", 1.0
+    )
 
 
 def _forced_on(config: PolicyConfig, state: PolicyState, obs: Observation, now: datetime) -> Decision:
@@ -321,9 +371,13 @@ def _forced_on(config: PolicyConfig, state: PolicyState, obs: Observation, now: 
 # --- helpers ------------------------------------------------------------------------------------
 
 
+def _overridden(config: PolicyConfig) -> bool:
+    return config.off_above_batch is not None or config.on_below_batch is not None
+
+
 def _wants_on(config: PolicyConfig, enabled: bool, batch: float, best_speedup: float) -> tuple[bool, str]:
     """The on/off choice and why; explicit batch limits replace the model's choice when set."""
-    if config.off_above_batch is not None or config.on_below_batch is not None:
+    if _overridden(config):
         off_above = config.off_above_batch if config.off_above_batch is not None else config.on_below_batch
         on_below = config.on_below_batch if config.on_below_batch is not None else config.off_above_batch
         assert off_above is not None and on_below is not None
@@ -345,7 +399,7 @@ def _wants_on(config: PolicyConfig, enabled: bool, batch: float, best_speedup: f
 
 def _off_reason(config: PolicyConfig, setup: ModelSetup, alpha: float, lo: int, hi: int) -> str:
     """High batch when speculation would still pay unbatched at this alpha, low acceptance otherwise."""
-    if config.off_above_batch is not None or config.on_below_batch is not None:
+    if _overridden(config):
         return "SpeculationDisabledHighBatch"
     _, unbatched = _best_length(setup, alpha, 1.0, lo, hi)
     if unbatched >= 1.0 + config.margin:

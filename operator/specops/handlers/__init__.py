@@ -3,6 +3,7 @@
 Run with `specops run` (or `kopf run -m specops.handlers`).
 """
 
+from specops.handlers import control as control
 from specops.handlers import lifecycle as lifecycle
 
-__all__ = ["lifecycle"]
+__all__ = ["control", "lifecycle"]

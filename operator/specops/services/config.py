@@ -21,6 +21,8 @@ class OperatorConfig:
     default_interval_s: float = 15.0
     # Pod-level retries when applying a setting to Triton pods.
     triton_retries: int = 3
+    # Prometheus' scrape interval of the serving pods: rate windows span several scrapes.
+    scrape_interval_s: float = 15.0
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> OperatorConfig:
@@ -30,4 +32,5 @@ class OperatorConfig:
             pod_monitor=_flag(env.get("SPECOPS_POD_MONITOR"), None),
             default_interval_s=float(env.get("SPECOPS_DEFAULT_INTERVAL_SECONDS", "15")),
             triton_retries=int(env.get("SPECOPS_TRITON_RETRIES", "3")),
+            scrape_interval_s=float(env.get("SPECOPS_SCRAPE_INTERVAL_SECONDS", "15")),
         )

@@ -89,12 +89,12 @@ class _Histogram:
     def __post_init__(self) -> None:
         self.counts = [0] * len(self.buckets)
 
-    def observe(self, value: float) -> None:
+    def observe(self, value: float, times: int = 1) -> None:
         for index, bound in enumerate(self.buckets):
             if value <= bound:
-                self.counts[index] += 1
-        self.total += value
-        self.count += 1
+                self.counts[index] += times
+        self.total += value * times
+        self.count += times
 
 
 @dataclass
@@ -118,6 +118,7 @@ class _Totals:
     completion_carry: float = 0.0
     failure_carry: float = 0.0
     latency_sample_carry: float = 0.0
+    token_carry: float = 0.0
     all_drafts: _SpecCounters = field(default_factory=_SpecCounters)
     by_draft: dict[str, _SpecCounters] = field(default_factory=dict)
     e2e: _Histogram = field(default_factory=lambda: _Histogram(E2E_BUCKETS))
@@ -524,14 +525,23 @@ class SimPod:
         totals.target_executions += steps_per_request
         totals.target_inferences += self._active * steps_per_request
 
+        # Engines observe latency once per emitted token (vLLM's inter-token histogram count is
+        # read as tokens), so weigh a handful of noisy samples by the tokens they stand for.
         tpot = step / tokens_per_step
+        totals.token_carry += self._active * tokens_per_step * steps_per_request
+        tokens = math.floor(totals.token_carry)
+        totals.token_carry -= tokens
         totals.latency_sample_carry += LATENCY_SAMPLES_PER_SECOND * dt
         samples = math.floor(totals.latency_sample_carry)
         totals.latency_sample_carry -= samples
-        for _ in range(samples):
-            observed = self._noisy(tpot)
-            counters.tpot.observe(observed)
-            totals.all_drafts.tpot.observe(observed)
+        if tokens > 0:
+            groups = min(tokens, max(1, samples))
+            share, remainder = divmod(tokens, groups)
+            for group in range(groups):
+                observed = self._noisy(tpot)
+                weight = share + (1 if group < remainder else 0)
+                counters.tpot.observe(observed, weight)
+                totals.all_drafts.tpot.observe(observed, weight)
 
         totals.completion_carry += (
             self._active * tokens_per_step * steps_per_request / point.mean_output_tokens

@@ -1,0 +1,535 @@
+"""SpeculativeDeployment -> the Kubernetes objects that serve it (pure functions returning dicts).
+
+Per variant ("stable", "canary", ...):
+
+- ConfigMap ``<child>-model-repository``: the Triton model repository (see triton_repo);
+- Deployment ``<child>``: the Triton pods (``<child>`` is ``<name>`` for stable,
+  ``<name>-<variant>`` otherwise);
+- Service ``<name>-<variant>``: that variant's pods only, the backend a Gateway API
+  HTTPRoute weights during a canary.
+
+For the stable variant also:
+
+- Service ``<name>``: every variant's pods, the address users call; without Gateway
+  API a canary splits traffic by its share of ready replicas behind it;
+- PodMonitor ``<name>`` (optional): scrapes every variant's ``metrics`` port and
+  relabels the pod labels into ``specops_deployment`` and ``variant``, the labels
+  the operator's grouped Prometheus queries use.
+
+Names longer than 63 characters are cut and suffixed with a hash so they stay
+valid DNS labels and label values; the same rule gives the label values.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from specops.api.models import API_VERSION, KIND, DraftSpec, SpeculativeDeployment
+from specops.api.units import parse_duration
+from specops.domain import triton_repo
+from specops.domain.triton_repo import RepositorySettings
+
+STABLE = "stable"
+CONTAINER_NAME = "triton"
+HTTP_PORT, GRPC_PORT, METRICS_PORT = 8000, 8001, 8002
+RUN_AS_USER = 1000
+"""The Triton images' ``triton-server`` user."""
+HOME = "/home/triton-server"
+GPU_RESOURCE = "nvidia.com/gpu"
+
+LABEL_NAME = "app.kubernetes.io/name"
+LABEL_INSTANCE = "app.kubernetes.io/instance"
+LABEL_COMPONENT = "app.kubernetes.io/component"
+LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
+LABEL_DEPLOYMENT = "specops.dev/deployment"
+LABEL_VARIANT = "specops.dev/variant"
+LABEL_DRAFT_VERSION = "specops.dev/draft-version"
+ANNOTATION_CONFIG_HASH = "specops.dev/config-hash"
+APP_NAME = "specops-serving"
+"""A fixed app name: model names may be longer than a label value allows or hold '/'."""
+COMPONENT_SERVING = "serving"
+COMPONENT_REPOSITORY = "model-repository"
+COMPONENT_MONITORING = "monitoring"
+
+_MAX_NAME = 63
+
+
+class RenderError(ValueError):
+    """The resource cannot be rendered; ``field`` is the path to fix (e.g. ``spec.serving.image``)."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+
+
+@dataclass(frozen=True)
+class RenderOptions:
+    """Operator-wide inputs of rendering."""
+
+    bls_source: str
+    """Text of assets/tensorrt_llm_bls/model.py."""
+    default_image: str | None = None
+    """Serving image used when spec.serving.image is empty."""
+    pod_monitor: bool = True
+    """Also render a monitoring.coreos.com/v1 PodMonitor (needs the prometheus-operator CRDs)."""
+
+
+# ---------------------------------------------------------------- names and labels
+
+
+def bounded(text: str, limit: int = _MAX_NAME) -> str:
+    """``text`` if short enough, else a prefix and a hash of the whole, at most ``limit`` characters."""
+    if len(text) <= limit:
+        return text
+    digest = hashlib.sha256(text.encode("utf-8")).hexdigest()[:8]
+    return f"{text[: limit - 9].rstrip('-.')}-{digest}"
+
+
+def child_name(resource_name: str, variant: str) -> str:
+    """Name of a variant's Deployment: ``<name>`` for stable, ``<name>-<variant>`` otherwise."""
+    return bounded(resource_name if variant == STABLE else f"{resource_name}-{variant}")
+
+
+def variant_service_name(resource_name: str, variant: str) -> str:
+    """The Service of one variant's pods (a Gateway API backend): ``<name>-<variant>``."""
+    return bounded(f"{resource_name}-{variant}")
+
+
+def service_name(resource_name: str) -> str:
+    """The user-facing Service selecting every variant's pods: ``<name>``."""
+    return bounded(resource_name)
+
+
+def repository_configmap_name(resource_name: str, variant: str) -> str:
+    """The variant's model-repository ConfigMap: ``<child>-model-repository``."""
+    prefix = resource_name if variant == STABLE else f"{resource_name}-{variant}"
+    return bounded(f"{prefix}-model-repository")
+
+
+def label_value(resource_name: str) -> str:
+    """The value of ``specops.dev/deployment`` (and the Prometheus label ``specops_deployment``)."""
+    return bounded(resource_name)
+
+
+def selector_labels(resource_name: str, variant: str) -> dict[str, str]:
+    """Labels that select one variant's serving pods (Deployment selector, per-variant Service)."""
+    return {LABEL_DEPLOYMENT: label_value(resource_name), LABEL_VARIANT: variant}
+
+
+def shared_selector_labels(resource_name: str) -> dict[str, str]:
+    """Labels that select every variant's serving pods (shared Service, PodMonitor)."""
+    return {LABEL_COMPONENT: COMPONENT_SERVING, LABEL_DEPLOYMENT: label_value(resource_name)}
+
+
+def _labels(resource_name: str, variant: str, component: str) -> dict[str, str]:
+    return dict(
+        sorted(
+            {
+                LABEL_NAME: APP_NAME,
+                LABEL_INSTANCE: label_value(resource_name),
+                LABEL_COMPONENT: component,
+                LABEL_MANAGED_BY: "specops",
+                **selector_labels(resource_name, variant),
+            }.items()
+        )
+    )
+
+
+# ---------------------------------------------------------------- helpers
+
+
+def _metadata(resource: SpeculativeDeployment) -> tuple[str, str, str]:
+    meta = resource.metadata
+    name, namespace, uid = meta.get("name"), meta.get("namespace"), meta.get("uid")
+    if not name:
+        raise RenderError("metadata.name", "the resource has no name")
+    if not namespace:
+        raise RenderError("metadata.namespace", "the resource has no namespace")
+    if not uid:
+        raise RenderError("metadata.uid", "the resource has no uid: children need it for ownerReferences")
+    return str(name), str(namespace), str(uid)
+
+
+def _object_meta(
+    name: str, namespace: str, labels: Mapping[str, str], owner: Mapping[str, Any]
+) -> dict[str, Any]:
+    return {"name": name, "namespace": namespace, "labels": dict(labels), "ownerReferences": [dict(owner)]}
+
+
+def _prometheus_duration(text: str) -> str:
+    """A spec duration ("15s", "1.5m") in the form Prometheus accepts (no fractions)."""
+    millis = round(parse_duration(text) * 1000)
+    return f"{millis // 1000}s" if millis % 1000 == 0 else f"{millis}ms"
+
+
+def config_hash(data: Mapping[str, str]) -> str:
+    """Digest of the model-repository ConfigMap data; a change rolls the pods."""
+    return hashlib.sha256(json.dumps(dict(data), sort_keys=True).encode("utf-8")).hexdigest()[:16]
+
+
+def _configmap_key(path: str) -> str:
+    """ConfigMap keys cannot hold '/': ``tensorrt_llm_bls/1/model.py`` -> ``tensorrt_llm_bls.1.model.py``."""
+    return path.replace("/", ".")
+
+
+def _restricted_container_security() -> dict[str, Any]:
+    return {
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]},
+        "privileged": False,
+        "readOnlyRootFilesystem": True,
+        "runAsNonRoot": True,
+        "runAsUser": RUN_AS_USER,
+        "runAsGroup": RUN_AS_USER,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
+@dataclass(frozen=True)
+class _Engine:
+    """How one engine reaches its mount point: a PVC sub-path or a fetched copy in an emptyDir."""
+
+    role: str  # "target" | "draft"
+    uri: str
+    mount_path: str
+
+    @property
+    def volume_name(self) -> str:
+        return f"{self.role}-engine"
+
+    @property
+    def on_pvc(self) -> bool:
+        return self.uri.startswith("pvc://")
+
+    def volume(self) -> dict[str, Any]:
+        if not self.on_pvc:
+            return {"name": self.volume_name, "emptyDir": {}}
+        claim = self.uri.removeprefix("pvc://").split("/", 1)[0]
+        return {"name": self.volume_name, "persistentVolumeClaim": {"claimName": claim, "readOnly": True}}
+
+    def mount(self) -> dict[str, Any]:
+        mount: dict[str, Any] = {"name": self.volume_name, "mountPath": self.mount_path, "readOnly": True}
+        if self.on_pvc:
+            _, _, sub_path = self.uri.removeprefix("pvc://").partition("/")
+            if sub_path.strip("/"):
+                mount["subPath"] = sub_path.strip("/")
+        return mount
+
+    def fetcher(self, image: str) -> dict[str, Any]:
+        return {
+            "name": f"fetch-{self.role}-engine",
+            "image": image,
+            "args": ["fetch-engine", self.uri, self.mount_path],
+            "env": [{"name": "HOME", "value": "/tmp"}],
+            "securityContext": _restricted_container_security(),
+            "volumeMounts": [
+                {"name": self.volume_name, "mountPath": self.mount_path},
+                {"name": "tmp", "mountPath": "/tmp"},
+            ],
+        }
+
+
+def _probe(path: str, period: int, failures: int) -> dict[str, Any]:
+    return {
+        "httpGet": {"path": path, "port": "http"},
+        "periodSeconds": period,
+        "timeoutSeconds": 5,
+        "failureThreshold": failures,
+    }
+
+
+def tritonserver_args() -> list[str]:
+    """The server command line: explicit model control so the operator can reload models at run time."""
+    return [
+        "tritonserver",
+        f"--model-repository={triton_repo.MODEL_REPOSITORY_PATH}",
+        "--model-control-mode=explicit",
+        *(f"--load-model={model}" for model in triton_repo.MODEL_NAMES),
+        f"--http-port={HTTP_PORT}",
+        f"--grpc-port={GRPC_PORT}",
+        f"--metrics-port={METRICS_PORT}",
+        "--allow-metrics=true",
+        "--metrics-config=histogram_latencies=true",
+    ]
+
+
+# ---------------------------------------------------------------- objects
+
+
+def repository_settings(
+    resource: SpeculativeDeployment, variant: str, draft: DraftSpec
+) -> RepositorySettings:
+    """What the variant's model repository is built from; ``mode: off`` starts with speculation off."""
+    spec = resource.spec
+    initial = 0 if spec.speculation.mode == "off" else spec.speculation.draft_length.initial
+    return RepositorySettings(
+        deployment=label_value(str(resource.metadata.get("name", ""))),
+        variant=variant,
+        draft_version=draft.version,
+        default_num_draft_tokens=initial,
+        max_draft_len=spec.target.engine.max_draft_len,
+        tensor_parallel=spec.serving.tensor_parallel,
+    )
+
+
+def _configmap(
+    name: str, namespace: str, variant: str, owner: Mapping[str, Any], files: Mapping[str, str]
+) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": _object_meta(
+            repository_configmap_name(name, variant),
+            namespace,
+            _labels(name, variant, COMPONENT_REPOSITORY),
+            owner,
+        ),
+        "data": {_configmap_key(path): text for path, text in sorted(files.items())},
+    }
+
+
+def _pod_spec(
+    resource: SpeculativeDeployment,
+    variant: str,
+    draft: DraftSpec,
+    image: str,
+    configmap_name: str,
+    files: Mapping[str, str],
+) -> dict[str, Any]:
+    serving = resource.spec.serving
+    engines = [
+        _Engine("target", resource.spec.target.engine.uri, triton_repo.TARGET_ENGINE_PATH),
+        _Engine("draft", draft.engine.uri, triton_repo.DRAFT_ENGINE_PATH),
+    ]
+    init_containers = []
+    for engine in engines:
+        if not engine.on_pvc:
+            if not serving.engine_fetcher_image:
+                raise RenderError(
+                    "spec.serving.engineFetcherImage",
+                    f"required to fetch the {engine.role} engine {engine.uri}",
+                )
+            init_containers.append(engine.fetcher(serving.engine_fetcher_image))
+    gpus = str(serving.gpu.count)
+    container = {
+        "name": CONTAINER_NAME,
+        "image": image,
+        "args": tritonserver_args(),
+        "env": [
+            {"name": "HF_HUB_OFFLINE", "value": "1"},
+            {"name": "HOME", "value": HOME},
+            {"name": "PYTHONDONTWRITEBYTECODE", "value": "1"},
+            {"name": "TRANSFORMERS_OFFLINE", "value": "1"},
+            # Orchestrator mode: two TensorRT-LLM engines (and tensor parallelism) in one server.
+            {"name": "TRTLLM_ORCHESTRATOR", "value": "1"},
+        ],
+        "ports": [
+            {"name": "http", "containerPort": HTTP_PORT, "protocol": "TCP"},
+            {"name": "grpc", "containerPort": GRPC_PORT, "protocol": "TCP"},
+            {"name": "metrics", "containerPort": METRICS_PORT, "protocol": "TCP"},
+        ],
+        "resources": {"limits": {GPU_RESOURCE: gpus}, "requests": {GPU_RESOURCE: gpus}},
+        # Engines take minutes to load: up to 30 min before liveness applies.
+        "startupProbe": _probe("/v2/health/live", 10, 180),
+        "readinessProbe": _probe("/v2/health/ready", 10, 3),
+        "livenessProbe": _probe("/v2/health/live", 20, 3),
+        "securityContext": _restricted_container_security(),
+        "volumeMounts": [
+            {"name": "model-repository", "mountPath": triton_repo.MODEL_REPOSITORY_PATH, "readOnly": True},
+            *(engine.mount() for engine in engines),
+            {"name": "tmp", "mountPath": "/tmp"},
+            {"name": "home", "mountPath": HOME},
+            {"name": "dshm", "mountPath": "/dev/shm"},
+        ],
+    }
+    volumes = [
+        {
+            "name": "model-repository",
+            "configMap": {
+                "name": configmap_name,
+                "defaultMode": 0o444,
+                "items": [{"key": _configmap_key(path), "path": path} for path in sorted(files)],
+            },
+        },
+        *(engine.volume() for engine in engines),
+        {"name": "tmp", "emptyDir": {}},
+        {"name": "home", "emptyDir": {}},
+        # The python backend exchanges tensors with its stub processes through /dev/shm.
+        {"name": "dshm", "emptyDir": {"medium": "Memory"}},
+    ]
+    pod: dict[str, Any] = {
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": RUN_AS_USER,
+            "runAsGroup": RUN_AS_USER,
+            "fsGroup": RUN_AS_USER,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "terminationGracePeriodSeconds": 60,
+        "tolerations": [{"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}],
+        "containers": [container],
+        "volumes": volumes,
+    }
+    if init_containers:
+        pod["initContainers"] = init_containers
+    if serving.service_account_name:
+        pod["serviceAccountName"] = serving.service_account_name
+    return pod
+
+
+def _deployment(
+    resource: SpeculativeDeployment,
+    variant: str,
+    draft: DraftSpec,
+    replicas: int,
+    image: str,
+    owner: Mapping[str, Any],
+    configmap: Mapping[str, Any],
+    files: Mapping[str, str],
+) -> dict[str, Any]:
+    name, namespace, _ = _metadata(resource)
+    pod_labels = dict(
+        sorted({**_labels(name, variant, COMPONENT_SERVING), LABEL_DRAFT_VERSION: draft.version}.items())
+    )
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": _object_meta(
+            child_name(name, variant), namespace, _labels(name, variant, COMPONENT_SERVING), owner
+        ),
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": selector_labels(name, variant)},
+            # Surge rather than drop capacity; needs one spare replica's GPUs during a roll.
+            "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
+            "revisionHistoryLimit": 3,
+            "progressDeadlineSeconds": 3600,
+            "template": {
+                "metadata": {
+                    "labels": pod_labels,
+                    "annotations": {
+                        ANNOTATION_CONFIG_HASH: config_hash(configmap["data"]),
+                        "kubectl.kubernetes.io/default-container": CONTAINER_NAME,
+                    },
+                },
+                "spec": _pod_spec(resource, variant, draft, image, configmap["metadata"]["name"], files),
+            },
+        },
+    }
+
+
+def _service(
+    name: str,
+    namespace: str,
+    labels: Mapping[str, str],
+    selector: Mapping[str, str],
+    owner: Mapping[str, Any],
+) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _object_meta(name, namespace, labels, owner),
+        "spec": {
+            "type": "ClusterIP",
+            "selector": dict(selector),
+            "ports": [
+                {"name": "http", "port": HTTP_PORT, "targetPort": "http", "protocol": "TCP"},
+                {"name": "grpc", "port": GRPC_PORT, "targetPort": "grpc", "protocol": "TCP"},
+                {"name": "metrics", "port": METRICS_PORT, "targetPort": "metrics", "protocol": "TCP"},
+            ],
+        },
+    }
+
+
+def _relabel(source: str, target: str) -> dict[str, Any]:
+    return {"action": "replace", "sourceLabels": [source], "targetLabel": target}
+
+
+def _pod_monitor(resource: SpeculativeDeployment, owner: Mapping[str, Any]) -> dict[str, Any]:
+    name, namespace, _ = _metadata(resource)
+    return {
+        "apiVersion": "monitoring.coreos.com/v1",
+        "kind": "PodMonitor",
+        "metadata": _object_meta(
+            service_name(name), namespace, _labels(name, STABLE, COMPONENT_MONITORING), owner
+        ),
+        "spec": {
+            "selector": {"matchLabels": shared_selector_labels(name)},
+            "podMetricsEndpoints": [
+                {
+                    "port": "metrics",
+                    "path": "/metrics",
+                    "interval": _prometheus_duration(resource.spec.metrics.interval),
+                    "relabelings": [
+                        _relabel("__meta_kubernetes_pod_label_specops_dev_deployment", "specops_deployment"),
+                        _relabel("__meta_kubernetes_pod_label_specops_dev_variant", "variant"),
+                        _relabel("__meta_kubernetes_namespace", "namespace"),
+                        _relabel("__meta_kubernetes_pod_name", "pod"),
+                    ],
+                }
+            ],
+        },
+    }
+
+
+def render_children(
+    resource: SpeculativeDeployment,
+    options: RenderOptions,
+    *,
+    variant: str = STABLE,
+    draft: DraftSpec | None = None,
+    replicas: int | None = None,
+) -> list[dict[str, Any]]:
+    """Every object one variant needs, in apply order (ConfigMap before the Deployment mounting it).
+
+    ``draft`` defaults to spec.draft (a canary passes the new draft), ``replicas``
+    to spec.serving.replicas.
+    """
+    name, namespace, uid = _metadata(resource)
+    image = resource.spec.serving.image or options.default_image
+    if not image:
+        raise RenderError(
+            "spec.serving.image", "no serving image: set it or configure the operator's default image"
+        )
+    draft = draft or resource.spec.draft
+    replicas = resource.spec.serving.replicas if replicas is None else replicas
+    owner = {
+        "apiVersion": API_VERSION,
+        "kind": KIND,
+        "name": name,
+        "uid": uid,
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+    files = triton_repo.repository_files(repository_settings(resource, variant, draft), options.bls_source)
+    configmap = _configmap(name, namespace, variant, owner, files)
+    objects = [
+        configmap,
+        _deployment(resource, variant, draft, replicas, image, owner, configmap, files),
+        _service(
+            variant_service_name(name, variant),
+            namespace,
+            _labels(name, variant, COMPONENT_SERVING),
+            {LABEL_COMPONENT: COMPONENT_SERVING, **selector_labels(name, variant)},
+            owner,
+        ),
+    ]
+    if variant == STABLE:
+        objects.append(
+            _service(
+                service_name(name),
+                namespace,
+                _labels(name, STABLE, COMPONENT_SERVING),
+                shared_selector_labels(name),
+                owner,
+            )
+        )
+        if options.pod_monitor:
+            objects.append(_pod_monitor(resource, owner))
+    return objects

@@ -1,0 +1,170 @@
+"""Run a Kopf operator inside the test's own event loop, and stop it quickly and cleanly.
+
+``kopf.run()`` owns its loop, and ``kopf.operator()`` cancels every task created
+after it started when it exits, which includes pytest-asyncio's and the emulated
+server's tasks and deadlocks the teardown. Here the operator's tasks are told
+apart with a task factory that marks every task created from the operator's own
+context (contextvars are inherited by child tasks), and ``kopf.run_tasks`` is
+told to ignore all the others.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import dataclasses
+import signal
+import threading
+import weakref
+from collections.abc import AsyncIterator, Callable, Collection, Coroutine, Iterator
+from typing import Any
+
+import kopf
+
+_inside_operator: contextvars.ContextVar[bool] = contextvars.ContextVar("inside_operator", default=False)
+
+
+class _OperatorTasks:
+    """Marks the tasks created (transitively) by the operator, via the loop's task factory."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.tasks: weakref.WeakSet[asyncio.Task[Any]] = weakref.WeakSet()
+        self._previous = loop.get_task_factory()
+
+    def _factory(
+        self, loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, Any], **kwargs: Any
+    ) -> asyncio.Future[Any]:
+        if self._previous is not None:
+            task = self._previous(loop, coro, **kwargs)
+        else:
+            task = asyncio.Task(coro, loop=loop, **kwargs)
+        context = kwargs.get("context")
+        inside = context.get(_inside_operator, False) if context is not None else _inside_operator.get()
+        if inside and isinstance(task, asyncio.Task):
+            self.tasks.add(task)
+        return task
+
+    def install(self) -> None:
+        self.loop.set_task_factory(self._factory)  # type: ignore[arg-type]
+
+    def uninstall(self) -> None:
+        self.loop.set_task_factory(self._previous)
+
+
+class _NotOperatorTasks(Collection["asyncio.Task[Any]"]):
+    """What ``kopf.run_tasks(ignored=...)`` must leave alone: every task the operator did not create."""
+
+    def __init__(self, operator_tasks: _OperatorTasks) -> None:
+        self._operator_tasks = operator_tasks
+
+    def __contains__(self, task: object) -> bool:
+        return task not in self._operator_tasks.tasks
+
+    def __iter__(self) -> Iterator[asyncio.Task[Any]]:
+        return iter([task for task in asyncio.all_tasks() if task not in self._operator_tasks.tasks])
+
+    def __len__(self) -> int:
+        return len(list(iter(self)))
+
+
+def fast_settings(settings: kopf.OperatorSettings) -> None:
+    """Short timeouts and backoffs so that tests neither wait nor hang on retries."""
+    settings.process.ultimate_exiting_timeout = None  # never SIGKILL the test process
+    settings.watching.server_timeout = 60
+    settings.watching.connect_timeout = 5
+    settings.watching.reconnect_backoff = 0.05
+    settings.networking.request_timeout = 15
+    settings.networking.error_backoffs = (0.1, 0.2, 0.5, 1.0)
+    settings.posting.default_backoffs = (0.1, 0.2, 0.5)
+    settings.queueing.idle_timeout = 1.0
+    settings.queueing.exit_timeout = 0.5
+    settings.queueing.error_delays = (0.1, 0.2, 0.5, 1.0)
+    settings.background.instant_exit_timeout = 0.5
+    settings.background.cancellation_polling = 0.2
+    settings.execution.default_backoff = 0.5
+
+
+@dataclasses.dataclass(frozen=True)
+class OperatorRun:
+    """A running operator: its settings and memo, for assertions."""
+
+    settings: kopf.OperatorSettings
+    memo: Any
+    task: asyncio.Task[None]
+
+
+@contextlib.asynccontextmanager
+async def run_kopf(
+    registry: kopf.OperatorRegistry,
+    *,
+    namespaces: list[str] | None = None,
+    memo: Any = None,
+    settings_hook: Callable[[kopf.OperatorSettings], None] | None = None,
+    startup_timeout_s: float = 10.0,
+    stop_timeout_s: float = 10.0,
+) -> AsyncIterator[OperatorRun]:
+    """Run the registry's handlers (standalone, no peering) until the block exits.
+
+    Clusterwide unless ``namespaces`` is given. The login comes from the registry's own
+    ``@kopf.on.login`` handler. The block is entered once the startup handlers succeeded.
+    """
+    loop = asyncio.get_running_loop()
+    settings = kopf.OperatorSettings()
+    fast_settings(settings)
+    if settings_hook is not None:
+        settings_hook(settings)
+    memo = memo if memo is not None else kopf.Memo()
+    stop_flag = asyncio.Event()
+    ready_flag = asyncio.Event()
+    operator_tasks = _OperatorTasks(loop)
+
+    async def operate() -> None:
+        tasks = await kopf.spawn_tasks(
+            registry=registry,
+            settings=settings,
+            memo=memo,
+            standalone=True,
+            clusterwide=not namespaces,
+            namespaces=namespaces or (),
+            stop_flag=stop_flag,
+            ready_flag=ready_flag,
+        )
+        await kopf.run_tasks(tasks, ignored=_NotOperatorTasks(operator_tasks))
+
+    context = contextvars.copy_context()
+    context.run(_inside_operator.set, True)
+    operator_tasks.install()
+    task = loop.create_task(operate(), name="kopf operator under test", context=context)
+    try:
+        await _wait_until_ready(task, ready_flag, startup_timeout_s)
+        yield OperatorRun(settings=settings, memo=memo, task=task)
+    finally:
+        try:
+            stop_flag.set()
+            await asyncio.wait_for(task, timeout=stop_timeout_s)  # re-raises the operator's own failure
+        finally:
+            operator_tasks.uninstall()
+            _forget_signal_handlers(loop)
+
+
+async def _wait_until_ready(task: asyncio.Task[None], ready_flag: asyncio.Event, timeout_s: float) -> None:
+    ready = asyncio.ensure_future(ready_flag.wait())
+    try:
+        await asyncio.wait({task, ready}, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        ready.cancel()
+    if task.done():
+        task.result()  # the operator failed to start: raise its error here
+        raise RuntimeError("the operator exited before it was ready")
+    if not ready_flag.is_set():
+        raise TimeoutError(f"the operator was not ready within {timeout_s} s")
+
+
+def _forget_signal_handlers(loop: asyncio.AbstractEventLoop) -> None:
+    """Kopf installs SIGINT/SIGTERM handlers on the loop; give Ctrl+C back to pytest."""
+    if threading.current_thread() is threading.main_thread():
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.remove_signal_handler(signum)

@@ -1,0 +1,118 @@
+"""`specops bench policy`: the policy against an oracle and simple rules on the shipped traces."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from specops import bench
+from specops.bench.policy import RESULT_KEYS, default_config, parse_trace, replay, shipped_traces
+from specops.domain.perf import GPUS, ModelSetup
+
+SETUP = ModelSetup(GPUS["H100"], 70e9, 7e9)
+SHIPPED = ("bursty", "diurnal_ramp", "noisy_break_even", "steady_low")
+
+
+@pytest.fixture(scope="module")
+def shipped_results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
+    out = tmp_path_factory.mktemp("bench") / "policy.json"
+    assert bench.main(["policy", "--json", str(out)]) == 0
+    result = json.loads(out.read_text())
+    return {row["trace"]: row for row in result["traces"]}
+
+
+def test_every_shipped_trace_is_replayed(shipped_results: dict[str, dict[str, Any]]) -> None:
+    assert tuple(sorted(shipped_results)) == SHIPPED
+    for row in shipped_results.values():
+        assert set(RESULT_KEYS) <= set(row)
+        assert row["always_off_speedup"] == 1.0
+        assert row["oracle_speedup"] >= max(row["policy_speedup"], row["always_on_speedup"], 1.0)
+        assert row["hours"] == pytest.approx(1.0, abs=0.1)
+
+
+@pytest.mark.parametrize("trace", SHIPPED)
+def test_policy_reaches_95_percent_of_the_oracle(
+    shipped_results: dict[str, dict[str, Any]], trace: str
+) -> None:
+    assert shipped_results[trace]["ratio_to_oracle"] >= 0.95
+
+
+def test_policy_does_not_flap_on_noisy_load_around_break_even(
+    shipped_results: dict[str, dict[str, Any]],
+) -> None:
+    assert shipped_results["noisy_break_even"]["toggles_per_hour"] <= 2.0
+
+
+def test_policy_beats_the_fixed_rules_wherever_load_crosses_break_even(
+    shipped_results: dict[str, dict[str, Any]],
+) -> None:
+    for trace in ("bursty", "diurnal_ramp", "noisy_break_even"):
+        row = shipped_results[trace]
+        assert row["policy_speedup"] > row["always_on_speedup"]
+        assert row["policy_speedup"] > row["threshold_rule_speedup"]
+
+
+def test_shipped_traces_span_low_load_to_past_break_even() -> None:
+    traces = {name: parse_trace(path.read_text().splitlines()) for name, path in shipped_traces().items()}
+    assert max(p.batch for p in traces["steady_low"]) < 100
+    assert max(p.batch for p in traces["diurnal_ramp"]) > 251 > min(p.batch for p in traces["diurnal_ramp"])
+    noisy = [p.batch for p in traces["noisy_break_even"]]
+    assert sum(noisy) / len(noisy) == pytest.approx(251, rel=0.05)
+    for points in traces.values():
+        gaps = {b.t_seconds - a.t_seconds for a, b in itertools.pairwise(points)}
+        assert len(gaps) == 1 and 1.0 <= gaps.pop() <= 15.0
+        assert all(0.0 < p.alpha < 1.0 for p in points)
+
+
+def test_a_trace_file_with_context_tokens(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    trace = tmp_path / "long.csv"
+    rows = ["t_seconds,batch,alpha,context_tokens"] + [f"{10 * i},300,0.8,8192" for i in range(60)]
+    trace.write_text("\n".join(rows) + "\n")
+    assert bench.main(["policy", "--trace", str(trace), "--json", "-"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["trace"] == "long"
+    # KV reads keep a batch of 300 memory-bound: speculation pays, so no strategy switches off
+    assert result["policy_speedup"] > 1.5
+    assert result["toggles_per_hour"] == 0.0
+    assert result["ratio_to_oracle"] >= 0.95
+
+
+def test_replay_is_deterministic_per_seed() -> None:
+    points = parse_trace(
+        ["t_seconds,batch,alpha", *(f"{5 * i},{60 + 25 * (i % 9)},0.78" for i in range(100))]
+    )
+    config = default_config(SETUP)
+    assert replay(points, SETUP, config, seed=1) == replay(points, SETUP, config, seed=1)
+    assert replay(points, SETUP, config, seed=1) != replay(points, SETUP, config, seed=2)
+
+
+def test_a_one_line_trace_is_refused() -> None:
+    with pytest.raises(ValueError):
+        parse_trace(["t_seconds,batch,alpha", "0,10,0.8"])
+
+
+def test_bench_all_writes_one_json_per_registered_benchmark(tmp_path: Path) -> None:
+    assert bench.main(["all", "--out", str(tmp_path / "out")]) == 0
+    written = sorted(p.name for p in (tmp_path / "out").iterdir())
+    assert written == sorted(f"{name}.json" for name in bench.BENCHMARKS)
+    assert "traces" in json.loads((tmp_path / "out" / "policy.json").read_text())
+
+
+def test_adding_a_benchmark_is_one_registry_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(bench.BENCHMARKS, "trivial", "tests.unit.test_bench_policy:trivial_benchmark")
+    assert bench.main(["trivial", "--json", str(tmp_path / "t.json")]) == 0
+    assert json.loads((tmp_path / "t.json").read_text()) == {"ok": True}
+
+
+def test_an_unknown_benchmark_is_refused() -> None:
+    with pytest.raises(SystemExit):
+        bench.main(["nope"])
+
+
+def trivial_benchmark(argv: list[str]) -> int:
+    Path(argv[argv.index("--json") + 1]).write_text(json.dumps({"ok": True}))
+    return 0

@@ -1,0 +1,317 @@
+"""Backend metric profiles, snapshot building and pod discovery: pure, no Prometheus, no pods."""
+
+from __future__ import annotations
+
+import re
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from specops.domain.acceptance import acceptance_rate_from_alpha
+from specops.domain.discovery import PodEndpoint, ready_endpoints
+from specops.domain.metrics import (
+    GROUP_LABELS,
+    PROFILES,
+    Q_ACCEPTANCE_GAUGE,
+    Q_ACCEPTED,
+    Q_BATCH,
+    Q_DRAFT_STEPS,
+    Q_DRAFTED,
+    Q_PODS,
+    Q_REQUESTS,
+    Q_TOKENS,
+    Q_TPOT_P50,
+    Q_TPOT_P95,
+    Q_TPOT_P99,
+    REASON_METRICS_UNAVAILABLE,
+    REASON_NO_METRICS,
+    REASON_STALE,
+    Measurement,
+    Snapshot,
+    build_snapshot,
+    rate_window_s,
+)
+
+T0 = datetime(2025, 1, 1, 12, 0, tzinfo=UTC)
+KEY = ("team-a", "chat", "stable")
+
+
+def sample(
+    value: str | float, namespace: str = "team-a", deployment: str = "chat", variant: str = "stable"
+) -> Any:
+    labels = {"namespace": namespace, "specops_deployment": deployment, "variant": variant}
+    return {"metric": labels, "value": [1735732800.0, str(value)]}
+
+
+def raw_for(backend: str, alpha: float, draft_length: int, draft_steps_per_s: float = 50.0) -> dict[str, Any]:
+    """What Prometheus answers for a deployment drafting at alpha with draft length g."""
+    drafted = draft_steps_per_s * draft_length
+    rate = acceptance_rate_from_alpha(alpha, draft_length)
+    results: dict[str, Any] = {
+        Q_BATCH: [sample(12.5)],
+        Q_PODS: [sample(2)],
+        Q_REQUESTS: [sample(3.0)],
+        Q_TPOT_P50: [sample(0.02)],
+        Q_TPOT_P95: [sample(0.03)],
+        Q_TPOT_P99: [sample(0.04)],
+    }
+    profile = PROFILES[backend]
+    if profile.acceptance_rate_gauge:
+        results[Q_ACCEPTANCE_GAUGE] = [sample(rate)]
+    else:
+        results[Q_DRAFTED] = [sample(drafted)]
+        results[Q_ACCEPTED] = [sample(drafted * rate)]
+    if profile.draft_steps:
+        results[Q_DRAFT_STEPS] = [sample(draft_steps_per_s)]
+    if profile.output_tokens_counter:
+        results[Q_TOKENS] = [sample(600.0)]
+    return results
+
+
+# ---------------------------------------------------------------- queries
+
+
+@pytest.mark.parametrize("backend", sorted(PROFILES))
+def test_every_query_is_grouped_by_resource_and_variant(backend: str) -> None:
+    queries = PROFILES[backend].queries(rate_window_s(15))
+    group = "by (" + ", ".join(GROUP_LABELS)
+    for quantity, promql in queries.items():
+        assert group in promql, (quantity, promql)
+        assert "[60s]" in promql or "rate(" not in promql, (quantity, promql)
+    for quantile in (Q_TPOT_P50, Q_TPOT_P95, Q_TPOT_P99):
+        assert re.match(
+            r"histogram_quantile\(0\.\d+, sum by \(.*, le\) \(rate\(\S+_bucket\[60s\]\)\)\)",
+            queries[quantile],
+        )
+
+
+@pytest.mark.parametrize("backend", sorted(PROFILES))
+def test_every_profile_measures_acceptance_batch_load_and_latency(backend: str) -> None:
+    quantities = set(PROFILES[backend].queries(10))
+    assert {Q_BATCH, Q_PODS, Q_REQUESTS, Q_TPOT_P50, Q_TPOT_P95, Q_TPOT_P99} <= quantities
+    assert Q_ACCEPTANCE_GAUGE in quantities or {Q_DRAFTED, Q_ACCEPTED} <= quantities
+
+
+def test_triton_profile_uses_the_specops_bls_counters_and_the_ensemble_request_count() -> None:
+    queries = PROFILES["triton-trtllm"].queries(10)
+    assert "specops_spec_decode_draft_tokens_total[10s]" in queries[Q_DRAFTED]
+    assert "specops_spec_decode_steps_total[10s]" in queries[Q_DRAFT_STEPS]
+    assert 'nv_inference_request_success{model="ensemble"}[10s]' in queries[Q_REQUESTS]
+    assert 'nv_trt_llm_request_metrics{request_type="active"}' in queries[Q_BATCH]
+
+
+def test_rate_window_covers_several_scrapes_with_a_floor() -> None:
+    assert rate_window_s(1) == 10
+    assert rate_window_s(15) == 60
+
+
+# ---------------------------------------------------------------- conversion to alpha
+
+
+@pytest.mark.parametrize(
+    ("backend", "alpha", "draft_length"),
+    [
+        ("triton-trtllm", 0.74, 4),
+        ("triton-trtllm", 0.55, 7),
+        ("vllm", 0.8, 3),
+        ("vllm", 0.3, 5),
+        ("trtllm-serve", 0.74, 4),
+        ("sglang", 0.65, 6),
+    ],
+)
+def test_measured_acceptance_converts_back_to_alpha(backend: str, alpha: float, draft_length: int) -> None:
+    snapshot = build_snapshot(PROFILES[backend], raw_for(backend, alpha, draft_length), T0)
+
+    measured = snapshot.lookup(*KEY, now=T0, max_age_s=30, draft_length=draft_length)
+
+    assert measured.ok
+    assert measured.alpha == pytest.approx(alpha, abs=1e-6)
+    assert measured.mean_draft_length == pytest.approx(draft_length)
+    assert measured.acceptance_rate == pytest.approx(acceptance_rate_from_alpha(alpha, draft_length))
+
+
+def test_acceptance_rate_is_not_alpha() -> None:
+    # vLLM's "draft acceptance rate" reads ~0.50 at alpha 0.74 and g 4 (SPECDEC.md)
+    snapshot = build_snapshot(PROFILES["vllm"], raw_for("vllm", 0.74, 4), T0)
+    measured = snapshot.lookup(*KEY, now=T0, max_age_s=30)
+    assert measured.acceptance_rate == pytest.approx(0.50, abs=0.01)
+    assert measured.alpha == pytest.approx(0.74, abs=1e-6)
+
+
+@pytest.mark.parametrize("backend", ["trtllm-serve", "sglang"])
+def test_engines_without_a_step_count_need_the_configured_draft_length(backend: str) -> None:
+    snapshot = build_snapshot(PROFILES[backend], raw_for(backend, 0.7, 4), T0)
+
+    unconfigured = snapshot.lookup(*KEY, now=T0, max_age_s=30)
+
+    assert unconfigured.ok and unconfigured.alpha is None and unconfigured.mean_draft_length is None
+    assert unconfigured.acceptance_rate == pytest.approx(acceptance_rate_from_alpha(0.7, 4))
+
+
+def test_measured_draft_length_wins_over_the_configured_one() -> None:
+    snapshot = build_snapshot(PROFILES["triton-trtllm"], raw_for("triton-trtllm", 0.7, 4), T0)
+    measured = snapshot.lookup(*KEY, now=T0, max_age_s=30, draft_length=8)
+    assert measured.mean_draft_length == pytest.approx(4)
+    assert measured.alpha == pytest.approx(0.7, abs=1e-6)
+
+
+@pytest.mark.parametrize("backend", sorted(PROFILES))
+def test_nothing_drafted_means_speculation_off_not_an_error(backend: str) -> None:
+    raw = raw_for(backend, 0.7, 4)
+    for quantity in (Q_DRAFTED, Q_ACCEPTED, Q_DRAFT_STEPS, Q_ACCEPTANCE_GAUGE):
+        if quantity in raw:
+            raw[quantity] = [sample(0)]
+
+    measured = build_snapshot(PROFILES[backend], raw, T0).lookup(*KEY, now=T0, max_age_s=30, draft_length=4)
+
+    assert measured.ok
+    assert measured.alpha is None and measured.acceptance_rate is None
+    assert measured.batch == pytest.approx(12.5)
+
+
+def test_load_and_latency_figures_are_carried_through() -> None:
+    measured = build_snapshot(PROFILES["triton-trtllm"], raw_for("triton-trtllm", 0.7, 4), T0).lookup(
+        *KEY, now=T0, max_age_s=30
+    )
+    assert (measured.batch, measured.pods_reporting, measured.request_rate, measured.tokens_per_s) == (
+        12.5,
+        2,
+        3.0,
+        600.0,
+    )
+    assert (measured.tpot_p50_s, measured.tpot_p95_s, measured.tpot_p99_s) == (0.02, 0.03, 0.04)
+
+
+# ---------------------------------------------------------------- bad values, missing and stale data
+
+
+@pytest.mark.parametrize("bad", ["NaN", "+Inf", "-Inf", "not-a-number"])
+def test_non_finite_values_read_as_unknown(bad: str) -> None:
+    raw = raw_for("triton-trtllm", 0.7, 4)
+    raw[Q_TPOT_P99] = [sample(bad)]
+    raw[Q_DRAFTED] = [sample(bad)]
+
+    measured = build_snapshot(PROFILES["triton-trtllm"], raw, T0).lookup(*KEY, now=T0, max_age_s=30)
+
+    assert measured.ok
+    assert measured.tpot_p99_s is None
+    assert measured.alpha is None
+    assert measured.tpot_p50_s == 0.02
+
+
+def test_a_resource_is_measured_from_whatever_series_it_has() -> None:
+    raw: dict[str, Any] = {q: [] for q in PROFILES["vllm"].queries(10)}
+    raw[Q_BATCH] = [sample(3, deployment="young")]
+
+    measured = build_snapshot(PROFILES["vllm"], raw, T0).lookup(
+        "team-a", "young", "stable", now=T0, max_age_s=30
+    )
+
+    assert measured.ok and measured.batch == 3
+    assert measured.pods_reporting == 0 and measured.request_rate is None and measured.alpha is None
+
+
+def test_each_variant_and_resource_is_its_own_measurement() -> None:
+    raw = raw_for("vllm", 0.7, 4)
+    raw[Q_BATCH] = [sample(10), sample(2, variant="canary"), sample(40, namespace="team-b")]
+    snapshot = build_snapshot(PROFILES["vllm"], raw, T0)
+
+    assert snapshot.lookup("team-a", "chat", "canary", now=T0, max_age_s=30).batch == 2
+    assert snapshot.lookup("team-b", "chat", "stable", now=T0, max_age_s=30).batch == 40
+    assert snapshot.lookup(*KEY, now=T0, max_age_s=30).batch == 10
+
+
+def test_series_without_the_deployment_label_are_ignored() -> None:
+    raw = raw_for("vllm", 0.7, 4)
+    raw[Q_BATCH].append({"metric": {"namespace": "x"}, "value": [0, "5"]})
+    assert set(build_snapshot(PROFILES["vllm"], raw, T0).measurements) == {KEY}
+
+
+def assert_error_without_numbers(measured: Measurement, reason: str) -> None:
+    assert measured.phase == "Error" and measured.reason == reason and measured.error
+    assert None is measured.alpha is measured.batch is measured.request_rate is measured.tpot_p95_s
+    assert measured.pods_reporting == 0
+
+
+def test_a_missing_resource_reads_as_an_error() -> None:
+    snapshot = build_snapshot(PROFILES["vllm"], raw_for("vllm", 0.7, 4), T0)
+    assert_error_without_numbers(
+        snapshot.lookup("team-a", "chat", "canary", now=T0, max_age_s=30), REASON_NO_METRICS
+    )
+
+
+def test_a_stale_snapshot_reads_as_an_error() -> None:
+    snapshot = build_snapshot(PROFILES["vllm"], raw_for("vllm", 0.7, 4), T0)
+    assert snapshot.lookup(*KEY, now=T0 + timedelta(seconds=30), max_age_s=30).ok
+    assert_error_without_numbers(
+        snapshot.lookup(*KEY, now=T0 + timedelta(seconds=31), max_age_s=30), REASON_STALE
+    )
+
+
+def test_a_failed_cycle_reads_as_metrics_unavailable_with_its_message() -> None:
+    snapshot = Snapshot.failed(T0, "cannot reach Prometheus at http://prom:9090")
+    measured = snapshot.lookup(*KEY, now=T0, max_age_s=30, draft_length=4)
+    assert_error_without_numbers(measured, REASON_METRICS_UNAVAILABLE)
+    assert measured.error == "cannot reach Prometheus at http://prom:9090"
+
+
+# ---------------------------------------------------------------- pod discovery
+
+
+def pod(
+    name: str,
+    *,
+    ready: bool = True,
+    ip: str | None = "10.0.0.1",
+    deleting: bool = False,
+    containers: list[dict[str, Any]] | None = None,
+    variant: str | None = "canary",
+) -> dict[str, Any]:
+    metadata: dict[str, Any] = {"name": name, "namespace": "ns", "labels": {}}
+    if variant:
+        metadata["labels"]["specops.dev/variant"] = variant
+    if deleting:
+        metadata["deletionTimestamp"] = "2025-01-01T00:00:00Z"
+    status: dict[str, Any] = {"conditions": [{"type": "Ready", "status": "True" if ready else "False"}]}
+    if ip:
+        status["podIP"] = ip
+    if containers is None:
+        containers = [
+            {"name": "metrics-sidecar", "ports": [{"name": "http", "containerPort": 9000}]},
+            {
+                "name": "triton",
+                "ports": [
+                    {"name": "metrics", "containerPort": 8002},
+                    {"name": "http", "containerPort": 8123},
+                ],
+            },
+        ]
+    return {"metadata": metadata, "spec": {"containers": containers}, "status": status}
+
+
+def test_ready_endpoints_reads_the_triton_http_port_and_variant() -> None:
+    assert ready_endpoints([pod("a")]) == [PodEndpoint("a", "ns", "10.0.0.1", 8123, "canary")]
+
+
+def test_ready_endpoints_skips_pods_that_cannot_serve() -> None:
+    pods = [
+        pod("not-ready", ready=False),
+        pod("no-ip", ip=None),
+        pod("terminating", deleting=True),
+        pod("ok"),
+    ]
+    assert [e.name for e in ready_endpoints(pods)] == ["ok"]
+
+
+def test_ready_endpoints_falls_back_to_the_first_container_and_port_8000() -> None:
+    first = pod("first", containers=[{"name": "server", "ports": [{"name": "http", "containerPort": 9999}]}])
+    unnamed = pod(
+        "unnamed", containers=[{"name": "server", "ports": [{"containerPort": 1234}]}], variant=None
+    )
+    endpoints = ready_endpoints([unnamed, first])
+    assert [(e.name, e.http_port, e.variant) for e in endpoints] == [
+        ("first", 9999, "canary"),
+        ("unnamed", 8000, "stable"),
+    ]
+    assert endpoints[0].address == "10.0.0.1:9999"

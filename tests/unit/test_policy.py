@@ -1,0 +1,484 @@
+"""The speculation policy, decision by decision.
+
+Model facts the tables rely on (70B target, 7B draft, H100, weights only, alpha 0.8): the best
+length is 6 at batch 32 (2.47x), 3 at batch 64, 1 at batch 128 (1.64x); length 1 gives 1.24x
+at batch 200, 1.09x at 230 (inside the 1.05-1.15 hysteresis band), 1.04x at 240 and 0.98x at 256.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from specops.domain.perf import GPUS, ModelSetup
+from specops.domain.policy import (
+    PRIOR_ALPHA,
+    Baseline,
+    Decision,
+    Observation,
+    PolicyConfig,
+    PolicyState,
+    decide,
+    initial_state,
+    measured_speedup,
+)
+
+SETUP = ModelSetup(GPUS["H100"], target_params=70e9, draft_params=7e9)
+CONFIG = PolicyConfig(
+    mode="auto",
+    initial_length=4,
+    min_length=1,
+    max_length=8,
+    baseline_duration_s=600.0,
+    soak_duration_s=300.0,
+    setup=SETUP,
+)
+T0 = datetime(2024, 5, 1, 12, 0, tzinfo=UTC)
+BASELINE = Baseline(p50_s=0.042, p95_s=0.05, p99_s=0.06, tokens_per_s=800.0, samples=20)
+
+
+def at(seconds: float) -> datetime:
+    return T0 + timedelta(seconds=seconds)
+
+
+def dynamic(
+    *,
+    enabled: bool = True,
+    length: int = 4,
+    alpha: float | None = 0.8,
+    last_toggle: float | None = None,
+    evidence: float = 0.0,
+    evidence_at: float | None = None,
+) -> PolicyState:
+    """A Dynamic-phase state; times are seconds after T0, decisions happen at T0 + 1000 s."""
+    return PolicyState(
+        phase="Dynamic",
+        phase_since=T0,
+        enabled=enabled,
+        draft_length=length,
+        alpha=alpha,
+        last_toggle=None if last_toggle is None else at(last_toggle),
+        baseline=BASELINE,
+        enable_evidence=evidence,
+        evidence_at=None if evidence_at is None else at(evidence_at),
+    )
+
+
+NOW = 1000.0
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    state: PolicyState
+    observation: Observation
+    expected_tokens: int
+    expected_reason: str
+    expected_changed: bool
+    config: dict[str, Any] = field(default_factory=dict)
+    expected_phase: str = "Dynamic"
+
+
+DYNAMIC_CASES = [
+    Case(
+        "grows one step toward the best length at low batch",
+        dynamic(length=4),
+        Observation(batch=32, alpha=0.8),
+        5,
+        "DraftLengthIncreased",
+        True,
+    ),
+    Case(
+        "shrinks one step at a time when the batch grows",
+        dynamic(length=4),
+        Observation(batch=128, alpha=0.8),
+        3,
+        "DraftLengthDecreased",
+        True,
+    ),
+    Case(
+        "holds the modelled best",
+        dynamic(length=6),
+        Observation(batch=32, alpha=0.8),
+        6,
+        "BestModelledSpeedup",
+        False,
+    ),
+    Case(
+        "switches off when even the best length would slow decoding",
+        dynamic(length=1),
+        Observation(batch=256, alpha=0.8),
+        0,
+        "SpeculationDisabledHighBatch",
+        True,
+    ),
+    Case(
+        "switches off below 1 + margin",
+        dynamic(length=1),
+        Observation(batch=240, alpha=0.8),
+        0,
+        "SpeculationDisabledHighBatch",
+        True,
+    ),
+    Case(
+        "stays on inside the hysteresis band",
+        dynamic(length=1),
+        Observation(batch=230, alpha=0.8),
+        1,
+        "BestModelledSpeedup",
+        False,
+    ),
+    Case(
+        "stays off inside the hysteresis band",
+        dynamic(enabled=False, length=1, last_toggle=0, evidence_at=990),
+        Observation(batch=230, alpha=None),
+        0,
+        "SpeculationDisabledHighBatch",
+        False,
+    ),
+    Case(
+        "a marginal gain has to persist before speculation returns",
+        dynamic(enabled=False, length=1, last_toggle=0, evidence_at=990),
+        Observation(batch=200, alpha=None),
+        0,
+        "HeldAwaitingEvidence",
+        False,
+    ),
+    Case(
+        "a marginal gain that persisted long enough switches speculation on",
+        dynamic(enabled=False, length=1, last_toggle=0, evidence=4.5, evidence_at=990),
+        Observation(batch=200, alpha=None),
+        1,
+        "SpeculationEnabledLowBatch",
+        True,
+    ),
+    Case(
+        "a clear gain switches on at once, resuming one step from the kept length",
+        dynamic(enabled=False, length=1, last_toggle=0, evidence_at=985),
+        Observation(batch=32, alpha=None),
+        2,
+        "SpeculationEnabledLowBatch",
+        True,
+    ),
+    Case(
+        "no evidence is counted on the first decision after switching off",
+        dynamic(enabled=False, length=1, last_toggle=0, evidence_at=None),
+        Observation(batch=32, alpha=None),
+        0,
+        "HeldAwaitingEvidence",
+        False,
+    ),
+    Case(
+        "does not switch off within the minimum dwell",
+        dynamic(length=1, last_toggle=970),
+        Observation(batch=256, alpha=0.8),
+        1,
+        "HeldMinDwell",
+        False,
+    ),
+    Case(
+        "does not switch on within the minimum dwell",
+        dynamic(enabled=False, length=1, last_toggle=970, evidence=50, evidence_at=985),
+        Observation(batch=32, alpha=None),
+        0,
+        "HeldMinDwell",
+        False,
+    ),
+    Case(
+        "switches off when acceptance is too low to pay even unbatched",
+        dynamic(length=1, alpha=0.12),
+        Observation(batch=32, alpha=0.12),
+        0,
+        "SpeculationDisabledLowAcceptance",
+        True,
+    ),
+    Case(
+        "reports acceptance below the SLO floor while holding the best length",
+        dynamic(length=4, alpha=0.7),
+        Observation(batch=32, alpha=0.7),
+        4,
+        "AcceptanceBelowSLO",
+        False,
+        config={"min_acceptance": 0.75},
+    ),
+    Case(
+        "long contexts keep speculation paying at large batch",
+        dynamic(length=4),
+        Observation(batch=256, alpha=0.8, context_tokens=8192),
+        5,
+        "DraftLengthIncreased",
+        True,
+    ),
+    Case(
+        "an explicit batch limit switches off where the model would not",
+        dynamic(length=4),
+        Observation(batch=120, alpha=0.8),
+        0,
+        "SpeculationDisabledHighBatch",
+        True,
+        config={"off_above_batch": 100.0, "on_below_batch": 50.0},
+    ),
+    Case(
+        "between explicit limits an enabled deployment stays on",
+        dynamic(length=2),
+        Observation(batch=80, alpha=0.8),
+        3,
+        "DraftLengthIncreased",
+        True,
+        config={"off_above_batch": 100.0, "on_below_batch": 50.0},
+    ),
+    Case(
+        "between explicit limits a disabled deployment stays off",
+        dynamic(enabled=False, length=4, last_toggle=0, evidence_at=990),
+        Observation(batch=80, alpha=None),
+        0,
+        "SpeculationDisabledHighBatch",
+        False,
+        config={"off_above_batch": 100.0, "on_below_batch": 50.0},
+    ),
+    Case(
+        "below the explicit limit speculation returns without waiting for evidence",
+        dynamic(enabled=False, length=4, last_toggle=0),
+        Observation(batch=40, alpha=None),
+        5,
+        "SpeculationEnabledLowBatch",
+        True,
+        config={"off_above_batch": 100.0, "on_below_batch": 50.0},
+    ),
+    Case(
+        "one explicit limit serves as both",
+        dynamic(enabled=False, length=4, last_toggle=0),
+        Observation(batch=90, alpha=None),
+        3,
+        "SpeculationEnabledLowBatch",
+        True,
+        config={"off_above_batch": 100.0},
+    ),
+    Case(
+        "a lowered maximum length applies at once",
+        dynamic(length=6),
+        Observation(batch=32, alpha=0.8),
+        3,
+        "BestModelledSpeedup",
+        True,
+        config={"max_length": 3},
+    ),
+    Case(
+        "never goes below the minimum length while on",
+        dynamic(length=3),
+        Observation(batch=128, alpha=0.8),
+        3,
+        "BestModelledSpeedup",
+        False,
+        config={"min_length": 3},
+    ),
+]
+
+
+@pytest.mark.parametrize("case", DYNAMIC_CASES, ids=lambda c: c.name)
+def test_dynamic_decisions(case: Case) -> None:
+    config = replace(CONFIG, **case.config)
+    decision = decide(config, case.state, case.observation, at(NOW))
+    assert (decision.num_draft_tokens, decision.reason, decision.changed) == (
+        case.expected_tokens,
+        case.expected_reason,
+        case.expected_changed,
+    ), decision.message
+    assert decision.state.phase == case.expected_phase
+    assert decision.state.enabled == (case.expected_tokens > 0)
+    assert decision.message.endswith(".")
+
+
+def test_switching_off_keeps_the_length_for_resumption_and_stamps_the_toggle() -> None:
+    decision = decide(CONFIG, dynamic(length=2), Observation(batch=300, alpha=0.8), at(NOW))
+    assert decision.state.draft_length == 2
+    assert decision.state.last_toggle == at(NOW)
+    assert decision.predicted_speedup == 1.0
+
+
+def test_predicted_speedup_is_the_model_at_the_new_length() -> None:
+    decision = decide(CONFIG, dynamic(length=4), Observation(batch=32, alpha=0.8), at(NOW))
+    assert decision.predicted_speedup == pytest.approx(2.46, abs=0.01)
+
+
+def test_alpha_is_smoothed_and_kept_while_nothing_is_drafted() -> None:
+    smoothed = decide(CONFIG, dynamic(alpha=0.8), Observation(batch=32, alpha=0.5), at(NOW))
+    assert smoothed.state.alpha == pytest.approx(0.7 * 0.8 + 0.3 * 0.5)
+    kept = decide(CONFIG, dynamic(enabled=False, alpha=0.8), Observation(batch=256, alpha=None), at(NOW))
+    assert kept.state.alpha == 0.8
+
+
+def test_the_first_alpha_sample_replaces_the_prior() -> None:
+    decision = decide(CONFIG, dynamic(alpha=None), Observation(batch=32, alpha=0.9), at(NOW))
+    assert decision.state.alpha == 0.9
+
+
+def test_without_any_measured_alpha_the_prior_is_used_and_said() -> None:
+    decision = decide(CONFIG, dynamic(length=4, alpha=None), Observation(batch=32, alpha=None), at(NOW))
+    assert decision.state.alpha is None
+    assert f"prior, nothing measured yet: {PRIOR_ALPHA:.2f}" in decision.message
+    assert decision.num_draft_tokens == 4  # the best length at alpha 0.7 and batch 32 is 4
+    assert decision.reason == "BestModelledSpeedup"
+
+
+# --- phases -------------------------------------------------------------------------------------
+
+
+def test_a_new_deployment_records_its_baseline_with_speculation_off() -> None:
+    state = initial_state(CONFIG, T0)
+    assert (state.phase, state.enabled, state.draft_length, state.alpha, state.baseline) == (
+        "Baseline",
+        False,
+        4,
+        None,
+        None,
+    )
+    first = decide(
+        CONFIG, state, Observation(batch=20, alpha=None, tpot_p50_s=0.040, tpot_p95_s=0.05), at(10)
+    )
+    second = decide(
+        CONFIG, first.state, Observation(batch=20, alpha=None, tpot_p50_s=0.044, tokens_per_s=900.0), at(20)
+    )
+    assert (second.num_draft_tokens, second.reason, second.changed) == (0, "BaselineRecording", False)
+    baseline = second.state.baseline
+    assert baseline is not None
+    assert baseline.p50_s == pytest.approx(0.042)
+    assert (baseline.p95_s, baseline.p99_s, baseline.tokens_per_s, baseline.samples) == (0.05, None, 900.0, 2)
+
+
+def test_after_the_baseline_the_initial_length_soaks() -> None:
+    state = replace(initial_state(CONFIG, T0), baseline=BASELINE)
+    decision = decide(CONFIG, state, Observation(batch=20, alpha=None, tpot_p50_s=0.042), at(600))
+    assert (decision.num_draft_tokens, decision.reason, decision.changed) == (4, "FixedSoak", True)
+    assert (decision.state.phase, decision.state.phase_since, decision.state.last_toggle) == (
+        "Fixed",
+        at(600),
+        at(600),
+    )
+    assert decision.state.baseline is not None and decision.state.baseline.samples == BASELINE.samples + 1
+
+
+def test_the_soak_holds_the_initial_length_whatever_the_load() -> None:
+    state = PolicyState("Fixed", at(600), True, 4, 0.8, at(600), BASELINE)
+    decision = decide(CONFIG, state, Observation(batch=256, alpha=0.6), at(800))
+    assert (decision.num_draft_tokens, decision.reason, decision.changed) == (4, "FixedSoak", False)
+    assert decision.state.phase == "Fixed"
+    assert decision.state.alpha == pytest.approx(0.74)
+
+
+def test_after_the_soak_the_dynamic_phase_decides_at_once() -> None:
+    state = PolicyState("Fixed", at(600), True, 4, 0.8, at(600), BASELINE)
+    decision = decide(CONFIG, state, Observation(batch=32, alpha=0.8), at(900))
+    assert (decision.num_draft_tokens, decision.reason, decision.changed) == (5, "DraftLengthIncreased", True)
+    assert (decision.state.phase, decision.state.phase_since) == ("Dynamic", at(900))
+    assert decision.message.startswith("Entered the dynamic phase.")
+
+
+def test_entering_the_dynamic_phase_is_a_change_even_when_the_length_stays() -> None:
+    state = PolicyState("Fixed", at(600), True, 6, 0.8, at(600), BASELINE)
+    decision = decide(replace(CONFIG, initial_length=6), state, Observation(batch=32, alpha=0.8), at(900))
+    assert (decision.num_draft_tokens, decision.reason, decision.changed) == (6, "BestModelledSpeedup", True)
+
+
+# --- forced modes -------------------------------------------------------------------------------
+
+
+def test_mode_off_switches_off_and_keeps_recording_a_baseline() -> None:
+    off = replace(CONFIG, mode="off")
+    on_state = dynamic(length=4)
+    decision = decide(off, on_state, Observation(batch=8, alpha=0.9), at(NOW))
+    assert (decision.num_draft_tokens, decision.reason, decision.changed) == (0, "ForcedOff", True)
+    assert decision.state.last_toggle == at(NOW)
+    baseline_state = initial_state(off, T0)
+    recorded = decide(off, baseline_state, Observation(batch=8, alpha=None, tpot_p50_s=0.04), at(30))
+    assert (recorded.num_draft_tokens, recorded.reason, recorded.changed) == (0, "ForcedOff", False)
+    assert recorded.state.baseline is not None and recorded.state.baseline.samples == 1
+    assert recorded.state.phase_since == T0
+
+
+@pytest.mark.parametrize(
+    ("batch", "expected_length"),
+    [(32, 6), (128, 1), (400, 1)],
+)
+def test_mode_on_runs_the_modelled_best_length_but_never_zero(batch: float, expected_length: int) -> None:
+    on = replace(CONFIG, mode="on")
+    decision = decide(on, dynamic(enabled=False, length=2), Observation(batch=batch, alpha=None), at(NOW))
+    assert (decision.num_draft_tokens, decision.reason, decision.changed) == (
+        expected_length,
+        "ForcedOn",
+        True,
+    )
+
+
+def test_mode_on_restarts_the_baseline_clock() -> None:
+    on = replace(CONFIG, mode="on")
+    decision = decide(on, initial_state(on, T0), Observation(batch=32, alpha=None), at(500))
+    assert decision.state.phase == "Baseline"
+    assert decision.state.phase_since == at(500)
+    assert "prior" in decision.message
+
+
+# --- over time ----------------------------------------------------------------------------------
+
+
+def run(config: PolicyConfig, state: PolicyState, batches: list[float], step_s: float) -> list[Decision]:
+    decisions = []
+    for i, batch in enumerate(batches):
+        alpha = 0.8 if state.enabled else None
+        decision = decide(config, state, Observation(batch=batch, alpha=alpha), at(NOW + (i + 1) * step_s))
+        decisions.append(decision)
+        state = decision.state
+    return decisions
+
+
+def toggles(decisions: list[Decision], start_on: bool = True) -> int:
+    on = [start_on] + [d.num_draft_tokens > 0 for d in decisions]
+    return sum(1 for a, b in itertools.pairwise(on) if a != b)
+
+
+def test_the_length_moves_one_step_per_decision() -> None:
+    decisions = run(CONFIG, dynamic(length=1), [32.0] * 7, step_s=15)
+    assert [d.num_draft_tokens for d in decisions] == [2, 3, 4, 5, 6, 6, 6]
+    down = run(CONFIG, dynamic(length=6), [128.0] * 6, step_s=15)
+    assert [d.num_draft_tokens for d in down] == [5, 4, 3, 2, 1, 1]
+
+
+def test_noisy_load_around_break_even_does_not_flap() -> None:
+    rng = random.Random(3)
+    batches = [max(1.0, rng.gauss(245.0, 20.0)) for _ in range(360)]  # one hour of 10 s decisions
+    decisions = run(CONFIG, dynamic(length=1), batches, step_s=10)
+    assert toggles(decisions) <= 2
+
+
+def test_without_evidence_and_hysteresis_the_same_load_would_flap() -> None:
+    rng = random.Random(3)
+    batches = [max(1.0, rng.gauss(245.0, 20.0)) for _ in range(360)]
+    naive = replace(CONFIG, hysteresis=0.0, enable_evidence=0.0, min_dwell_s=0.0)
+    assert toggles(run(naive, dynamic(length=1), batches, step_s=10)) > 20
+
+
+def test_real_load_swings_still_toggle_promptly() -> None:
+    batches = [32.0] * 4 + [300.0] * 12 + [32.0] * 4
+    decisions = run(CONFIG, dynamic(length=6), batches, step_s=10)
+    lengths = [d.num_draft_tokens for d in decisions]
+    assert lengths[4] == 0  # off at the first decision that sees the burst
+    assert lengths[16] > 0  # on again at the first decision after it (a 2.5x gain is clear evidence)
+    assert toggles(decisions) == 2
+
+
+def test_measured_speedup_compares_per_token_latency_with_the_baseline() -> None:
+    assert measured_speedup(BASELINE, Observation(batch=32, alpha=0.8, tpot_p50_s=0.021)) == pytest.approx(
+        2.0
+    )
+    assert measured_speedup(None, Observation(batch=32, alpha=0.8, tpot_p50_s=0.021)) is None
+    assert measured_speedup(BASELINE, Observation(batch=32, alpha=0.8)) is None
+    assert (
+        measured_speedup(replace(BASELINE, p50_s=None), Observation(batch=1, alpha=0.8, tpot_p50_s=0.02))
+        is None
+    )
+    assert measured_speedup(BASELINE, Observation(batch=1, alpha=0.8, tpot_p50_s=0.0)) is None
