@@ -33,7 +33,7 @@ def _run(argv: list[str]) -> int:
     kopf.configure(verbose=args.verbose)
     kopf.run(
         clusterwide=not args.namespace,
-        namespaces=args.namespace or None,
+        namespaces=args.namespace or (),
         standalone=not args.peering,
         liveness_endpoint=args.liveness,
     )

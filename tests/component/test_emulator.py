@@ -13,7 +13,9 @@ from typing import Any
 import httpx
 import kmock
 import kopf
+import kubernetes
 import pytest
+import yaml
 
 from tests.harness.cluster import WIDGET_CRD, EmulatedCluster, emulated_cluster
 from tests.harness.kopf_runner import run_kopf
@@ -304,6 +306,27 @@ async def test_deleting_a_namespace_deletes_its_objects(
     assert cluster.objects("configmaps", "team") == []
 
 
+# --- the cluster as clients see it ---
+
+
+async def test_crd_files_and_the_kubeconfig_serve_a_kubernetes_client(tmp_path: Path) -> None:
+    crd_path = tmp_path / "crds.yaml"
+    crd_path.write_text(yaml.safe_dump_all([{"kind": "Namespace"}, WIDGET_CRD]))
+
+    def list_widget_names(kubeconfig: Path) -> list[str]:
+        client = kubernetes.config.new_client_from_config(config_file=str(kubeconfig))
+        with client:
+            objects = kubernetes.client.CustomObjectsApi(client)
+            listed = objects.list_namespaced_custom_object("test.specops.dev", "v1", "default", "widgets")
+        return [item["metadata"]["name"] for item in listed["items"]]
+
+    async with emulated_cluster([crd_path], tmp_path) as running:
+        running.create("widgets", widget("from-file"))
+        names = await asyncio.to_thread(list_widget_names, running.kubeconfig_path)
+
+    assert names == ["from-file"]
+
+
 # --- lists, selectors, watches ---
 
 
@@ -535,7 +558,7 @@ async def test_kopf_exit_leaves_the_tests_own_tasks_running(cluster: EmulatedClu
     bystander = asyncio.create_task(asyncio.sleep(30))
     calls: collections.Counter[str] = collections.Counter()
 
-    async with run_kopf(widget_operator(cluster.url, calls), namespaces=["default"]):
+    async with run_kopf(widget_operator(cluster.url, calls)):  # clusterwide
         started_inside = asyncio.create_task(asyncio.sleep(30))
         await cluster.wait_for_watch("widgets")
 

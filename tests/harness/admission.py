@@ -99,7 +99,7 @@ class CrdAdmission:
 
         status = new_obj.get("status", MISSING)
         obj = {key: copy.deepcopy(value) for key, value in new_obj.items() if key != "status"}
-        obj = apply_defaults(schema, obj)
+        apply_defaults(schema, obj)  # fills in place
 
         causes = list(schema_causes(validator, obj))
         if any(cause.reason in _BLOCKING_REASONS for cause in causes):

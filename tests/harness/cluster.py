@@ -39,7 +39,7 @@ class EmulatedCluster:
         matches = [
             res
             for res in self.emulator.resources
-            if name in (res.plural, str(res), f"{res.group}/{res.version}/{res.plural}".lstrip("/"))
+            if name in (res.plural, f"{res.group}/{res.version}/{res.plural}".lstrip("/"))
             or name.lower() == (self.emulator.resources[res].kind or "").lower()
             or name in self.emulator.resources[res].shortnames
         ]

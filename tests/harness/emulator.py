@@ -27,7 +27,7 @@ import random
 import re
 import uuid
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any, Final, TypeAlias
+from typing import Any, Final, TypeAlias, cast
 
 import aiohttp.web
 import attrs
@@ -249,51 +249,68 @@ def _split_terms(selector: str) -> list[str]:
     return [term for term in terms if term.strip()]
 
 
-def label_matcher(selector: str) -> Callable[[Mapping[str, str]], bool]:
+@dataclasses.dataclass(frozen=True)
+class LabelRequirement:
+    """One term of a label selector; ``notin`` (and ``!=``) also match objects without the label."""
+
+    key: str
+    operator: str  # in, notin, exists, !exists
+    values: frozenset[str] = frozenset()
+
+    def matches(self, labels: Mapping[str, str]) -> bool:
+        if self.operator == "exists":
+            return self.key in labels
+        if self.operator == "!exists":
+            return self.key not in labels
+        if self.operator == "in":
+            return labels.get(self.key) in self.values
+        return labels.get(self.key) not in self.values
+
+
+def parse_label_selector(selector: str) -> list[LabelRequirement]:
     """Equality (``=``, ``==``, ``!=``), set (``in``, ``notin``) and existence (``k``, ``!k``) terms."""
-    checks: list[Callable[[Mapping[str, str]], bool]] = []
+    requirements = []
     for term in _split_terms(selector):
         match = _LABEL_TERM.match(term)
         if match is None or (match["neg"] and (match["op"] or match["set"])):
-            raise ApiError(status=400, reason="BadRequest", message=f"unable to parse requirement: {term!r}")
+            raise ApiError(400, "BadRequest", f"unable to parse requirement: {term!r}")
         key = match["key"]
-        if match["op"] in ("=", "=="):
-            checks.append(lambda labels, k=key, v=match["value"]: labels.get(k) == v)
-        elif match["op"] == "!=":
-            checks.append(lambda labels, k=key, v=match["value"]: labels.get(k) != v)
+        if match["op"]:
+            operator = "notin" if match["op"] == "!=" else "in"
+            requirements.append(LabelRequirement(key, operator, frozenset([match["value"]])))
         elif match["set"]:
-            values = {value.strip() for value in match["values"].split(",") if value.strip()}
-            if match["set"] == "in":
-                checks.append(lambda labels, k=key, vs=values: labels.get(k) in vs)
-            else:
-                checks.append(lambda labels, k=key, vs=values: labels.get(k) not in vs)
-        elif match["neg"]:
-            checks.append(lambda labels, k=key: k not in labels)
+            values = frozenset(value.strip() for value in match["values"].split(",") if value.strip())
+            requirements.append(LabelRequirement(key, match["set"], values))
         else:
-            checks.append(lambda labels, k=key: k in labels)
-    return lambda labels: all(check(labels) for check in checks)
+            requirements.append(LabelRequirement(key, "!exists" if match["neg"] else "exists"))
+    return requirements
 
 
-def field_matcher(selector: str) -> Callable[[Body], bool]:
+@dataclasses.dataclass(frozen=True)
+class FieldRequirement:
     """``metadata.name``/``metadata.namespace`` (and, leniently, any dotted path) with =, ==, !=."""
-    checks: list[Callable[[Body], bool]] = []
+
+    path: str
+    value: str
+    negated: bool
+
+    def matches(self, obj: Body) -> bool:
+        node: Any = obj
+        for part in self.path.split("."):
+            node = node.get(part) if isinstance(node, dict) else None
+        actual = "" if node is None else str(node)
+        return (actual == self.value) != self.negated
+
+
+def parse_field_selector(selector: str) -> list[FieldRequirement]:
+    requirements = []
     for term in _split_terms(selector):
         match = re.match(r"^\s*([A-Za-z0-9_.]+)\s*(==|=|!=)\s*(.*?)\s*$", term)
         if match is None:
-            raise ApiError(status=400, reason="BadRequest", message=f"invalid field selector: {term!r}")
-        path, op, expected = match.groups()
-
-        def lookup(obj: Body, path: str = path) -> str:
-            node: Any = obj
-            for part in path.split("."):
-                node = node.get(part) if isinstance(node, dict) else None
-            return "" if node is None else str(node)
-
-        if op == "!=":
-            checks.append(lambda obj, f=lookup, v=expected: f(obj) != v)
-        else:
-            checks.append(lambda obj, f=lookup, v=expected: f(obj) == v)
-    return lambda obj: all(check(obj) for check in checks)
+            raise ApiError(400, "BadRequest", f"invalid field selector: {term!r}")
+        path, operator, value = match.groups()
+        requirements.append(FieldRequirement(path, value, negated=operator == "!="))
+    return requirements
 
 
 # --- the emulator ---------------------------------------------------------------------------------
@@ -452,7 +469,7 @@ class FidelityEmulator(kmock.KubernetesEmulator):
     # --- discovery ---
 
     def _discovery(self, path: str) -> Body | None:
-        resources = list(self.resources)
+        resources = cast(list[kmock.resource], list(self.resources))
         groups: dict[str, list[str]] = {}
         for res in resources:
             versions = groups.setdefault(res.group or "", [])
@@ -537,7 +554,7 @@ class FidelityEmulator(kmock.KubernetesEmulator):
         status = route.subresource == "status"
 
         if method == enums.method.GET and params.get("watch") in ("true", "1"):
-            return await self._serve_watch(request, res, namespace, route.name)
+            return await self._watch_response(request, res, namespace, route.name)
         if method == enums.method.GET and route.name is None:
             return aiohttp.web.json_response(self._list_body(res, namespace, params))
         if route.name is None and method == enums.method.POST:
@@ -685,9 +702,16 @@ class FidelityEmulator(kmock.KubernetesEmulator):
 
     @staticmethod
     def _selection(label_selector: str, field_selector: str) -> Callable[[Body], bool]:
-        labels_ok = label_matcher(label_selector)
-        fields_ok = field_matcher(field_selector)
-        return lambda obj: labels_ok(obj.get("metadata", {}).get("labels") or {}) and fields_ok(obj)
+        labels = parse_label_selector(label_selector)
+        fields = parse_field_selector(field_selector)
+
+        def selected(obj: Body) -> bool:
+            object_labels = obj.get("metadata", {}).get("labels") or {}
+            return all(req.matches(object_labels) for req in labels) and all(
+                req.matches(obj) for req in fields
+            )
+
+        return selected
 
     def _list_envelope(self, res: kmock.resource, items: list[Body]) -> Body:
         info = self.resources[res]
@@ -973,7 +997,7 @@ class FidelityEmulator(kmock.KubernetesEmulator):
 
     # --- watch ---
 
-    async def _serve_watch(
+    async def _watch_response(
         self, request: rendering.Request, res: kmock.resource, namespace: str | None, name: str | None
     ) -> aiohttp.web.StreamResponse:
         params = request.params
@@ -1182,18 +1206,3 @@ def register_crd(
     if store and CRD_RESOURCE in emulator.resources and emulator._find(CRD_RESOURCE, None, crd_name) is None:
         emulator.create_object(CRD_RESOURCE, copy.deepcopy(dict(crd)))
     return registered
-
-
-__all__ = [
-    "AdmissionHook",
-    "AdmissionHooks",
-    "ApiError",
-    "FidelityEmulator",
-    "json_patch",
-    "label_matcher",
-    "merge_patch",
-    "parse_route",
-    "register_builtin_resources",
-    "register_crd",
-    "register_resource",
-]

@@ -22,35 +22,58 @@ from typing import Any
 
 import kopf
 
-_inside_operator: contextvars.ContextVar[bool] = contextvars.ContextVar("inside_operator", default=False)
-
 
 class _OperatorTasks:
-    """Marks the tasks created (transitively) by the operator, via the loop's task factory."""
+    """The tasks one operator created, directly or through its own tasks."""
+
+    def __init__(self) -> None:
+        self.tasks: weakref.WeakSet[asyncio.Task[Any]] = weakref.WeakSet()
+
+
+# Which operator (if any) the current context belongs to; child tasks inherit it.
+_operator: contextvars.ContextVar[_OperatorTasks | None] = contextvars.ContextVar("operator", default=None)
+
+
+class _MarkingTaskFactory:
+    """One task factory per loop, shared by all operators running in it (they may overlap)."""
+
+    _installed: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _MarkingTaskFactory] = (
+        weakref.WeakKeyDictionary()
+    )
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
-        self.tasks: weakref.WeakSet[asyncio.Task[Any]] = weakref.WeakSet()
-        self._previous = loop.get_task_factory()
+        self.previous = loop.get_task_factory()
+        self.users = 0
 
-    def _factory(
+    @classmethod
+    @contextlib.contextmanager
+    def installed(cls, loop: asyncio.AbstractEventLoop) -> Iterator[None]:
+        factory = cls._installed.get(loop)
+        if factory is None:
+            factory = cls._installed[loop] = cls(loop)
+            loop.set_task_factory(factory)  # type: ignore[arg-type]
+        factory.users += 1
+        try:
+            yield
+        finally:
+            factory.users -= 1
+            if not factory.users:
+                loop.set_task_factory(factory.previous)
+                del cls._installed[loop]
+
+    def __call__(
         self, loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, Any], **kwargs: Any
     ) -> asyncio.Future[Any]:
-        if self._previous is not None:
-            task = self._previous(loop, coro, **kwargs)
+        if self.previous is not None:
+            task = self.previous(loop, coro, **kwargs)
         else:
             task = asyncio.Task(coro, loop=loop, **kwargs)
-        context = kwargs.get("context")
-        inside = context.get(_inside_operator, False) if context is not None else _inside_operator.get()
-        if inside and isinstance(task, asyncio.Task):
-            self.tasks.add(task)
+        context: contextvars.Context | None = kwargs.get("context")
+        owner = context.get(_operator) if context is not None else _operator.get()
+        if owner is not None and isinstance(task, asyncio.Task):
+            owner.tasks.add(task)
         return task
-
-    def install(self) -> None:
-        self.loop.set_task_factory(self._factory)  # type: ignore[arg-type]
-
-    def uninstall(self) -> None:
-        self.loop.set_task_factory(self._previous)
 
 
 class _NotOperatorTasks(Collection["asyncio.Task[Any]"]):
@@ -118,7 +141,7 @@ async def run_kopf(
     memo = memo if memo is not None else kopf.Memo()
     stop_flag = asyncio.Event()
     ready_flag = asyncio.Event()
-    operator_tasks = _OperatorTasks(loop)
+    operator_tasks = _OperatorTasks()
 
     async def operate() -> None:
         tasks = await kopf.spawn_tasks(
@@ -134,19 +157,18 @@ async def run_kopf(
         await kopf.run_tasks(tasks, ignored=_NotOperatorTasks(operator_tasks))
 
     context = contextvars.copy_context()
-    context.run(_inside_operator.set, True)
-    operator_tasks.install()
-    task = loop.create_task(operate(), name="kopf operator under test", context=context)
-    try:
-        await _wait_until_ready(task, ready_flag, startup_timeout_s)
-        yield OperatorRun(settings=settings, memo=memo, task=task)
-    finally:
+    context.run(_operator.set, operator_tasks)
+    with _MarkingTaskFactory.installed(loop):
+        task = loop.create_task(operate(), name="kopf operator under test", context=context)
         try:
-            stop_flag.set()
-            await asyncio.wait_for(task, timeout=stop_timeout_s)  # re-raises the operator's own failure
+            await _wait_until_ready(task, ready_flag, startup_timeout_s)
+            yield OperatorRun(settings=settings, memo=memo, task=task)
         finally:
-            operator_tasks.uninstall()
-            _forget_signal_handlers(loop)
+            try:
+                stop_flag.set()
+                await asyncio.wait_for(task, timeout=stop_timeout_s)  # re-raises the operator's own failure
+            finally:
+                _forget_signal_handlers(loop)
 
 
 async def _wait_until_ready(task: asyncio.Task[None], ready_flag: asyncio.Event, timeout_s: float) -> None:

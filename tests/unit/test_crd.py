@@ -72,5 +72,5 @@ def test_cel_rules_cover_cross_field_constraints() -> None:
     ]
     assert any("draftLength.max <= self.target.engine.maxDraftLen" in r for r in rules)
     assert any("self.min <= self.initial" in r for r in rules)
-    assert any("isSorted" in r for r in rules)
+    assert any("self.steps[0].weight < self.steps[1].weight" in r for r in rules)
     assert sum(r == "self == oldSelf" for r in rules) >= 3

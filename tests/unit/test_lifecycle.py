@@ -40,8 +40,11 @@ def test_subset_means_nothing_to_write(desired: dict, live: dict, expected: bool
 def _deployment(ready: int, updated: int | None = None, generation: int = 1, observed: int = 1) -> dict:
     return {
         "metadata": {"generation": generation},
-        "status": {"readyReplicas": ready, "updatedReplicas": ready if updated is None else updated,
-                   "observedGeneration": observed},
+        "status": {
+            "readyReplicas": ready,
+            "updatedReplicas": ready if updated is None else updated,
+            "observedGeneration": observed,
+        },
     }
 
 

@@ -362,23 +362,31 @@ class GoldenPrompts(ApiModel):
     max_tokens: int = Field(default=64, ge=1, le=4096, description="Tokens generated per golden prompt.")
 
 
+MAX_CANARY_STEPS = 20
+
+
+def _increasing_weights_rule() -> str:
+    """Pairwise comparisons up to maxItems: portable CEL (no isSorted(), no two-variable macros)."""
+    pairs = [
+        f"(size(self.steps) <= {i + 1} || self.steps[{i}].weight < self.steps[{i + 1}].weight)"
+        for i in range(MAX_CANARY_STEPS - 1)
+    ]
+    return "!has(self.steps) || " + " && ".join(pairs)
+
+
 class CanarySpec(ApiModel):
     model_config = ApiModel.model_config | ConfigDict(
         json_schema_extra=_rules(
-            (
-                "self.steps.all(s, self.steps.exists_one(t, t.weight == s.weight))"
-                " && self.steps.map(s, s.weight).isSorted()",
-                "canary step weights must be strictly increasing",
-                ".steps",
-            ),
+            (_increasing_weights_rule(), "canary step weights must be strictly increasing", ".steps"),
         )
     )
 
     steps: list[CanaryStep] = Field(
         default_factory=_default_steps,
         min_length=1,
-        max_length=20,
+        max_length=MAX_CANARY_STEPS,
         description="Traffic weights in increasing order, each held for its pause.",
+        json_schema_extra={"default": [{"weight": w, "pause": "10m"} for w in (5, 10, 25, 50, 100)]},
     )
     traffic_routing: TrafficRouting = Field(
         default_factory=TrafficRouting, description="How traffic is split."
@@ -477,20 +485,20 @@ class SpeculativeDeploymentSpec(ApiModel):
         if not length.min <= length.initial <= length.max:
             raise ValueError("speculation.draftLength: initial must be between min and max")
         if length.max > self.target.engine.max_draft_len:
-            raise ValueError("speculation.draftLength.max must not exceed target.engine.maxDraftLen")
+            raise ValueError("speculation.draftLength.max: must not exceed target.engine.maxDraftLen")
         if self.serving.gpu.count % self.serving.tensor_parallel:
-            raise ValueError("serving.tensorParallel must divide serving.gpu.count")
+            raise ValueError("serving.tensorParallel: must divide serving.gpu.count")
         weights = [step.weight for step in self.canary.steps]
         if any(b <= a for a, b in pairwise(weights)):
             raise ValueError("canary.steps: weights must be strictly increasing")
         guard = self.speculation.batch_guard
         if guard.off_above is not None and guard.on_below is not None and guard.on_below >= guard.off_above:
-            raise ValueError("speculation.batchGuard.onBelow must be lower than offAbove")
+            raise ValueError("speculation.batchGuard.onBelow: must be lower than offAbove")
         fetch_needed = not (
             self.target.engine.uri.startswith("pvc://") and self.draft.engine.uri.startswith("pvc://")
         )
         if fetch_needed and not self.serving.engine_fetcher_image:
-            raise ValueError("serving.engineFetcherImage is required when an engine uri is not pvc://")
+            raise ValueError("serving.engineFetcherImage: required when an engine uri is not pvc://")
         return self
 
     def seconds(self, duration: str) -> float:

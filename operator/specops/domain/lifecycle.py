@@ -6,6 +6,7 @@ they return; nothing here touches the network or the clock.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -39,6 +40,38 @@ class EventRecord:
     message: str
 
 
+def condition_events(
+    old: Sequence[Mapping[str, Any]],
+    new: Sequence[Mapping[str, Any]],
+    warn_when: Mapping[str, str],
+    announce_first: frozenset[str] = frozenset(),
+) -> list[EventRecord]:
+    """An Event for each watched condition whose status or reason changed.
+
+    `warn_when` maps a condition type to the status that deserves a Warning (the other
+    statuses give Normal Events). A condition seen for the first time is news only when
+    it is in that warning status, or when its type is in `announce_first`.
+    """
+    events = []
+    for condition in new:
+        warn_status = warn_when.get(condition["type"])
+        if warn_status is None:
+            continue
+        before = next((c for c in old if c.get("type") == condition["type"]), None)
+        if (
+            before
+            and before.get("status") == condition["status"]
+            and before.get("reason") == condition["reason"]
+        ):
+            continue
+        if before is None and condition["status"] != warn_status and condition["type"] not in announce_first:
+            continue
+        kind: Literal["Normal", "Warning"] = "Warning" if condition["status"] == warn_status else "Normal"
+        message = condition.get("message") or f"{condition['type']} is {condition['status']}"
+        events.append(EventRecord(kind, condition["reason"], message))
+    return events
+
+
 def is_subset(desired: Any, live: Any) -> bool:
     """True when every field specops sets is already so on the live object.
 
@@ -65,14 +98,25 @@ def owned_by(obj: Mapping[str, Any], owner_uid: str) -> bool:
     return any(ref.get("uid") == owner_uid for ref in obj.get("metadata", {}).get("ownerReferences", []))
 
 
-def describe_validation_error(error: ValidationError, prefix: str = "spec") -> str:
-    """One line per problem, each naming the field as kubectl would (spec.speculation.draftLength)."""
+_FIELD_PREFIX = re.compile(r"^([A-Za-z][\w.\[\]]*): (.*)$", re.S)
+
+
+def describe_validation_error(error: ValidationError, prefix: str = "") -> str:
+    """One line per problem, each naming the field as kubectl would (spec.speculation.draftLength).
+
+    Cross-field rules raise "relative.path: message"; the relative path is appended to
+    the location of the model that raised it.
+    """
     lines = []
     for problem in error.errors():
-        location = ".".join(str(part) for part in problem["loc"] if part != "__root__")
-        field = f"{prefix}.{location}" if location else prefix
+        parts = [prefix] if prefix else []
+        parts += [str(part) for part in problem["loc"] if part != "__root__"]
         message = str(problem["msg"]).removeprefix("Value error, ")
-        lines.append(f"{field}: {message}")
+        relative = _FIELD_PREFIX.match(message)
+        if relative:
+            parts.append(relative.group(1))
+            message = relative.group(2)
+        lines.append(f"{'.'.join(parts) or 'spec'}: {message}")
     return "; ".join(lines)
 
 

@@ -17,14 +17,17 @@ log = logging.getLogger(__name__)
 
 @kopf.daemon(GROUP, VERSION, PLURAL, cancellation_timeout=5.0)
 async def speculation_control(
-    stopped: kopf.DaemonStopped, name: str, namespace: str, body: kopf.Body, memo: kopf.Memo, **_: Any
+    stopped: kopf.DaemonStopped, name: str, namespace: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any
 ) -> None:
+    assert namespace is not None  # SpeculativeDeployments are namespaced
     services: Services = memo.services
     interval_s = services.config.default_interval_s
     try:
         while not stopped:
             try:
-                result = await services.control.tick(namespace, name, now(), services.config.default_interval_s)
+                result = await services.control.tick(
+                    namespace, name, now(), services.config.default_interval_s
+                )
             except KubeApiError as error:
                 log.warning("control tick of %s/%s failed: %s", namespace, name, error)
             else:

@@ -34,7 +34,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     settings.posting.level = logging.WARNING  # Events come from kopf.event() calls, not from log lines
     settings.watching.server_timeout = 300
     settings.watching.client_timeout = 330
-    settings.batching.error_delays = [1, 2, 5, 10, 30, 60]
+    settings.queueing.error_delays = [1, 2, 5, 10, 30, 60]
     memo.services = await build_services()
 
 

@@ -33,7 +33,9 @@ async def build_services(config: OperatorConfig | None = None) -> Services:
     pod_monitor = config.pod_monitor
     if pod_monitor is None:
         pod_monitor = await kube.api_served("monitoring.coreos.com/v1")
-    options = RenderOptions(bls_source=bls_model_source(), default_image=config.default_image, pod_monitor=pod_monitor)
+    options = RenderOptions(
+        bls_source=bls_model_source(), default_image=config.default_image, pod_monitor=pod_monitor
+    )
     metrics = MetricsHub(scrape_interval_s=config.scrape_interval_s)
     control = ControlLoop(kube, metrics, TritonModelControl(), retries=config.triton_retries)
     return Services(

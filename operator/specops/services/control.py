@@ -26,7 +26,7 @@ from specops.api import conditions as cond
 from specops.api.conditions import ConditionUpdate, Reason
 from specops.api.models import API_VERSION, KIND, SpeculativeDeployment, SpeculativeDeploymentSpec
 from specops.api.units import format_duration, parse_duration
-from specops.domain import perf
+from specops.domain import lifecycle, perf
 from specops.domain.discovery import ready_endpoints
 from specops.domain.lifecycle import EventRecord
 from specops.domain.metrics import Measurement
@@ -48,6 +48,12 @@ STABLE = "stable"
 # A measurement older than this many intervals is stale.
 STALE_INTERVALS = 3.0
 SERVING_PHASES = {"Baseline", "Fixed", "Dynamic"}
+# The loop's own conditions, and the status that deserves a Warning Event when it appears.
+LOOP_CONDITION_WARNINGS = {
+    cond.METRICS_UNAVAILABLE: "True",
+    cond.SPECULATION_APPLIED: "False",
+    cond.DEGRADED: "True",
+}
 
 
 def _iso(moment: datetime) -> str:
@@ -185,7 +191,9 @@ def observation_from(measurement: Measurement) -> Observation:
 
 def applied_condition(fleet: FleetResult, num_draft_tokens: int) -> ConditionUpdate:
     if fleet.desired == 0:
-        return ConditionUpdate(cond.SPECULATION_APPLIED, "Unknown", Reason.WAITING_FOR_PODS, "no ready serving pod")
+        return ConditionUpdate(
+            cond.SPECULATION_APPLIED, "Unknown", Reason.WAITING_FOR_PODS, "no ready serving pod"
+        )
     if fleet.complete:
         return ConditionUpdate(
             cond.SPECULATION_APPLIED,
@@ -198,7 +206,9 @@ def applied_condition(fleet: FleetResult, num_draft_tokens: int) -> ConditionUpd
         cond.SPECULATION_APPLIED,
         "False",
         Reason.PARTIALLY_APPLIED,
-        f"num_draft_tokens={num_draft_tokens} on {fleet.applied}/{fleet.desired} pods; failing: {failing}"[:1000],
+        f"num_draft_tokens={num_draft_tokens} on {fleet.applied}/{fleet.desired} pods; failing: {failing}"[
+            :1000
+        ],
     )
 
 
@@ -212,7 +222,9 @@ class TickResult:
 class ControlLoop:
     """One tick = gather, decide, act for one resource. State lives in status only."""
 
-    def __init__(self, kube: KubePort, metrics: MetricsSource, triton: ModelControl, *, retries: int = 2) -> None:
+    def __init__(
+        self, kube: KubePort, metrics: MetricsSource, triton: ModelControl, *, retries: int = 2
+    ) -> None:
         self.kube = kube
         self.metrics = metrics
         self.triton = triton
@@ -264,7 +276,9 @@ class ControlLoop:
             now,
             draft_length=current.get("draftLength") or None,
         )
-        pods = await self.kube.list("v1", "Pod", namespace, {"specops.dev/deployment": name, "specops.dev/variant": STABLE})
+        pods = await self.kube.list(
+            "v1", "Pod", namespace, {"specops.dev/deployment": name, "specops.dev/variant": STABLE}
+        )
         endpoints = ready_endpoints(pods)
         events: list[EventRecord] = []
         updates: list[ConditionUpdate] = []
@@ -333,30 +347,21 @@ class ControlLoop:
                     out[key] = value
             if new_conditions != old_conditions:
                 out["conditions"] = new_conditions
-                events.extend(_condition_events(old_conditions, new_conditions))
+                events.extend(
+                    lifecycle.condition_events(old_conditions, new_conditions, LOOP_CONDITION_WARNINGS)
+                )
             # lastDecisionTime alone is not worth a write
-            if set(out) == {"speculation"} and set(out["speculation"]) <= {"lastDecisionTime", "pods"}:
-                if out["speculation"].get("pods") in (None, live_status.get("speculation", {}).get("pods")):
-                    return None
+            only_bookkeeping = set(out) == {"speculation"} and set(out["speculation"]) <= {
+                "lastDecisionTime",
+                "pods",
+            }
+            pods_unchanged = out.get("speculation", {}).get("pods") in (
+                None,
+                live_status.get("speculation", {}).get("pods"),
+            )
+            if only_bookkeeping and pods_unchanged:
+                return None
             return out or None
 
         written = await self.kube.update_status(API_VERSION, KIND, namespace, name, mutate)
         return TickResult(written or body, events, interval_s)
-
-
-def _condition_events(old: list[dict[str, Any]], new: list[dict[str, Any]]) -> list[EventRecord]:
-    """Events for the loop's own conditions when their status flips."""
-    watched = {cond.METRICS_UNAVAILABLE: "True", cond.SPECULATION_APPLIED: "False", cond.DEGRADED: "True"}
-    events = []
-    for condition in new:
-        warn = watched.get(condition["type"])
-        if warn is None:
-            continue
-        before = cond.find_condition(old, condition["type"])
-        if before is not None and before.get("status") == condition["status"]:
-            continue
-        if before is None and condition["status"] != warn:
-            continue
-        kind = "Warning" if condition["status"] == warn else "Normal"
-        events.append(EventRecord(kind, condition["reason"], condition.get("message") or condition["type"]))
-    return events

@@ -99,28 +99,6 @@ def _key(obj: Mapping[str, Any]) -> str:
     return f"{obj['kind']}/{obj['metadata']['name']}"
 
 
-def condition_events(old: list[dict[str, Any]], new: list[dict[str, Any]]) -> list[EventRecord]:
-    """An Event for each watched condition whose status or reason changed."""
-    events = []
-    for condition in new:
-        warn_status = _EVENTFUL.get(condition["type"])
-        if warn_status is None:
-            continue
-        before = cond.find_condition(old, condition["type"])
-        if (
-            before
-            and before.get("status") == condition["status"]
-            and before.get("reason") == condition["reason"]
-        ):
-            continue
-        if before is None and condition["status"] != warn_status and condition["type"] != cond.READY:
-            continue  # a new advisory that is False is not news
-        kind = "Warning" if condition["status"] == warn_status else "Normal"
-        message = condition.get("message") or f"{condition['type']} is {condition['status']}"
-        events.append(EventRecord(kind, condition["reason"], message))
-    return events
-
-
 class Reconciler:
     """Owns the stable variant's serving objects and the lifecycle part of status."""
 
@@ -269,7 +247,9 @@ class Reconciler:
             draft = {"model": resource.spec.draft.model, "version": resource.spec.draft.version}
             if not (status.get("draft") or {}) and draft:
                 patch["draft"] = draft
-            events[:] = condition_events(old_conditions, new_conditions)
+            events[:] = lifecycle.condition_events(
+                old_conditions, new_conditions, _EVENTFUL, announce_first=frozenset({cond.READY})
+            )
             return patch or None
 
         await self.kube.update_status(API_VERSION, KIND, namespace, name, mutate)

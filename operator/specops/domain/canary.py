@@ -1,0 +1,354 @@
+"""Canary judgement: is the new draft at least as good as the stable one?
+
+A canary step ends with `analyse`, which compares per-interval samples of the canary
+and the stable variant taken over the same window, and `next_action`, which turns the
+verdict and the counters kept in status into advance / hold / rollback / pause. Both
+are pure: value in, verdict out, like Argo Rollouts' assessMetricStatus.
+
+The statistics, in the order the rules are applied:
+
+1. Error. A sample that is not ok (the metrics read failed) carries no numbers. When the
+   latest sample of either variant is not ok, or more than `max_error_fraction` of either
+   window is, the outage is ongoing or the survivors are too few to represent the window:
+   the verdict is ERROR. An outage is never read as a Fail nor as a Pass.
+2. Latency. With an SLO, the canary fails when its per-token p99 is above the SLO in the
+   majority of its samples (at least `min_samples` readings), unless the stable variant
+   breaches it in the majority of its samples too: a breach both share comes from load,
+   not from the draft, and is alerted on elsewhere.
+3. Sample size. Fewer than `min_samples` usable alpha samples (ok and drafting) on
+   either side: INCONCLUSIVE.
+4. Acceptance worse. A one-sided Mann-Whitney U test of "canary alpha is stochastically
+   smaller than stable alpha" gives `p_value`; the effect is the relative difference of
+   the medians, canary / stable - 1. FAIL when p_value < 1 - confidence and the effect is
+   below -tolerance: the drop is both significant and material.
+5. Acceptance not worse (a non-inferiority test). The same one-sided test asks whether
+   the canary is stochastically larger than the stable samples scaled by (1 - tolerance);
+   PASS when that p-value (`p_non_inferior`) is below 1 - confidence, i.e. a drop larger
+   than the tolerance is rejected at the configured confidence. Few or noisy samples
+   therefore cannot pass by default: absence of evidence stays INCONCLUSIVE. With
+   tolerance 0 an equal draft passes only by chance (about 1 - confidence of the time),
+   which is why the default tolerance is 2 %.
+6. Anything else: INCONCLUSIVE.
+
+Mann-Whitney U uses the normal approximation with tie correction and a continuity
+correction (what scipy.stats.mannwhitneyu calls method="asymptotic"): with n1 canary
+and n2 stable samples, U1 = R1 - n1 (n1 + 1) / 2 where R1 is the canary's rank sum
+(ties get their mean rank), mu = n1 n2 / 2, sigma^2 = n1 n2 / 12 * ((n + 1) -
+sum(t^3 - t) / (n (n - 1))) over tie groups of size t, and p = P(Z >= (U - mu - 1/2) /
+sigma) with U = U1 for "greater" and U = n1 n2 - U1 for "less". It needs no
+distributional assumption about alpha, which is bounded and skewed near 1. The samples
+of one interval are not paired, so drift shared by both variants only adds noise.
+
+Across steps, `next_action` counts like Argo Rollouts' AnalysisRun: failures and
+inconclusives accumulate over the whole canary (a new canary starts from
+`CanaryCounters()`), and the canary rolls back when either exceeds its limit. A FAIL or
+INCONCLUSIVE below its limit holds the current weight for another bake (the next analysis
+sees more samples). An ERROR pauses judgement: no advance and no rollback, ever; past
+`consecutiveErrorLimit` the reason says judgement is suspended so that the condition and
+the alert say so. Any real verdict resets the consecutive error count.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from enum import Enum
+from typing import Literal
+
+from specops.api.models import CanaryAnalysis
+from specops.domain.metrics import Measurement
+
+DEFAULT_TOLERANCE = 0.02  # relative alpha drop treated as "no worse"
+DEFAULT_MIN_SAMPLES = 5
+DEFAULT_MAX_ERROR_FRACTION = 0.25
+
+# Why the analysis reached its verdict (Evidence.cause).
+CAUSE_METRICS_UNAVAILABLE = "MetricsUnavailable"
+CAUSE_LATENCY_ABOVE_SLO = "LatencyAboveSLO"
+CAUSE_NOT_ENOUGH_SAMPLES = "NotEnoughSamples"
+CAUSE_ACCEPTANCE_DROPPED = "AcceptanceDropped"
+CAUSE_ACCEPTANCE_NOT_WORSE = "AcceptanceNotWorse"
+CAUSE_NOT_PROVEN_NOT_WORSE = "AcceptanceNotProvenNotWorse"
+
+# Reasons of `next_action` (conditions and Events).
+REASON_STEP_PASSED = "CanaryStepPassed"
+REASON_ANALYSIS_FAILED = "CanaryAnalysisFailed"
+REASON_FAILURE_LIMIT_EXCEEDED = "CanaryFailureLimitExceeded"
+REASON_INCONCLUSIVE = "CanaryInconclusive"
+REASON_INCONCLUSIVE_LIMIT_EXCEEDED = "CanaryInconclusiveLimitExceeded"
+REASON_METRICS_UNAVAILABLE = "CanaryMetricsUnavailable"
+REASON_JUDGEMENT_SUSPENDED = "CanaryJudgementSuspended"
+
+Action = Literal["advance", "hold", "rollback", "pause"]
+Alternative = Literal["less", "greater"]
+
+
+class Verdict(str, Enum):
+    PASS = "Pass"
+    FAIL = "Fail"
+    INCONCLUSIVE = "Inconclusive"
+    ERROR = "Error"
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One analysis interval of one variant. `ok` False: the read failed and the numbers are absent."""
+
+    alpha: float | None = None
+    tpot_p99_s: float | None = None
+    tokens_per_s: float | None = None
+    ok: bool = True
+    tpot_p50_s: float | None = None
+
+
+def sample_from_measurement(measurement: Measurement) -> Sample:
+    """The sample a Measurement gives; an Error measurement becomes a not-ok sample."""
+    if not measurement.ok:
+        return Sample(ok=False)
+    return Sample(
+        alpha=measurement.alpha,
+        tpot_p99_s=measurement.tpot_p99_s,
+        tokens_per_s=measurement.tokens_per_s,
+        tpot_p50_s=measurement.tpot_p50_s,
+    )
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """The numbers behind a verdict; `summary` is the one line that goes to status and Events."""
+
+    cause: str
+    canary_samples: int  # usable alpha samples
+    stable_samples: int
+    canary_errors: int  # not-ok samples in the window
+    stable_errors: int
+    canary_alpha: float | None  # medians
+    stable_alpha: float | None
+    p_value: float | None  # one-sided: canary alpha smaller than stable
+    p_non_inferior: float | None  # one-sided: canary alpha larger than stable x (1 - tolerance)
+    effect: float | None  # canary median / stable median - 1 (negative: canary worse)
+    canary_p99_s: float | None  # median of the canary's per-interval p99
+    slo_p99_s: float | None
+    p99_breach_fraction: float | None  # share of canary p99 readings above the SLO
+    p99_vs_stable: float | None  # canary median p99 / stable median p99
+    measured_speedup: float | None  # baseline p50 / canary median p50
+    confidence: float
+    tolerance: float
+    summary: str
+
+
+@dataclass(frozen=True)
+class CanaryCounters:
+    """Judgement progress of one canary, kept in status; a new canary starts from zero."""
+
+    failures: int = 0
+    inconclusives: int = 0
+    consecutive_errors: int = 0
+
+
+# ---------------------------------------------------------------- statistics
+
+
+def _ranks(values: Sequence[float]) -> tuple[list[float], float]:
+    """Mid-ranks (1-based, ties share their mean rank) and the tie term sum(t^3 - t)."""
+    order = sorted(range(len(values)), key=values.__getitem__)
+    ranks = [0.0] * len(values)
+    tie_term = 0.0
+    start = 0
+    while start < len(order):
+        end = start
+        while end + 1 < len(order) and values[order[end + 1]] == values[order[start]]:
+            end += 1
+        mid_rank = (start + end) / 2.0 + 1.0
+        for position in range(start, end + 1):
+            ranks[order[position]] = mid_rank
+        tied = end - start + 1
+        tie_term += tied**3 - tied
+        start = end + 1
+    return ranks, tie_term
+
+
+def mann_whitney_p(x: Sequence[float], y: Sequence[float], alternative: Alternative) -> float:
+    """One-sided Mann-Whitney U p-value that x is stochastically `alternative` than y.
+
+    Normal approximation with tie and continuity corrections (scipy's method="asymptotic").
+    All values tied: no evidence either way, p = 1.
+    """
+    n1, n2 = len(x), len(y)
+    if n1 == 0 or n2 == 0:
+        raise ValueError("both samples must be non-empty")
+    ranks, tie_term = _ranks([*x, *y])
+    u1 = sum(ranks[:n1]) - n1 * (n1 + 1) / 2.0
+    n = n1 + n2
+    variance = n1 * n2 / 12.0 * ((n + 1) - tie_term / (n * (n - 1)))
+    if variance <= 0.0:
+        return 1.0
+    u = u1 if alternative == "greater" else n1 * n2 - u1
+    z = (u - n1 * n2 / 2.0 - 0.5) / math.sqrt(variance)
+    return min(1.0, max(0.0, 0.5 * math.erfc(z / math.sqrt(2.0))))
+
+
+# ---------------------------------------------------------------- one analysis
+
+
+def analyse(
+    canary: Sequence[Sample],
+    stable: Sequence[Sample],
+    *,
+    confidence: float,
+    slo_p99_s: float | None,
+    min_samples: int = DEFAULT_MIN_SAMPLES,
+    tolerance: float = DEFAULT_TOLERANCE,
+    baseline_p50_s: float | None = None,
+    max_error_fraction: float = DEFAULT_MAX_ERROR_FRACTION,
+) -> tuple[Verdict, Evidence]:
+    """Judge one window of canary samples against the stable samples of the same window."""
+    if not 0.0 < confidence < 1.0:
+        raise ValueError("confidence must be between 0 and 1")
+    if not 0.0 <= tolerance < 1.0:
+        raise ValueError("tolerance must be in [0, 1)")
+    level = 1.0 - confidence
+    canary_alpha = _alphas(canary)
+    stable_alpha = _alphas(stable)
+    canary_med = statistics.median(canary_alpha) if canary_alpha else None
+    stable_med = statistics.median(stable_alpha) if stable_alpha else None
+    effect = canary_med / stable_med - 1.0 if canary_med is not None and stable_med else None
+    canary_p99 = [s.tpot_p99_s for s in canary if s.ok and s.tpot_p99_s is not None]
+    stable_p99 = [s.tpot_p99_s for s in stable if s.ok and s.tpot_p99_s is not None]
+    canary_p99_med = statistics.median(canary_p99) if canary_p99 else None
+    stable_p99_med = statistics.median(stable_p99) if stable_p99 else None
+    canary_p50 = [s.tpot_p50_s for s in canary if s.ok and s.tpot_p50_s is not None]
+    canary_p50_med = statistics.median(canary_p50) if canary_p50 else None
+    enough = len(canary_alpha) >= min_samples and len(stable_alpha) >= min_samples
+    p_worse = mann_whitney_p(canary_alpha, stable_alpha, "less") if enough else None
+    p_non_inferior = (
+        mann_whitney_p(canary_alpha, [a * (1.0 - tolerance) for a in stable_alpha], "greater")
+        if enough
+        else None
+    )
+
+    def evidence(verdict: Verdict, cause: str) -> tuple[Verdict, Evidence]:
+        found = Evidence(
+            cause=cause,
+            canary_samples=len(canary_alpha),
+            stable_samples=len(stable_alpha),
+            canary_errors=_errors(canary),
+            stable_errors=_errors(stable),
+            canary_alpha=canary_med,
+            stable_alpha=stable_med,
+            p_value=p_worse,
+            p_non_inferior=p_non_inferior,
+            effect=effect,
+            canary_p99_s=canary_p99_med,
+            slo_p99_s=slo_p99_s,
+            p99_breach_fraction=_breach_fraction(canary_p99, slo_p99_s),
+            p99_vs_stable=canary_p99_med / stable_p99_med if canary_p99_med and stable_p99_med else None,
+            measured_speedup=(
+                baseline_p50_s / canary_p50_med if baseline_p50_s and canary_p50_med else None
+            ),
+            confidence=confidence,
+            tolerance=tolerance,
+            summary="",
+        )
+        return verdict, replace(found, summary=_summary(verdict, found))
+
+    if _outage(canary, max_error_fraction) or _outage(stable, max_error_fraction):
+        return evidence(Verdict.ERROR, CAUSE_METRICS_UNAVAILABLE)
+    if slo_p99_s is not None and len(canary_p99) >= min_samples:
+        canary_breaches = _majority_above(canary_p99, slo_p99_s)
+        shared = len(stable_p99) >= min_samples and _majority_above(stable_p99, slo_p99_s)
+        if canary_breaches and not shared:
+            return evidence(Verdict.FAIL, CAUSE_LATENCY_ABOVE_SLO)
+    if not enough or p_worse is None or p_non_inferior is None:
+        return evidence(Verdict.INCONCLUSIVE, CAUSE_NOT_ENOUGH_SAMPLES)
+    if p_worse < level and effect is not None and effect < -tolerance:
+        return evidence(Verdict.FAIL, CAUSE_ACCEPTANCE_DROPPED)
+    if p_non_inferior < level:
+        return evidence(Verdict.PASS, CAUSE_ACCEPTANCE_NOT_WORSE)
+    return evidence(Verdict.INCONCLUSIVE, CAUSE_NOT_PROVEN_NOT_WORSE)
+
+
+def _alphas(samples: Sequence[Sample]) -> list[float]:
+    return [s.alpha for s in samples if s.ok and s.alpha is not None and math.isfinite(s.alpha)]
+
+
+def _errors(samples: Sequence[Sample]) -> int:
+    return sum(1 for s in samples if not s.ok)
+
+
+def _outage(samples: Sequence[Sample], max_error_fraction: float) -> bool:
+    """The latest read failed, or too much of the window is missing to stand for it."""
+    if not samples:
+        return False
+    return not samples[-1].ok or _errors(samples) > max_error_fraction * len(samples)
+
+
+def _majority_above(values: Sequence[float], limit: float) -> bool:
+    return 2 * sum(1 for v in values if v > limit) > len(values)
+
+
+def _breach_fraction(values: Sequence[float], limit: float | None) -> float | None:
+    if limit is None or not values:
+        return None
+    return sum(1 for v in values if v > limit) / len(values)
+
+
+def _summary(verdict: Verdict, e: Evidence) -> str:
+    """One line with the numbers: what an operator reads in `kubectl describe` and the Event."""
+    parts = [f"{verdict.value} ({e.cause})"]
+    if e.canary_alpha is not None and e.stable_alpha is not None:
+        alpha = f"alpha canary {e.canary_alpha:.3f} vs stable {e.stable_alpha:.3f}"
+        if e.effect is not None:
+            alpha += f" ({e.effect:+.1%})"
+        parts.append(alpha)
+    if e.p_value is not None and e.p_non_inferior is not None:
+        parts.append(
+            f"p(worse)={e.p_value:.3g}, p(within {e.tolerance:.0%})={e.p_non_inferior:.3g}"
+            f" vs {1.0 - e.confidence:.3g}"
+        )
+    parts.append(f"samples {e.canary_samples}/{e.stable_samples}")
+    if e.canary_errors or e.stable_errors:
+        parts.append(f"failed reads {e.canary_errors}/{e.stable_errors}")
+    if e.canary_p99_s is not None:
+        latency = f"p99 {e.canary_p99_s * 1e3:.1f}ms"
+        if e.slo_p99_s is not None and e.p99_breach_fraction is not None:
+            latency += f" (SLO {e.slo_p99_s * 1e3:.1f}ms, above in {e.p99_breach_fraction:.0%})"
+        if e.p99_vs_stable is not None:
+            latency += f" {e.p99_vs_stable:.2f}x stable"
+        parts.append(latency)
+    if e.measured_speedup is not None:
+        parts.append(f"speedup {e.measured_speedup:.2f}x vs baseline")
+    return "; ".join(parts)
+
+
+# ---------------------------------------------------------------- across steps
+
+
+def next_action(
+    verdict: Verdict, counters: CanaryCounters, analysis_limits: CanaryAnalysis
+) -> tuple[Action, CanaryCounters, str]:
+    """What the canary does after one analysis, the updated counters, and the reason.
+
+    advance: promote to the next weight; hold: stay at this weight for another bake;
+    rollback: remove the canary; pause: judgement impossible (metrics outage), keep the
+    weight and analyse again at the next interval.
+    """
+    if verdict is Verdict.ERROR:
+        errors = replace(counters, consecutive_errors=counters.consecutive_errors + 1)
+        if errors.consecutive_errors > analysis_limits.consecutive_error_limit:
+            return "pause", errors, REASON_JUDGEMENT_SUSPENDED
+        return "pause", errors, REASON_METRICS_UNAVAILABLE
+    judged = replace(counters, consecutive_errors=0)
+    if verdict is Verdict.PASS:
+        return "advance", judged, REASON_STEP_PASSED
+    if verdict is Verdict.FAIL:
+        failed = replace(judged, failures=judged.failures + 1)
+        if failed.failures > analysis_limits.failure_limit:
+            return "rollback", failed, REASON_FAILURE_LIMIT_EXCEEDED
+        return "hold", failed, REASON_ANALYSIS_FAILED
+    unsure = replace(judged, inconclusives=judged.inconclusives + 1)
+    if unsure.inconclusives > analysis_limits.inconclusive_limit:
+        return "rollback", unsure, REASON_INCONCLUSIVE_LIMIT_EXCEEDED
+    return "hold", unsure, REASON_INCONCLUSIVE

@@ -1,0 +1,73 @@
+"""End-to-end fixtures: the real operator (production handlers) running in-process against the cluster."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import kopf
+import pytest
+import yaml
+
+import specops.handlers  # noqa: F401  (registers the production handlers in Kopf's default registry)
+from tests.conftest import EXAMPLES
+from tests.harness.kopf_runner import OperatorRun, run_kopf
+
+NAMESPACE = "default"
+
+
+def example(name: str = "dense-70b-7b.yaml", **spec_changes: Any) -> dict[str, Any]:
+    """An example resource moved to the test namespace, with fast rollout settings and spec overrides."""
+    body = yaml.safe_load((EXAMPLES / name).read_text())
+    body["metadata"]["namespace"] = NAMESPACE
+    body["spec"].pop("serving", None)
+    body["spec"]["serving"] = {"replicas": 2, "gpu": {"type": "H100", "count": 1}, "tensorParallel": 1}
+    body["spec"]["metrics"] = {"prometheus": {"url": "http://127.0.0.1:9"}, "interval": "1s"}
+    for block, value in spec_changes.items():
+        if isinstance(value, dict) and isinstance(body["spec"].get(block), dict):
+            body["spec"][block].update(value)
+        else:
+            body["spec"][block] = value
+    return body
+
+
+class Operator:
+    """Start, stop and restart the operator under test."""
+
+    def __init__(self) -> None:
+        self._stack: contextlib.AsyncExitStack | None = None
+        self.run: OperatorRun | None = None
+
+    async def start(self) -> None:
+        self._stack = contextlib.AsyncExitStack()
+        self.run = await self._stack.enter_async_context(
+            run_kopf(kopf.get_default_registry(), startup_timeout_s=20.0)
+        )
+
+    async def stop(self) -> None:
+        if self._stack is not None:
+            await self._stack.aclose()
+            self._stack = None
+            self.run = None
+
+    async def restart(self) -> None:
+        await self.stop()
+        await self.start()
+
+
+@pytest.fixture
+async def operator(cluster: object, operator_env: None) -> AsyncIterator[Operator]:
+    handle = Operator()
+    await handle.start()
+    try:
+        yield handle
+    finally:
+        await handle.stop()
+
+
+def crd_path() -> Path:
+    from tests.conftest import CRD_PATH
+
+    return CRD_PATH

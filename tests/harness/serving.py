@@ -1,0 +1,216 @@
+"""Plays the cluster's Deployment controller and kubelet for specops serving Deployments.
+
+The emulated API server runs no controllers. For every Deployment specops renders,
+this starts that many simulated Triton pods (real HTTP servers on 127.0.0.1),
+publishes them as Pod objects the way a kubelet would (Ready condition, podIP,
+the container's real ports), keeps the Deployment's status current, and points
+Prometheus at their metrics ports with the labels a PodMonitor would set. The
+operator's discovery, metrics and actuation code paths are therefore the
+production ones.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from specops.api.models import SpeculativeDeployment
+from specops.services.control import policy_config
+from specops.sim import LoadPoint, SimPod
+from tests.harness.cluster import EmulatedCluster
+from tests.harness.prometheus import PrometheusProcess
+
+log = logging.getLogger(__name__)
+
+DEPLOYMENT_LABEL = "specops.dev/deployment"
+VARIANT_LABEL = "specops.dev/variant"
+
+
+@dataclass
+class ServingSet:
+    """The simulated pods behind one serving Deployment."""
+
+    namespace: str
+    deployment: str
+    owner: str
+    variant: str
+    pods: list[SimPod] = field(default_factory=list)
+
+
+class ServingController:
+    """Reconciles serving Deployments into running simulated pods (poll loop, in-process)."""
+
+    def __init__(
+        self,
+        cluster: EmulatedCluster,
+        prometheus: PrometheusProcess | None = None,
+        *,
+        load: LoadPoint | None = None,
+        pod_options: Callable[[SpeculativeDeployment, str], dict[str, Any]] | None = None,
+        poll_s: float = 0.1,
+    ) -> None:
+        self.cluster = cluster
+        self.prometheus = prometheus
+        self.load = load or LoadPoint(batch=8, alpha=0.8)
+        self.pod_options = pod_options
+        self.poll_s = poll_s
+        self.sets: dict[tuple[str, str], ServingSet] = {}
+        self._task: asyncio.Task[None] | None = None
+        self._stop = asyncio.Event()
+        self._published: list[dict[str, Any]] | None = None
+
+    # ------------------------------------------------------------------ control from tests
+
+    def all_pods(self, variant: str | None = None) -> list[SimPod]:
+        return [p for s in self.sets.values() if variant in (None, s.variant) for p in s.pods]
+
+    def set_load(self, load: LoadPoint, variant: str | None = None) -> None:
+        if variant is None:
+            self.load = load
+        for pod in self.all_pods(variant):
+            pod.set_load(load)
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def __aenter__(self) -> ServingController:
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="serving controller")
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._task is not None:
+            await self._task
+        for serving in self.sets.values():
+            for pod in serving.pods:
+                await pod.stop()
+
+    async def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                await self.sync()
+            except Exception:  # keep playing the controller; a test assertion will tell
+                log.exception("serving controller sync failed")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stop.wait(), self.poll_s)
+
+    async def sync(self) -> None:
+        live_keys = set()
+        for deployment in self.cluster.objects("deployments"):
+            meta = deployment["metadata"]
+            labels = meta.get("labels") or {}
+            if labels.get("app.kubernetes.io/managed-by") != "specops" or meta.get("deletionTimestamp"):
+                continue
+            key = (meta["namespace"], meta["name"])
+            live_keys.add(key)
+            await self._sync_deployment(key, deployment)
+        for key in list(self.sets):
+            if key not in live_keys:
+                await self._scale(self.sets.pop(key), 0, None)
+        self._publish_targets()
+
+    async def _sync_deployment(self, key: tuple[str, str], deployment: dict[str, Any]) -> None:
+        namespace, name = key
+        labels = deployment["metadata"]["labels"]
+        owner = labels[DEPLOYMENT_LABEL]
+        serving = self.sets.get(key)
+        if serving is None:
+            serving = self.sets[key] = ServingSet(namespace, name, owner, labels.get(VARIANT_LABEL, "stable"))
+        await self._scale(serving, int(deployment["spec"].get("replicas", 1)), deployment)
+        ready = sum(1 for p in serving.pods if p.running and p.ready)
+        status = {
+            "observedGeneration": deployment["metadata"].get("generation", 1),
+            "replicas": len(serving.pods),
+            "updatedReplicas": len(serving.pods),
+            "readyReplicas": ready,
+            "availableReplicas": ready,
+        }
+        if any(deployment.get("status", {}).get(k) != v for k, v in status.items()):
+            self.cluster.patch_status("deployments", name, status, namespace=namespace)
+
+    async def _scale(self, serving: ServingSet, replicas: int, deployment: dict[str, Any] | None) -> None:
+        while len(serving.pods) > replicas:
+            pod = serving.pods.pop()
+            await pod.stop()
+            with contextlib.suppress(Exception):
+                self.cluster.emulator.delete_object("v1/pods", serving.namespace, pod.name)
+        while len(serving.pods) < replicas and deployment is not None:
+            pod = await self._start_pod(serving, deployment, len(serving.pods))
+            serving.pods.append(pod)
+
+    async def _start_pod(self, serving: ServingSet, deployment: dict[str, Any], index: int) -> SimPod:
+        owner = self.cluster.get("speculativedeployments", serving.owner, namespace=serving.namespace)
+        if owner is None:
+            raise LookupError(f"owner {serving.owner} of {serving.deployment} not found")
+        resource = SpeculativeDeployment.model_validate(owner)
+        spec = resource.spec
+        options: dict[str, Any] = {
+            "max_draft_len": spec.target.engine.max_draft_len,
+            "draft_length": spec.speculation.draft_length.initial if spec.speculation.mode != "off" else 0,
+            "draft_version": spec.draft.version,
+            "load": self.load,
+            "deployment": serving.owner,
+            "variant": serving.variant,
+            "seed": index,
+        }
+        if self.pod_options is not None:
+            options.update(self.pod_options(resource, serving.variant))
+        pod = SimPod(f"{serving.deployment}-{index}", policy_config(spec).setup, **options)
+        await pod.start()
+        template = deployment["spec"]["template"]
+        body = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": pod.name,
+                "namespace": serving.namespace,
+                "labels": dict(template["metadata"].get("labels") or {}),
+            },
+            "spec": {
+                "containers": [
+                    {
+                        "name": "triton",
+                        "image": template["spec"]["containers"][0]["image"],
+                        "ports": [
+                            {"name": "http", "containerPort": pod.http_port},
+                            {"name": "metrics", "containerPort": pod.metrics_port},
+                        ],
+                    }
+                ]
+            },
+        }
+        self.cluster.create("pods", body, namespace=serving.namespace)
+        self.cluster.patch_status(
+            "pods",
+            pod.name,
+            {
+                "phase": "Running",
+                "podIP": "127.0.0.1",
+                "conditions": [{"type": "Ready", "status": "True"}],
+            },
+            namespace=serving.namespace,
+        )
+        return pod
+
+    def _publish_targets(self) -> None:
+        if self.prometheus is None:
+            return
+        groups = [
+            {
+                "targets": [f"127.0.0.1:{pod.metrics_port}"],
+                "labels": {
+                    "namespace": serving.namespace,
+                    "specops_deployment": serving.owner,
+                    "variant": serving.variant,
+                    "pod": pod.name,
+                },
+            }
+            for serving in self.sets.values()
+            for pod in serving.pods
+        ]
+        if groups != self._published:
+            self.prometheus.set_targets(groups)
+            self._published = groups
