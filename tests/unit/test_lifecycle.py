@@ -54,12 +54,27 @@ def test_ready_when_all_replicas_ready_and_updated() -> None:
     assert {c.type: (c.status, c.reason) for c in state.conditions}["Ready"] == ("True", "Serving")
 
 
-def test_progressing_while_rollout_pending() -> None:
+def test_rollout_in_progress_stays_ready_and_progressing() -> None:
     state = readiness(2, [_deployment(2, generation=2, observed=1)])
+    conditions = {c.type: (c.status, c.reason) for c in state.conditions}
+    assert state.phase == "Serving"
+    assert conditions["Ready"] == ("True", "Serving")
+    assert conditions["Progressing"] == ("True", "RollingUpdate")
+
+
+def test_no_ready_pod_is_pending() -> None:
+    state = readiness(2, [_deployment(0)])
     conditions = {c.type: (c.status, c.reason) for c in state.conditions}
     assert state.phase == "Pending"
     assert conditions["Ready"] == ("False", "WaitingForPods")
-    assert conditions["Progressing"][0] == "True"
+
+
+def test_some_ready_pods_keep_serving_but_degraded() -> None:
+    state = readiness(3, [_deployment(2, updated=3)])
+    conditions = {c.type: (c.status, c.reason) for c in state.conditions}
+    assert state.phase == "Serving"
+    assert conditions["Ready"] == ("True", "Serving")
+    assert conditions["Degraded"] == ("True", "ReplicasUnavailable")
 
 
 def test_missing_deployment_is_pending() -> None:

@@ -32,6 +32,8 @@ class Reason:
     CHILDREN_CREATED = "ChildrenCreated"
     CHILDREN_UPDATED = "ChildrenUpdated"
     WAITING_FOR_PODS = "WaitingForPods"
+    REPLICAS_UNAVAILABLE = "ReplicasUnavailable"
+    ROLLING_UPDATE = "RollingUpdate"
     ROLLOUT_COMPLETE = "RolloutComplete"
     SCALED_TO_ZERO = "ScaledToZero"
     APPLY_FAILED = "ApplyFailed"

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 BENCHMARKS: dict[str, str] = {
+    "canary": "specops.bench.canary:main",
     "policy": "specops.bench.policy:main",
 }
 

@@ -21,13 +21,20 @@ The statistics, in the order the rules are applied:
    smaller than stable alpha" gives `p_value`; the effect is the relative difference of
    the medians, canary / stable - 1. FAIL when p_value < 1 - confidence and the effect is
    below -tolerance: the drop is both significant and material.
-5. Acceptance not worse (a non-inferiority test). The same one-sided test asks whether
-   the canary is stochastically larger than the stable samples scaled by (1 - tolerance);
-   PASS when that p-value (`p_non_inferior`) is below 1 - confidence, i.e. a drop larger
-   than the tolerance is rejected at the configured confidence. Few or noisy samples
-   therefore cannot pass by default: absence of evidence stays INCONCLUSIVE. With
-   tolerance 0 an equal draft passes only by chance (about 1 - confidence of the time),
-   which is why the default tolerance is 2 %.
+5. Acceptance not worse. PASS on either of two kinds of evidence:
+   a. within tolerance (a non-inferiority test): the same one-sided test asks whether the
+      canary is stochastically larger than the stable samples scaled by (1 - tolerance);
+      p_non_inferior < 1 - confidence rejects a drop larger than the tolerance. This is
+      what passes a drop that is significant but immaterial (well measured, under the
+      tolerance);
+   b. not worse: no significant drop (p_value >= 1 - confidence) and the canary's median
+      within the tolerance of the stable median (effect >= -tolerance), on at least
+      `min_samples` samples per side.
+   (b) alone is weaker evidence than (a) on a small window, and that is deliberate: the
+   schedule judges every step, failures and inconclusives add up over the whole canary,
+   and later steps carry more canary traffic, so a worse draft that slips through one
+   step is caught at the next; requiring (a) everywhere makes an equal draft on light
+   traffic run into inconclusiveLimit and roll back (`specops bench canary` measures both).
 6. Anything else: INCONCLUSIVE.
 
 Mann-Whitney U uses the normal approximation with tie correction and a continuity
@@ -39,9 +46,15 @@ sigma) with U = U1 for "greater" and U = n1 n2 - U1 for "less". It needs no
 distributional assumption about alpha, which is bounded and skewed near 1. The samples
 of one interval are not paired, so drift shared by both variants only adds noise.
 
+The tolerance (default 2 %) is the relative alpha drop treated as no drop; it must stay
+well below the drop the canary has to catch (5 % in the benchmark). With tolerance 0 an
+equal draft passes only when its median is at least the stable one's.
+
 Across steps, `next_action` counts like Argo Rollouts' AnalysisRun: failures and
 inconclusives accumulate over the whole canary (a new canary starts from
-`CanaryCounters()`), and the canary rolls back when either exceeds its limit. A FAIL or
+`CanaryCounters()`), and the canary rolls back when either exceeds its limit. (Argo
+pauses the rollout for a person on an Inconclusive run; specops has no person in its
+loop, so it falls back to the draft known to work.) A FAIL or
 INCONCLUSIVE below its limit holds the current weight for another bake (the next analysis
 sees more samples). An ERROR pauses judgement: no advance and no rollback, ever; past
 `consecutiveErrorLimit` the reason says judgement is suspended so that the condition and
@@ -54,7 +67,7 @@ import math
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from enum import Enum
+from enum import StrEnum
 from typing import Literal
 
 from specops.api.models import CanaryAnalysis
@@ -69,8 +82,9 @@ CAUSE_METRICS_UNAVAILABLE = "MetricsUnavailable"
 CAUSE_LATENCY_ABOVE_SLO = "LatencyAboveSLO"
 CAUSE_NOT_ENOUGH_SAMPLES = "NotEnoughSamples"
 CAUSE_ACCEPTANCE_DROPPED = "AcceptanceDropped"
+CAUSE_ACCEPTANCE_WITHIN_TOLERANCE = "AcceptanceWithinTolerance"
 CAUSE_ACCEPTANCE_NOT_WORSE = "AcceptanceNotWorse"
-CAUSE_NOT_PROVEN_NOT_WORSE = "AcceptanceNotProvenNotWorse"
+CAUSE_ACCEPTANCE_UNCLEAR = "AcceptanceUnclear"
 
 # Reasons of `next_action` (conditions and Events).
 REASON_STEP_PASSED = "CanaryStepPassed"
@@ -85,7 +99,7 @@ Action = Literal["advance", "hold", "rollback", "pause"]
 Alternative = Literal["less", "greater"]
 
 
-class Verdict(str, Enum):
+class Verdict(StrEnum):
     PASS = "Pass"
     FAIL = "Fail"
     INCONCLUSIVE = "Inconclusive"
@@ -245,9 +259,7 @@ def analyse(
             slo_p99_s=slo_p99_s,
             p99_breach_fraction=_breach_fraction(canary_p99, slo_p99_s),
             p99_vs_stable=canary_p99_med / stable_p99_med if canary_p99_med and stable_p99_med else None,
-            measured_speedup=(
-                baseline_p50_s / canary_p50_med if baseline_p50_s and canary_p50_med else None
-            ),
+            measured_speedup=(baseline_p50_s / canary_p50_med if baseline_p50_s and canary_p50_med else None),
             confidence=confidence,
             tolerance=tolerance,
             summary="",
@@ -266,8 +278,10 @@ def analyse(
     if p_worse < level and effect is not None and effect < -tolerance:
         return evidence(Verdict.FAIL, CAUSE_ACCEPTANCE_DROPPED)
     if p_non_inferior < level:
+        return evidence(Verdict.PASS, CAUSE_ACCEPTANCE_WITHIN_TOLERANCE)
+    if p_worse >= level and effect is not None and effect >= -tolerance:
         return evidence(Verdict.PASS, CAUSE_ACCEPTANCE_NOT_WORSE)
-    return evidence(Verdict.INCONCLUSIVE, CAUSE_NOT_PROVEN_NOT_WORSE)
+    return evidence(Verdict.INCONCLUSIVE, CAUSE_ACCEPTANCE_UNCLEAR)
 
 
 def _alphas(samples: Sequence[Sample]) -> list[float]:

@@ -171,8 +171,28 @@ def readiness(desired_replicas: int, deployments: Sequence[Mapping[str, Any] | N
                 ConditionUpdate(DEGRADED, "False", Reason.AS_EXPECTED, ""),
             ),
         )
+    if ready >= desired_replicas:
+        # A rollout in progress with every replica serving: still Ready.
+        return Readiness(
+            "Serving",
+            (
+                ConditionUpdate(READY, "True", Reason.SERVING, message),
+                ConditionUpdate(PROGRESSING, "True", Reason.ROLLING_UPDATE, f"rolling out; {message}"),
+                ConditionUpdate(DEGRADED, "False", Reason.AS_EXPECTED, ""),
+            ),
+        )
+    if ready > 0:
+        # Reduced capacity still serves: the control loop keeps running on the ready pods.
+        return Readiness(
+            "Serving",
+            (
+                ConditionUpdate(READY, "True", Reason.SERVING, message),
+                ConditionUpdate(PROGRESSING, "True", Reason.WAITING_FOR_PODS, message),
+                ConditionUpdate(DEGRADED, "True", Reason.REPLICAS_UNAVAILABLE, message),
+            ),
+        )
     degraded = ConditionUpdate(DEGRADED, "False", Reason.AS_EXPECTED, "")
-    if unavailable and ready == 0:
+    if unavailable:
         degraded = ConditionUpdate(
             DEGRADED, "True", Reason.WAITING_FOR_PODS, f"no serving pod available; {message}"
         )

@@ -1,0 +1,212 @@
+"""The speculation control loop, end to end: emulated API server, Debian's Prometheus scraping
+simulated Triton pods every second, and the real operator deciding and actuating.
+
+Each test brings one resource to the Dynamic phase (baseline 3 s, soak 3 s, 1 s decisions),
+then changes what the pods serve and watches what the operator does to them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from specops.adapters.kube import KubeClient
+from specops.sim import LoadPoint
+from tests.e2e.conftest import Operator, example
+from tests.e2e.waiting import condition, events_for, eventually, resource, wait_condition
+from tests.harness.prometheus import PrometheusProcess, run_prometheus
+from tests.harness.serving import ServingController
+
+pytestmark = [pytest.mark.e2e, pytest.mark.emulated_only]
+
+NAME = "llama-70b-chat"
+LOW = LoadPoint(batch=16, alpha=0.8)
+HIGH = LoadPoint(batch=400, alpha=0.8)  # far past break-even (~251 for 70B/7B on H100 at alpha 0.8)
+
+
+@pytest.fixture
+async def prometheus(tmp_path: Path) -> AsyncIterator[PrometheusProcess]:
+    async with run_prometheus(tmp_path / "prometheus", scrape_interval="1s") as prom:
+        yield prom
+
+
+@pytest.fixture
+async def serving(cluster: Any, prometheus: PrometheusProcess) -> AsyncIterator[ServingController]:
+    async with ServingController(cluster, prometheus, load=LOW) as controller:
+        yield controller
+
+
+def fast_resource(prometheus: PrometheusProcess, replicas: int = 2, **spec: Any) -> dict[str, Any]:
+    body = example(**spec)
+    body["spec"]["serving"]["replicas"] = replicas
+    body["spec"]["metrics"] = {"prometheus": {"url": prometheus.url}, "interval": "1s"}
+    body["spec"]["speculation"] = {
+        "mode": "auto",
+        "draftLength": {"initial": 4, "min": 1, "max": 8},
+        "rollout": {"baseline": "3s", "soak": "3s"},
+        "batchGuard": {"minDwell": "2s"},
+        **spec.get("speculation", {}),
+    }
+    return body
+
+
+async def in_dynamic(kube: KubeClient) -> dict[str, Any]:
+    async def probe() -> dict[str, Any] | None:
+        body = await resource(kube, NAME)
+        speculation = (body or {}).get("status", {}).get("speculation", {})
+        return body if speculation.get("controlPhase") == "Dynamic" else None
+
+    return await eventually(probe, timeout_s=45, interval_s=0.25, what="control phase Dynamic")
+
+
+def pod_lengths(serving: ServingController) -> list[int]:
+    return [pod.draft_length for pod in serving.all_pods()]
+
+
+async def all_pods_at(serving: ServingController, predicate: Any, timeout_s: float, what: str) -> list[int]:
+    async def probe() -> list[int] | None:
+        lengths = pod_lengths(serving)
+        return lengths if lengths and all(predicate(n) for n in lengths) else None
+
+    return await eventually(probe, timeout_s=timeout_s, interval_s=0.1, what=what)
+
+
+async def test_speculation_follows_load_through_break_even_without_flapping(
+    cluster: Any,
+    kube: KubeClient,
+    operator: Operator,
+    serving: ServingController,
+    prometheus: PrometheusProcess,
+) -> None:
+    # Given a resource past its baseline and soak, speculating at low load
+    await kube.create(fast_resource(prometheus))
+    body = await in_dynamic(kube)
+    assert body["status"]["baseline"]["samples"] > 0 and body["status"]["baseline"]["perTokenLatencyP50"]
+    await all_pods_at(serving, lambda n: n > 0, 20, "speculation on at low load")
+
+    # When the load rises far past break-even, then every pod stops speculating
+    serving.set_load(HIGH)
+    await all_pods_at(serving, lambda n: n == 0, 20, "speculation off at high load")
+    body = await resource(kube, NAME)
+    assert body["status"]["speculation"]["state"] == "off"
+    assert body["status"]["speculation"]["pods"] == {"desired": 2, "applied": 2}
+
+    # When the load falls again, then speculation comes back on every pod
+    serving.set_load(LOW)
+    await all_pods_at(serving, lambda n: n > 0, 30, "speculation back on at low load")
+
+    # And it stays on: no flapping while the load holds
+    loads_before = [pod.bls_loads for pod in serving.all_pods()]
+    toggles_seen: list[list[int]] = []
+    for _ in range(20):
+        await asyncio.sleep(0.25)
+        toggles_seen.append(pod_lengths(serving))
+    assert all(all(n > 0 for n in lengths) for lengths in toggles_seen)
+    on_off_events = [
+        e
+        for e in await events_for(kube, NAME)
+        if e["reason"] in ("SpeculationDisabledHighBatch", "SpeculationEnabledLowBatch")
+    ]
+    assert len(on_off_events) <= 2, on_off_events
+    assert [pod.bls_loads for pod in serving.all_pods()] >= loads_before
+    body = await resource(kube, NAME)
+    assert body["status"]["speculation"]["predictedSpeedup"] > 1.0
+
+
+async def test_draft_length_follows_acceptance_one_step_at_a_time(
+    cluster: Any,
+    kube: KubeClient,
+    operator: Operator,
+    serving: ServingController,
+    prometheus: PrometheusProcess,
+) -> None:
+    # Given low acceptance: the best length is short (3 at alpha 0.6, batch 16)
+    serving.set_load(LoadPoint(batch=16, alpha=0.6))
+    await kube.create(fast_resource(prometheus, replicas=1))
+    await in_dynamic(kube)
+    await all_pods_at(serving, lambda n: 0 < n <= 3, 30, "short drafts at low acceptance")
+
+    # When acceptance drifts up to 0.9 (best length 8), then the length climbs one step per decision
+    serving.set_load(LoadPoint(batch=16, alpha=0.9))
+    seen: list[int] = []
+
+    async def climbed() -> bool:
+        length = pod_lengths(serving)[0]
+        if not seen or seen[-1] != length:
+            seen.append(length)
+        return length >= 7
+
+    await eventually(climbed, timeout_s=60, interval_s=0.05, what="draft length follows acceptance")
+    steps = [b - a for a, b in zip(seen, seen[1:], strict=False)]
+    assert steps and all(step == 1 for step in steps), seen
+    body = await resource(kube, NAME)
+    assert body["status"]["speculation"]["reason"] in ("DraftLengthIncreased", "BestModelledSpeedup")
+    assert body["status"]["observed"]["alpha"] > 0.8
+
+
+async def test_prometheus_outage_holds_the_decision_and_recovers(
+    cluster: Any,
+    kube: KubeClient,
+    operator: Operator,
+    serving: ServingController,
+    prometheus: PrometheusProcess,
+) -> None:
+    # Given a speculating resource
+    await kube.create(fast_resource(prometheus))
+    await in_dynamic(kube)
+    lengths = await all_pods_at(serving, lambda n: n > 0, 20, "speculation on")
+
+    # When Prometheus goes away and the load rises meanwhile
+    await prometheus.stop()
+    serving.set_load(HIGH)
+
+    # Then MetricsUnavailable is raised and nothing changes on the pods: no decision without data
+    body = await wait_condition(kube, NAME, "MetricsUnavailable", "True", timeout_s=20)
+    assert "holding num_draft_tokens" in condition(body, "MetricsUnavailable")["message"]
+    await asyncio.sleep(3)
+    assert pod_lengths(serving) == lengths
+    assert any(
+        e["reason"] == condition(body, "MetricsUnavailable")["reason"] for e in await events_for(kube, NAME)
+    )
+
+    # When it returns, then the condition clears and the loop acts on the (high) load again
+    await prometheus.start()
+    await wait_condition(kube, NAME, "MetricsUnavailable", "False", timeout_s=30)
+    await all_pods_at(serving, lambda n: n == 0, 30, "speculation off after recovery at high load")
+
+
+async def test_a_pod_down_does_not_block_the_others_and_status_shows_partial(
+    cluster: Any,
+    kube: KubeClient,
+    operator: Operator,
+    serving: ServingController,
+    prometheus: PrometheusProcess,
+) -> None:
+    # Given three speculating pods
+    await kube.create(fast_resource(prometheus, replicas=3))
+    await in_dynamic(kube)
+    await all_pods_at(serving, lambda n: n > 0, 20, "speculation on")
+
+    # When one pod stops answering (still listed Ready) and the load rises past break-even
+    broken = serving.all_pods()[0]
+    await broken.stop()
+    serving.set_load(HIGH)
+
+    # Then the other pods are switched off anyway
+    async def others_off() -> bool:
+        return all(pod.draft_length == 0 for pod in serving.all_pods()[1:])
+
+    await eventually(others_off, timeout_s=30, what="healthy pods switched off")
+    # And status shows the partial application with the failing pod named
+    body = await wait_condition(kube, NAME, "SpeculationApplied", "False", "PartiallyApplied", timeout_s=20)
+    assert body["status"]["speculation"]["pods"] == {"desired": 3, "applied": 2}
+    assert broken.name in condition(body, "SpeculationApplied")["message"]
+
+    # When the pod comes back, then it catches up and the condition clears
+    await broken.start()
+    await all_pods_at(serving, lambda n: n == 0, 20, "recovered pod switched off too")
+    await wait_condition(kube, NAME, "SpeculationApplied", "True", timeout_s=20)
