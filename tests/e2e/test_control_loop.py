@@ -8,6 +8,7 @@ then changes what the pods serve and watches what the operator does to them.
 from __future__ import annotations
 
 import asyncio
+import itertools
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -141,7 +142,7 @@ async def test_draft_length_follows_acceptance_one_step_at_a_time(
         return length >= 7
 
     await eventually(climbed, timeout_s=60, interval_s=0.05, what="draft length follows acceptance")
-    steps = [b - a for a, b in zip(seen, seen[1:], strict=False)]
+    steps = [b - a for a, b in itertools.pairwise(seen)]
     assert steps and all(step == 1 for step in steps), seen
     body = await resource(kube, NAME)
     assert body["status"]["speculation"]["reason"] in ("DraftLengthIncreased", "BestModelledSpeedup")
