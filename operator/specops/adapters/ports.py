@@ -6,10 +6,10 @@ adapters pointed at simulated pods, or plain in-memory objects.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Protocol
+from typing import Any, Protocol
 
 from specops.domain.discovery import PodEndpoint
 from specops.domain.metrics import Measurement
@@ -121,3 +121,42 @@ class ModelControl(Protocol):
     async def generate(
         self, endpoint: PodEndpoint, prompt: str, max_tokens: int, num_draft_tokens: int | None = None
     ) -> GenerateResult: ...
+
+
+class KubePort(Protocol):
+    """The Kubernetes reads and writes services need (KubeClient implements it)."""
+
+    async def get(
+        self, api_version: str, kind: str, namespace: str | None, name: str
+    ) -> dict[str, Any] | None: ...
+
+    async def list(
+        self, api_version: str, kind: str, namespace: str | None, labels: Mapping[str, str] | None = None
+    ) -> list[dict[str, Any]]: ...
+
+    async def create(self, obj: dict[str, Any]) -> dict[str, Any]: ...
+
+    async def patch(
+        self,
+        api_version: str,
+        kind: str,
+        namespace: str | None,
+        name: str,
+        patch: Any,
+        *,
+        subresource: str | None = None,
+        content_type: str = ...,
+    ) -> dict[str, Any]: ...
+
+    async def delete(self, api_version: str, kind: str, namespace: str | None, name: str) -> bool: ...
+
+    async def update_status(
+        self,
+        api_version: str,
+        kind: str,
+        namespace: str,
+        name: str,
+        mutate: Callable[[dict[str, Any]], dict[str, Any] | None],
+        *,
+        attempts: int = ...,
+    ) -> dict[str, Any] | None: ...

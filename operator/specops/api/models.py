@@ -443,6 +443,11 @@ class RetrainingSpec(ApiModel):
         json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
     )
     auto_canary: bool = Field(default=True, description="Canary the trained draft automatically.")
+    while_stale: Literal["keepIfAcceptanceHolds", "off"] = Field(
+        default="keepIfAcceptanceHolds",
+        description="While the draft is stale for a new target version: keep speculating while the control "
+        "loop still measures a gain (keepIfAcceptanceHolds), or switch speculation off (off).",
+    )
 
 
 # ---------------------------------------------------------------- spec
@@ -564,6 +569,10 @@ class ObservedStatus(ApiModel):
 class DraftStatus(ApiModel):
     model: str | None = Field(default=None, description="Draft serving the stable variant.")
     version: str | None = Field(default=None, description="Its version.")
+    kind: str | None = Field(default=None, description="Its kind (standalone, expertDistilled, eagle).")
+    parameters: str | None = Field(default=None, description="Its parameter count.")
+    engine_uri: str | None = Field(default=None, description="Where its engine lives.")
+    source: str | None = Field(default=None, description="Where it came from: Spec or Retraining.")
 
 
 class SpeculativeDeploymentStatus(ApiModel):
@@ -573,6 +582,19 @@ class SpeculativeDeploymentStatus(ApiModel):
         | None
     ) = Field(default=None, description="Where the resource is in its lifecycle.")
     draft: DraftStatus = Field(default_factory=DraftStatus, description="Draft in service.")
+    observed_spec_draft: str | None = Field(
+        default=None,
+        description="The spec.draft (version@uri) the operator last acted on; a change starts a canary.",
+    )
+    last_canary: dict[str, Any] | None = Field(
+        default=None,
+        description="Outcome of the last finished canary.",
+        json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
+    )
+    rejected_draft: str | None = Field(
+        default=None,
+        description="The last draft (version@uri) a canary rolled back; not retried until it changes.",
+    )
     speculation: SpeculationStatus = Field(
         default_factory=SpeculationStatus, description="Control loop state."
     )

@@ -34,6 +34,7 @@ from specops.domain import triton_repo
 from specops.domain.triton_repo import RepositorySettings
 
 STABLE = "stable"
+CANARY = "canary"
 CONTAINER_NAME = "triton"
 HTTP_PORT, GRPC_PORT, METRICS_PORT = 8000, 8001, 8002
 RUN_AS_USER = 1000
@@ -48,6 +49,9 @@ LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 LABEL_DEPLOYMENT = "specops.dev/deployment"
 LABEL_VARIANT = "specops.dev/variant"
 LABEL_DRAFT_VERSION = "specops.dev/draft-version"
+LABEL_TRAFFIC = "specops.dev/traffic"
+TRAFFIC_SERVE = "serve"
+TRAFFIC_HOLD = "hold"
 ANNOTATION_CONFIG_HASH = "specops.dev/config-hash"
 APP_NAME = "specops-serving"
 """A fixed app name: model names may be longer than a label value allows or hold '/'."""
@@ -123,6 +127,15 @@ def selector_labels(resource_name: str, variant: str) -> dict[str, str]:
 def shared_selector_labels(resource_name: str) -> dict[str, str]:
     """Labels that select every variant's serving pods (shared Service, PodMonitor)."""
     return {LABEL_COMPONENT: COMPONENT_SERVING, LABEL_DEPLOYMENT: label_value(resource_name)}
+
+
+def traffic_selector_labels(resource_name: str) -> dict[str, str]:
+    """Labels of the pods the shared Service sends traffic to: every variant cleared for traffic.
+
+    A canary's pods carry ``specops.dev/traffic: hold`` until its lossless check passed, so
+    with the replica-ratio split they receive nothing before that.
+    """
+    return {**shared_selector_labels(resource_name), LABEL_TRAFFIC: TRAFFIC_SERVE}
 
 
 def _labels(resource_name: str, variant: str, component: str) -> dict[str, str]:
@@ -392,10 +405,18 @@ def _deployment(
     owner: Mapping[str, Any],
     configmap: Mapping[str, Any],
     files: Mapping[str, str],
+    receives_traffic: bool = True,
 ) -> dict[str, Any]:
     name, namespace, _ = _metadata(resource)
+    traffic = TRAFFIC_SERVE if receives_traffic else TRAFFIC_HOLD
     pod_labels = dict(
-        sorted({**_labels(name, variant, COMPONENT_SERVING), LABEL_DRAFT_VERSION: draft.version}.items())
+        sorted(
+            {
+                **_labels(name, variant, COMPONENT_SERVING),
+                LABEL_DRAFT_VERSION: draft.version,
+                LABEL_TRAFFIC: traffic,
+            }.items()
+        )
     )
     return {
         "apiVersion": "apps/v1",
@@ -485,11 +506,13 @@ def render_children(
     variant: str = STABLE,
     draft: DraftSpec | None = None,
     replicas: int | None = None,
+    receives_traffic: bool = True,
 ) -> list[dict[str, Any]]:
     """Every object one variant needs, in apply order (ConfigMap before the Deployment mounting it).
 
     ``draft`` defaults to spec.draft (a canary passes the new draft), ``replicas``
-    to spec.serving.replicas.
+    to spec.serving.replicas; ``receives_traffic=False`` keeps the pods out of the shared
+    Service (a canary before its lossless check).
     """
     name, namespace, uid = _metadata(resource)
     image = resource.spec.serving.image or options.default_image
@@ -511,7 +534,7 @@ def render_children(
     configmap = _configmap(name, namespace, variant, owner, files)
     objects = [
         configmap,
-        _deployment(resource, variant, draft, replicas, image, owner, configmap, files),
+        _deployment(resource, variant, draft, replicas, image, owner, configmap, files, receives_traffic),
         _service(
             variant_service_name(name, variant),
             namespace,
@@ -526,7 +549,7 @@ def render_children(
                 service_name(name),
                 namespace,
                 _labels(name, STABLE, COMPONENT_SERVING),
-                shared_selector_labels(name),
+                traffic_selector_labels(name),
                 owner,
             )
         )

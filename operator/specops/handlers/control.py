@@ -35,6 +35,9 @@ async def speculation_control(
                 if result.body is None:
                     return
                 post_events(result.body, result.events)
+                body_now, events = await services.drafts.tick(namespace, name, now())
+                if body_now is not None:
+                    post_events(body_now, events)
             await stopped.wait(interval_s)
     finally:
         services.control.unsubscribe(body)

@@ -9,9 +9,12 @@ from specops.adapters.prometheus import MetricsHub
 from specops.adapters.triton import TritonModelControl
 from specops.assets import bls_model_source
 from specops.domain.render import RenderOptions
+from specops.services.canary import CanaryService
 from specops.services.config import OperatorConfig
 from specops.services.control import ControlLoop
+from specops.services.drafts import DraftLifecycle
 from specops.services.reconciler import Reconciler
+from specops.services.retraining import RetrainingService
 
 
 @dataclass
@@ -21,6 +24,7 @@ class Services:
     metrics: MetricsHub
     reconciler: Reconciler
     control: ControlLoop
+    drafts: DraftLifecycle
 
     async def close(self) -> None:
         await self.metrics.close()
@@ -37,7 +41,12 @@ async def build_services(config: OperatorConfig | None = None) -> Services:
         bls_source=bls_model_source(), default_image=config.default_image, pod_monitor=pod_monitor
     )
     metrics = MetricsHub(scrape_interval_s=config.scrape_interval_s)
-    control = ControlLoop(kube, metrics, TritonModelControl(), retries=config.triton_retries)
+    triton = TritonModelControl()
+    reconciler = Reconciler(kube, options)
+    control = ControlLoop(kube, metrics, triton, retries=config.triton_retries)
+    gateway_api = await kube.api_served("gateway.networking.k8s.io/v1")
+    canary = CanaryService(kube, metrics, triton, reconciler, gateway_api=gateway_api)
+    drafts = DraftLifecycle(kube, RetrainingService(kube), canary)
     return Services(
-        config=config, kube=kube, metrics=metrics, reconciler=Reconciler(kube, options), control=control
+        config=config, kube=kube, metrics=metrics, reconciler=reconciler, control=control, drafts=drafts
     )

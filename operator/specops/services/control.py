@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
 from pydantic import ValidationError
 
-from specops.adapters.ports import FleetResult, MetricsSource, ModelControl
+from specops.adapters.ports import FleetResult, KubePort, MetricsSource, ModelControl
 from specops.api import conditions as cond
 from specops.api.conditions import ConditionUpdate, Reason
 from specops.api.models import API_VERSION, KIND, SpeculativeDeployment, SpeculativeDeploymentSpec
@@ -40,7 +40,6 @@ from specops.domain.policy import (
     initial_state,
     measured_speedup,
 )
-from specops.services.reconciler import KubePort
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +47,8 @@ STABLE = "stable"
 # A measurement older than this many intervals is stale.
 STALE_INTERVALS = 3.0
 SERVING_PHASES = {"Baseline", "Fixed", "Dynamic"}
+# Phases in which the loop keeps tuning the pods (a canary or a retraining round runs beside it).
+ACTIVE_PHASES = SERVING_PHASES | {"Canary", "Retraining"}
 # The loop's own conditions, and the status that deserves a Warning Event when it appears.
 LOOP_CONDITION_WARNINGS = {
     cond.METRICS_UNAVAILABLE: "True",
@@ -261,8 +262,8 @@ class ControlLoop:
         except ValidationError:
             return TickResult(body, [], interval_s)  # the reconciler reports InvalidSpec
         status = body.get("status") or {}
-        if status.get("phase") not in SERVING_PHASES:
-            return TickResult(body, [], interval_s)  # not serving yet, or a canary/retraining owns the pods
+        if status.get("phase") not in ACTIVE_PHASES:
+            return TickResult(body, [], interval_s)  # not serving yet
         self.subscribe(body, interval_s)
         spec = resource.spec
         config = policy_config(spec)
@@ -276,9 +277,8 @@ class ControlLoop:
             now,
             draft_length=current.get("draftLength") or None,
         )
-        pods = await self.kube.list(
-            "v1", "Pod", namespace, {"specops.dev/deployment": name, "specops.dev/variant": STABLE}
-        )
+        # Every variant runs the same setting, so a canary is compared like for like.
+        pods = await self.kube.list("v1", "Pod", namespace, {"specops.dev/deployment": name})
         endpoints = ready_endpoints(pods)
         events: list[EventRecord] = []
         updates: list[ConditionUpdate] = []
@@ -300,14 +300,26 @@ class ControlLoop:
         else:
             state = state_from_status(status, config, now)
             observation = observation_from(measurement)
+            stale = (cond.find_condition(status.get("conditions") or [], "DraftStale") or {}).get(
+                "status"
+            ) == "True"
+            if stale and spec.retraining.while_stale == "off":
+                config = replace(config, mode="off")
             decision = decide(config, state, observation, now)
+            if stale and spec.retraining.while_stale == "off":
+                decision = replace(
+                    decision,
+                    reason="SpeculationOffDraftStale",
+                    message="draft is stale for this target version; speculation off until a retrained draft is promoted",
+                )
             fleet = await self.triton.apply_to_all(
                 endpoints, num_draft_tokens=decision.num_draft_tokens, retries=self.retries
             )
             updates.append(ConditionUpdate(cond.METRICS_UNAVAILABLE, "False", Reason.METRICS_OK, ""))
             patch = decision_status(decision, observation, measurement, now)
             patch["speculation"]["lastDecisionTime"] = _iso(now)
-            patch["phase"] = decision.state.phase
+            if status.get("phase") in SERVING_PHASES:
+                patch["phase"] = decision.state.phase
             if decision.changed:
                 events.append(EventRecord("Normal", decision.reason, decision.message))
             if (
@@ -333,8 +345,10 @@ class ControlLoop:
 
         def mutate(live: dict[str, Any]) -> dict[str, Any] | None:
             live_status = live.get("status") or {}
+            if live_status.get("phase") not in ACTIVE_PHASES:
+                return None  # no longer serving (deleted, invalid) meanwhile
             if live_status.get("phase") not in SERVING_PHASES:
-                return None  # someone else took over (canary, retraining, deletion) meanwhile
+                patch.pop("phase", None)
             old_conditions = list(live_status.get("conditions") or [])
             new_conditions = cond.set_conditions(old_conditions, updates, now, generation)
             out: dict[str, Any] = {}

@@ -8,18 +8,19 @@ A second reconcile with nothing changed writes nothing at all.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Protocol
+from typing import Any
 
 from pydantic import ValidationError
 
 from specops.adapters.kube import KubeApiError
+from specops.adapters.ports import KubePort
 from specops.api import conditions as cond
 from specops.api.conditions import ConditionUpdate, Reason
 from specops.api.models import API_VERSION, KIND, SpeculativeDeployment
-from specops.domain import lifecycle
+from specops.domain import drafts, lifecycle
 from specops.domain.lifecycle import EventRecord
 from specops.domain.render import RenderError, RenderOptions, render_children
 
@@ -43,43 +44,6 @@ _EVENTFUL = {
     cond.DRAFT_MISMATCH: "True",
     cond.DRAFT_SIZE_ADVISORY: "True",
 }
-
-
-class KubePort(Protocol):
-    async def get(
-        self, api_version: str, kind: str, namespace: str | None, name: str
-    ) -> dict[str, Any] | None: ...
-
-    async def list(
-        self, api_version: str, kind: str, namespace: str | None, labels: Mapping[str, str] | None = None
-    ) -> list[dict[str, Any]]: ...
-
-    async def create(self, obj: dict[str, Any]) -> dict[str, Any]: ...
-
-    async def patch(
-        self,
-        api_version: str,
-        kind: str,
-        namespace: str | None,
-        name: str,
-        patch: Any,
-        *,
-        subresource: str | None = None,
-        content_type: str = ...,
-    ) -> dict[str, Any]: ...
-
-    async def delete(self, api_version: str, kind: str, namespace: str | None, name: str) -> bool: ...
-
-    async def update_status(
-        self,
-        api_version: str,
-        kind: str,
-        namespace: str,
-        name: str,
-        mutate: Callable[[dict[str, Any]], dict[str, Any] | None],
-        *,
-        attempts: int = ...,
-    ) -> dict[str, Any] | None: ...
 
 
 @dataclass
@@ -117,7 +81,7 @@ class Reconciler:
                 namespace, name, generation, lifecycle.describe_validation_error(error), now
             )
         try:
-            children = render_children(resource, self.render_options)
+            children = self.render_stable(resource, body)
         except RenderError as error:
             return await self._invalid(namespace, name, generation, f"{error.field}: {error}", now)
 
@@ -133,6 +97,12 @@ class Reconciler:
         events += await self.write_status(resource, children, report, now)
         return events
 
+    def render_stable(self, resource: SpeculativeDeployment, body: Mapping[str, Any]) -> list[dict[str, Any]]:
+        """The stable variant serves the draft recorded in status (spec.draft only reaches it via a canary)."""
+        return render_children(
+            resource, self.render_options, draft=drafts.stable_draft(resource, body.get("status") or {})
+        )
+
     async def refresh(
         self, namespace: str, name: str, now: datetime
     ) -> tuple[dict[str, Any] | None, list[EventRecord]]:
@@ -142,7 +112,7 @@ class Reconciler:
             return None, []
         try:
             resource = SpeculativeDeployment.model_validate(body)
-            children = render_children(resource, self.render_options)
+            children = self.render_stable(resource, body)
         except (ValidationError, RenderError):
             return body, []  # reconcile() already reported InvalidSpec
         return body, await self.write_status(resource, children, ApplyReport(), now)
@@ -244,9 +214,9 @@ class Reconciler:
                 patch["phase"] = phase
             if new_conditions != old_conditions:
                 patch["conditions"] = new_conditions
-            draft = {"model": resource.spec.draft.model, "version": resource.spec.draft.version}
-            if not (status.get("draft") or {}) and draft:
-                patch["draft"] = draft
+            if not (status.get("draft") or {}).get("version"):
+                patch["draft"] = drafts.draft_to_status(resource.spec.draft, "Spec")
+                patch["observedSpecDraft"] = drafts.draft_key(resource.spec.draft)
             events[:] = lifecycle.condition_events(
                 old_conditions, new_conditions, _EVENTFUL, announce_first=frozenset({cond.READY})
             )

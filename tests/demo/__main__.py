@@ -1,0 +1,477 @@
+"""The local demo: apply the two examples, watch the rollout, push one past break-even and back.
+
+Everything runs on this machine: the emulated Kubernetes API, Debian's Prometheus scraping
+simulated Triton + TensorRT-LLM pods every second, and the real operator (production handlers).
+The demo is a list of scenes; each is ``async def scene_xxx(demo: Demo) -> None`` and prints a
+heading. Append a function to ``SCENES`` to add one (a canary promotion, a retraining round).
+
+Exit status: 0 when speculation switched off past break-even and back on below it, 1 when
+something did not happen in time (the message says what), 2 when Prometheus is not installed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, TextIO
+
+import yaml
+
+from specops.api.models import API_VERSION, KIND, SpeculativeDeployment
+from specops.domain import perf
+from specops.services.control import policy_config
+from specops.sim import LoadPoint
+from tests.harness.stack import CRD_PATH, LocalStack, fast_resource, interrupt_cancels, local_stack
+
+DENSE = "llama-70b-chat"
+EXAMPLES = (("dense-70b-7b.yaml", DENSE), ("moe-expert-distilled.yaml", "qwen3-moe"))
+ALPHA = 0.8
+LOW = LoadPoint(batch=16, alpha=ALPHA)
+# Offered requests per pod past break-even (~251 for 70B/7B at alpha 0.8); the engine runs at most
+# 256 at once and queues the rest.
+HIGH = LoadPoint(batch=300, alpha=ALPHA)
+ON_OFF_REASONS = ("SpeculationDisabledHighBatch", "SpeculationEnabledLowBatch")
+
+
+class DemoFailed(Exception):
+    """Something the demo shows did not happen in time; the message says what and what was seen."""
+
+
+@dataclass(frozen=True)
+class Pace:
+    """How long the demo lets each phase run; --fast shortens what only serves the eye."""
+
+    baseline: str = "5s"
+    soak: str = "5s"
+    min_dwell: str = "2s"
+    low_hold_s: float = 6.0
+    high_hold_s: float = 6.0
+    settle_hold_s: float = 6.0
+    rollout_timeout_s: float = 60.0
+    off_timeout_s: float = 20.0
+    on_timeout_s: float = 30.0
+
+
+FAST = Pace(baseline="2s", soak="2s", low_hold_s=1.0, high_hold_s=1.0, settle_hold_s=2.0)
+
+
+@dataclass
+class Demo:
+    """What every scene gets: the running stack, the pace, an output stream and what was seen."""
+
+    stack: LocalStack
+    pace: Pace
+    out: TextIO
+    started: float = field(default_factory=time.monotonic)
+    scene_number: int = 0
+    off_after_s: float | None = None
+    on_after_s: float | None = None
+
+    def say(self, text: str = "") -> None:
+        print(text, file=self.out, flush=True)
+
+    def heading(self, title: str) -> None:
+        self.scene_number += 1
+        self.say()
+        self.say(f"== {self.scene_number}. {title}")
+
+    def stamp(self) -> str:
+        return f"[{time.monotonic() - self.started:5.1f}s]"
+
+    async def resource(self, name: str) -> dict[str, Any]:
+        body = await self.stack.kube.get(API_VERSION, KIND, self.stack.namespace, name)
+        return body or {}
+
+    async def watch(
+        self,
+        what: str,
+        done: Callable[[], Awaitable[bool]],
+        line: Callable[[], Awaitable[str]],
+        timeout_s: float,
+    ) -> float:
+        """Print a status line every second until ``done()``; DemoFailed after ``timeout_s``."""
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        next_line = start
+        while True:
+            finished = await done()
+            now = loop.time()
+            if finished or now >= next_line:
+                self.say(f"{self.stamp()} {await line()}")
+                next_line += 1.0
+            if finished:
+                return now - start
+            if now - start > timeout_s:
+                raise DemoFailed(f"{what}: not within {timeout_s:.0f} s; last seen: {await line()}")
+            await asyncio.sleep(0.1)
+
+    async def hold(self, seconds: float, line: Callable[[], Awaitable[str]]) -> None:
+        """Let the stack run for a while (nothing to wait for: this is what the viewer watches)."""
+        deadline = asyncio.get_running_loop().time() + seconds
+        while (remaining := deadline - asyncio.get_running_loop().time()) > 0:
+            await asyncio.sleep(min(1.0, remaining))
+            self.say(f"{self.stamp()} {await line()}")
+
+
+# ---------------------------------------------------------------- kubectl-like rendering
+
+
+def table(rows: Sequence[Sequence[str]]) -> str:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return "\n".join(
+        "   ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
+        for row in rows
+    )
+
+
+def printer_columns(crd_path: Path = CRD_PATH) -> list[dict[str, Any]]:
+    """The storage version's additionalPrinterColumns, so the table matches `kubectl get sdep -o wide`."""
+    crd = yaml.safe_load(crd_path.read_text())
+    version = next(v for v in crd["spec"]["versions"] if v.get("storage"))
+    columns: list[dict[str, Any]] = version.get("additionalPrinterColumns") or []
+    return columns
+
+
+def json_path(obj: Any, path: str) -> Any:
+    """The simple dotted JSONPath the printer columns use (``.status.speculation.state``)."""
+    for key in path.lstrip(".").split("."):
+        if not isinstance(obj, dict):
+            return None
+        obj = obj.get(key)
+    return obj
+
+
+def age(timestamp: str | None, now: datetime) -> str:
+    """kubectl's short human durations: 42s, 3m12s, 2h5m."""
+    if not timestamp:
+        return "<unknown>"
+    seconds = int((now - datetime.fromisoformat(timestamp.replace("Z", "+00:00"))).total_seconds())
+    if seconds < 120:
+        return f"{max(seconds, 0)}s"
+    if seconds < 600:
+        return f"{seconds // 60}m{seconds % 60}s"
+    return f"{seconds // 3600}h{seconds % 3600 // 60}m" if seconds >= 3600 else f"{seconds // 60}m"
+
+
+def cell(value: Any, column_type: str, now: datetime) -> str:
+    if column_type == "date":
+        return age(value, now)
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return str(value).lower()
+    return str(value)
+
+
+def sdep_table(bodies: Sequence[dict[str, Any]], now: datetime) -> str:
+    columns = printer_columns()
+    header = ["NAME", *(c["name"].upper() for c in columns)]
+    rows = [
+        [body["metadata"]["name"], *(cell(json_path(body, c["jsonPath"]), c["type"], now) for c in columns)]
+        for body in bodies
+    ]
+    return table([header, *rows])
+
+
+def owned_children(stack: LocalStack) -> list[list[str]]:
+    """Every stored object owned by a SpeculativeDeployment: kind, name, owner."""
+    emulator = stack.cluster.emulator
+    rows: list[list[str]] = []
+    for resource, info in emulator.resources.items():
+        if info.namespaced is False:
+            continue
+        for obj in emulator.list_objects(resource, stack.namespace):
+            for ref in obj["metadata"].get("ownerReferences") or []:
+                if ref.get("kind") == KIND:
+                    rows.append([obj.get("kind") or info.kind or "", obj["metadata"]["name"], ref["name"]])
+    return sorted(rows, key=lambda row: (row[2], row[0], row[1]))
+
+
+# ---------------------------------------------------------------- status lines
+
+
+def draft_tokens(demo: Demo, name: str) -> list[int]:
+    return [pod.draft_length for pod in demo.stack.pods(name)]
+
+
+async def rollout_line(demo: Demo) -> str:
+    parts = []
+    for _, name in EXAMPLES:
+        speculation = (await demo.resource(name)).get("status", {}).get("speculation", {})
+        parts.append(
+            f"{name}: {speculation.get('controlPhase', 'Pending'):<8} "
+            f"{speculation.get('state', 'off'):>3} pods {draft_tokens(demo, name)}"
+        )
+    return " | ".join(parts)
+
+
+async def load_line(demo: Demo) -> str:
+    status = (await demo.resource(DENSE)).get("status", {})
+    speculation, observed = status.get("speculation", {}), status.get("observed", {})
+    pods = demo.stack.pods(DENSE)
+    offered = pods[0].load_point.batch if pods else 0.0
+    return (
+        f"offered batch {offered:>4.0f}/pod | pods num_draft_tokens {draft_tokens(demo, DENSE)} | "
+        f"sdep {speculation.get('state', '?'):>3} len {speculation.get('draftLength', '?')} "
+        f"(seen batch {observed.get('batch', '?')}): {speculation.get('reason', '')}"
+    )
+
+
+async def all_pods(demo: Demo, name: str, speculating: bool) -> bool:
+    lengths = draft_tokens(demo, name)
+    return bool(lengths) and all((n > 0) == speculating for n in lengths)
+
+
+# ---------------------------------------------------------------- scenes
+
+
+async def scene_apply(demo: Demo) -> None:
+    stack, pace = demo.stack, demo.pace
+    demo.heading(
+        f"Apply the two examples (decisions every 1 s, baseline {pace.baseline}, soak {pace.soak}, "
+        "2 replicas, the local Prometheus)"
+    )
+    for example, name in EXAMPLES:
+        body = fast_resource(
+            example,
+            prometheus_url=stack.prometheus.url,
+            namespace=stack.namespace,
+            baseline=pace.baseline,
+            soak=pace.soak,
+            min_dwell=pace.min_dwell,
+        )
+        await stack.kube.create(body)
+        demo.say(f"speculativedeployment.specops.dev/{name} created")
+
+    async def serving() -> bool:
+        expected = {name: 2 for _, name in EXAMPLES}
+        return {name: len(stack.pods(name)) for _, name in EXAMPLES} == expected
+
+    await demo.watch("serving pods started", serving, lambda: rollout_line(demo), timeout_s=30)
+    demo.say()
+    children = owned_children(stack)
+    kinds = ",".join(sorted({row[0].lower() for row in children}))
+    demo.say(
+        f"$ kubectl get {kinds} -o custom-columns="
+        "KIND:.kind,NAME:.metadata.name,OWNER:.metadata.ownerReferences[0].name"
+    )
+    demo.say(table([["KIND", "NAME", "OWNER"], *children]))
+    demo.say()
+    demo.say("serving pods (simulated Triton, one HTTP and one metrics port each, scraped by Prometheus):")
+    rows = [["POD", "OWNER", "TRITON", "METRICS"]]
+    for _, name in EXAMPLES:
+        rows += [
+            [pod.name, name, pod.url, pod.metrics_url.removeprefix("http://")] for pod in stack.pods(name)
+        ]
+    demo.say(table(rows))
+
+
+async def scene_rollout(demo: Demo) -> None:
+    demo.heading("Rollout: baseline with speculation off, a fixed soak, then dynamic tuning")
+
+    async def dynamic_and_speculating() -> bool:
+        for _, name in EXAMPLES:
+            speculation = (await demo.resource(name)).get("status", {}).get("speculation", {})
+            if speculation.get("controlPhase") != "Dynamic" or not await all_pods(demo, name, True):
+                return False
+        return True
+
+    await demo.watch(
+        "both resources in the Dynamic phase and speculating",
+        dynamic_and_speculating,
+        lambda: rollout_line(demo),
+        demo.pace.rollout_timeout_s,
+    )
+    await print_sdeps(demo)
+
+
+async def scene_load_cycle(demo: Demo) -> None:
+    stack, pace = demo.stack, demo.pace
+    body = await demo.resource(DENSE)
+    setup = policy_config(SpeculativeDeployment.model_validate(body).spec).setup
+    break_even = perf.best_length_break_even_batch(setup, ALPHA, 8)
+    demo.heading(f"Load on {DENSE} rises past break-even and falls again")
+    demo.say(
+        f"modelled at alpha {ALPHA}: best speedup {perf.best_draft_length(setup, ALPHA, LOW.batch, 8)[1]:.2f}x "
+        f"at batch {LOW.batch:.0f}, none at or above batch {break_even} (the engine runs at most 256)"
+    )
+    line = lambda: load_line(demo)  # noqa: E731
+    await demo.hold(pace.low_hold_s, line)
+
+    demo.say(f"--- offered load rises to {HIGH.batch:.0f} requests per pod")
+    stack.set_load(DENSE, HIGH)
+    demo.off_after_s = await demo.watch(
+        "speculation off on every pod past break-even",
+        lambda: all_pods(demo, DENSE, False),
+        line,
+        pace.off_timeout_s,
+    )
+    demo.say(f"--- speculation off on every pod {demo.off_after_s:.1f} s after the load passed break-even")
+    await demo.hold(pace.high_hold_s, line)
+
+    demo.say(f"--- offered load falls to {LOW.batch:.0f} requests per pod")
+    stack.set_load(DENSE, LOW)
+    demo.on_after_s = await demo.watch(
+        "speculation back on every pod below break-even",
+        lambda: all_pods(demo, DENSE, True),
+        line,
+        pace.on_timeout_s,
+    )
+    demo.say(
+        f"--- speculation back on every pod {demo.on_after_s:.1f} s after the load fell "
+        "(switching on waits for sustained evidence of a gain, and for the minimum dwell)"
+    )
+    await demo.hold(pace.settle_hold_s, line)
+    await print_sdeps(demo)
+
+
+async def scene_events(demo: Demo) -> None:
+    demo.heading("Events")
+    events = await demo.stack.kube.list("v1", "Event", demo.stack.namespace)
+    events = [e for e in events if (e.get("involvedObject") or {}).get("kind") == KIND]
+    events.sort(key=lambda e: int(e["metadata"].get("resourceVersion") or 0))
+    demo.say("$ kubectl get events --field-selector involvedObject.kind=SpeculativeDeployment")
+    rows = [["OBJECT", "TYPE", "REASON", "MESSAGE"]]
+    rows += [
+        [
+            f"sdep/{e['involvedObject'].get('name', '')}",
+            e.get("type", ""),
+            e.get("reason", ""),
+            e.get("message", ""),
+        ]
+        for e in events
+    ]
+    demo.say(table(rows))
+
+
+async def print_sdeps(demo: Demo) -> None:
+    bodies = [await demo.resource(name) for _, name in EXAMPLES]
+    demo.say()
+    demo.say("$ kubectl get sdep -o wide")
+    demo.say(sdep_table([b for b in bodies if b], datetime.now(UTC)))
+
+
+Scene = Callable[[Demo], Awaitable[None]]
+SCENES: list[Scene] = [scene_apply, scene_rollout, scene_load_cycle, scene_events]
+
+
+# ---------------------------------------------------------------- running it
+
+
+@dataclass(frozen=True)
+class DemoResult:
+    exit_code: int
+    wall_s: float
+    off_after_s: float | None = None
+    on_after_s: float | None = None
+    failure: str | None = None
+
+    @property
+    def switched_off_and_on(self) -> bool:
+        return self.off_after_s is not None and self.on_after_s is not None
+
+
+PROMETHEUS_MISSING = """\
+Debian's prometheus is not installed; the demo scrapes the simulated pods with the real one.
+Install it with:  make prometheus   (or: sudo apt-get install prometheus)"""
+
+
+@contextlib.contextmanager
+def operator_log(path: Path) -> Iterator[None]:
+    """Send the operator's log (Kopf and specops) to a file so the terminal shows only the demo."""
+    root = logging.getLogger()
+    handler = logging.FileHandler(path)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    level = root.level
+    root.addHandler(handler)
+    root.setLevel(logging.INFO)
+    try:
+        yield
+    finally:
+        root.removeHandler(handler)
+        root.setLevel(level)
+        handler.close()
+
+
+async def run_demo(
+    *,
+    fast: bool = False,
+    workdir: Path | None = None,
+    out: TextIO | None = None,
+    scenes: Sequence[Scene] = SCENES,
+) -> DemoResult:
+    """Run the scenes on a fresh local stack; never raises for a failed scene (see DemoResult)."""
+    out = out if out is not None else sys.stdout
+    started = time.monotonic()
+    if shutil.which("prometheus") is None:
+        print(PROMETHEUS_MISSING, file=out, flush=True)
+        return DemoResult(exit_code=2, wall_s=0.0, failure="prometheus is not installed")
+    with contextlib.ExitStack() as cleanup:
+        if workdir is None:
+            workdir = Path(cleanup.enter_context(tempfile.TemporaryDirectory(prefix="specops-demo-")))
+        workdir.mkdir(parents=True, exist_ok=True)
+        cleanup.enter_context(operator_log(workdir / "operator.log"))
+        print(
+            "Starting the local stack: emulated Kubernetes API, Prometheus (1 s scrape), simulated Triton "
+            "pods, the specops operator",
+            file=out,
+            flush=True,
+        )
+        async with local_stack(workdir, load=LOW) as stack:
+            demo = Demo(stack=stack, pace=FAST if fast else Pace(), out=out, started=started)
+            demo.say(f"API server {stack.cluster.url}, Prometheus {stack.prometheus.url}")
+            task = asyncio.current_task()
+            assert task is not None
+            failure: str | None = None
+            with interrupt_cancels(task, lambda: demo.say("\nInterrupted: stopping everything...")):
+                try:
+                    for scene in scenes:
+                        await scene(demo)
+                except DemoFailed as error:
+                    failure = str(error)
+                    demo.say(f"\nDEMO FAILED: {failure}")
+        wall_s = time.monotonic() - started
+        if failure is None and not (demo.off_after_s is not None and demo.on_after_s is not None):
+            failure = "speculation was not seen switching off and back on"
+            print(f"\nDEMO FAILED: {failure}", file=out, flush=True)
+        if failure is None:
+            print(
+                f"\nDone in {wall_s:.0f} s: speculation went off {demo.off_after_s:.1f} s after the load "
+                f"passed break-even and came back {demo.on_after_s:.1f} s after it fell.",
+                file=out,
+                flush=True,
+            )
+        return DemoResult(
+            exit_code=0 if failure is None else 1,
+            wall_s=wall_s,
+            off_after_s=demo.off_after_s,
+            on_after_s=demo.on_after_s,
+            failure=failure,
+        )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tests.demo", description=__doc__.split("\n")[0])
+    parser.add_argument("--fast", action="store_true", help="shorter phases and holds (about 40 s)")
+    parser.add_argument("--workdir", type=Path, help="keep Prometheus data and operator.log here")
+    args = parser.parse_args(argv)
+    try:
+        result = asyncio.run(run_demo(fast=args.fast, workdir=args.workdir))
+    except (KeyboardInterrupt, asyncio.CancelledError):
+        print("Stopped.", flush=True)
+        return 130
+    return result.exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,230 @@
+"""The whole local stack in one block: emulated API server, Debian's Prometheus, simulated Triton pods,
+and the real operator, for the demo, the benchmarks and tests that need all of it.
+
+``async with local_stack(workdir, load=LoadPoint(...)) as stack:`` starts, in order, the emulated
+cluster (with the generated CRD), Prometheus scraping every ``scrape_interval``, the
+ServingController (Deployment controller + kubelet for serving Deployments) and the operator
+with the production handlers, and stops them in reverse order. The operator reads its settings
+and credentials from the environment, so the SPECOPS_* variables and KUBECONFIG are set for the
+lifetime of the block and restored afterwards.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import copy
+import os
+import signal
+import threading
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import kopf
+import yaml
+
+import specops.handlers  # noqa: F401  (registers the production handlers in Kopf's default registry)
+from specops.adapters.kube import KubeClient, load_connection_settings
+from specops.api.units import parse_duration
+from specops.sim import LoadPoint, SimPod
+from tests.harness.cluster import EmulatedCluster, emulated_cluster
+from tests.harness.kopf_runner import OperatorRun, run_kopf
+from tests.harness.prometheus import PrometheusProcess, run_prometheus
+from tests.harness.serving import ServingController
+
+ROOT = Path(__file__).resolve().parents[2]
+CRD_PATH = ROOT / "crds" / "specops.dev_speculativedeployments.yaml"
+EXAMPLES = ROOT / "docs" / "examples"
+DEMO_IMAGE = "registry.example.com/tritonserver:local"
+
+
+def operator_environment(
+    kubeconfig: Path, scrape_interval_s: float, decision_interval_s: float
+) -> dict[str, str]:
+    """What the chart would set: a default image, no PodMonitor CRD here, fast loops, one Triton retry."""
+    return {
+        "KUBECONFIG": str(kubeconfig),
+        "SPECOPS_DEFAULT_IMAGE": DEMO_IMAGE,
+        "SPECOPS_POD_MONITOR": "false",
+        "SPECOPS_DEFAULT_INTERVAL_SECONDS": f"{decision_interval_s:g}",
+        "SPECOPS_SCRAPE_INTERVAL_SECONDS": f"{scrape_interval_s:g}",
+        "SPECOPS_TRITON_RETRIES": "1",
+    }
+
+
+@contextlib.contextmanager
+def environment(values: Mapping[str, str]) -> Iterator[None]:
+    """Set environment variables for the block; previous values (or their absence) come back after."""
+    previous = {key: os.environ.get(key) for key in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for key, value in previous.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+class OperatorHandle:
+    """The operator (production handlers, in-process); restart() simulates a pod restart."""
+
+    def __init__(self, registry: kopf.OperatorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else kopf.get_default_registry()
+        self.run: OperatorRun | None = None
+        self._exit: contextlib.AsyncExitStack | None = None
+
+    @property
+    def running(self) -> bool:
+        return self.run is not None and not self.run.task.done()
+
+    async def start(self) -> None:
+        if self._exit is not None:
+            return
+        exit_stack = contextlib.AsyncExitStack()
+        self.run = await exit_stack.enter_async_context(run_kopf(self.registry, startup_timeout_s=20.0))
+        self._exit = exit_stack
+
+    async def stop(self) -> None:
+        exit_stack, self._exit = self._exit, None
+        self.run = None
+        if exit_stack is not None:
+            await exit_stack.aclose()
+
+    async def restart(self) -> None:
+        await self.stop()
+        await self.start()
+
+
+@dataclass
+class LocalStack:
+    """Handles on every running part; see the module docstring for what each one plays."""
+
+    workdir: Path
+    cluster: EmulatedCluster
+    prometheus: PrometheusProcess
+    serving: ServingController
+    kube: KubeClient
+    operator: OperatorHandle
+    scrape_interval_s: float
+    decision_interval_s: float
+
+    @property
+    def namespace(self) -> str:
+        return self.cluster.namespace
+
+    def pods(self, owner: str, variant: str | None = None) -> list[SimPod]:
+        """The simulated pods serving one SpeculativeDeployment (all variants unless one is named)."""
+        return [
+            pod
+            for serving in self.serving.sets.values()
+            if serving.owner == owner and variant in (None, serving.variant)
+            for pod in serving.pods
+        ]
+
+    def set_load(self, owner: str, load: LoadPoint) -> None:
+        """Change what one resource's pods serve, effective now: the batch gauge moves at once.
+
+        The pods integrate their model every 0.2 s; advancing a millisecond publishes the
+        new batch immediately, so timings measured from here do not include the sim's tick.
+        """
+        for pod in self.pods(owner):
+            pod.set_load(load)
+            pod.advance(0.001)
+
+
+def fast_resource(
+    example: str,
+    *,
+    prometheus_url: str,
+    namespace: str,
+    replicas: int = 2,
+    interval: str = "1s",
+    baseline: str = "3s",
+    soak: str = "3s",
+    min_dwell: str = "2s",
+) -> dict[str, Any]:
+    """A docs/examples resource with a local Prometheus, fast rollout phases and fast decisions."""
+    body: dict[str, Any] = yaml.safe_load((EXAMPLES / example).read_text())
+    body = copy.deepcopy(body)
+    body["metadata"]["namespace"] = namespace
+    spec = body["spec"]
+    spec["serving"]["replicas"] = replicas
+    spec["metrics"] = {"prometheus": {"url": prometheus_url}, "interval": interval}
+    speculation = spec.setdefault("speculation", {})
+    speculation["rollout"] = {"baseline": baseline, "soak": soak}
+    speculation["batchGuard"] = {**speculation.get("batchGuard", {}), "minDwell": min_dwell}
+    return body
+
+
+@contextlib.asynccontextmanager
+async def local_stack(
+    workdir: Path,
+    *,
+    load: LoadPoint,
+    scrape_interval: str = "1s",
+    decision_interval: str = "1s",
+    pod_options: Callable[[Any, str], dict[str, Any]] | None = None,
+) -> AsyncIterator[LocalStack]:
+    """Start everything, yield the handles, stop everything in reverse order (also on errors)."""
+    workdir.mkdir(parents=True, exist_ok=True)  # noqa: ASYNC240 (once, before anything runs)
+    scrape_interval_s = parse_duration(scrape_interval)
+    decision_interval_s = parse_duration(decision_interval)
+    async with contextlib.AsyncExitStack() as exits:
+        cluster = await exits.enter_async_context(emulated_cluster([CRD_PATH], workdir))
+        prometheus = await exits.enter_async_context(
+            run_prometheus(workdir, scrape_interval=scrape_interval)
+        )
+        serving = await exits.enter_async_context(
+            ServingController(cluster, prometheus, load=load, pod_options=pod_options)
+        )
+        exits.enter_context(
+            environment(operator_environment(cluster.kubeconfig_path, scrape_interval_s, decision_interval_s))
+        )
+        kube = KubeClient(load_connection_settings(str(cluster.kubeconfig_path)))
+        exits.push_async_callback(kube.close)
+        operator = OperatorHandle()
+        exits.push_async_callback(operator.stop)
+        await operator.start()
+        yield LocalStack(
+            workdir=workdir,
+            cluster=cluster,
+            prometheus=prometheus,
+            serving=serving,
+            kube=kube,
+            operator=operator,
+            scrape_interval_s=scrape_interval_s,
+            decision_interval_s=decision_interval_s,
+        )
+
+
+@contextlib.contextmanager
+def interrupt_cancels(
+    task: asyncio.Task[Any], on_interrupt: Callable[[], None] = lambda: None
+) -> Iterator[None]:
+    """Ctrl+C cancels ``task`` (so every ``async with`` unwinds) instead of only stopping the operator.
+
+    Kopf installs its own SIGINT handler, which would stop the operator and leave the rest
+    waiting; enter this after the stack started. Further Ctrl+C presses are ignored while the
+    stack stops (until the operator's runner hands SIGINT back to Python).
+    """
+    loop = asyncio.get_running_loop()
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupted() -> None:
+        if not task.cancelling():
+            on_interrupt()
+            task.cancel()
+
+    loop.add_signal_handler(signal.SIGINT, interrupted)
+    try:
+        yield
+    finally:
+        if not task.cancelling():
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.remove_signal_handler(signal.SIGINT)
