@@ -42,10 +42,11 @@ crds: $(STAMP) ## regenerate crds/ (and the chart copy) from the pydantic models
 	$(PY) -m specops.api.crd crds/specops.dev_speculativedeployments.yaml
 
 demo: install ## local demo: emulated cluster, simulated Triton pods, real Prometheus, the real operator
-	$(PY) -m specops.demo
+	$(PY) -m tests.demo
 
 bench: install ## benchmarks: print tables and write JSON under bench-results/
 	$(PY) -m specops.bench all --out bench-results
+	$(PY) -m tests.bench.reaction --json bench-results/reaction.json
 
 clean: ## remove the venv and caches
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache bench-results

@@ -58,18 +58,11 @@ def _bench(argv: list[str]) -> int:
     return main(argv)
 
 
-def _demo(argv: list[str]) -> int:
-    from specops.demo import main
-
-    return main(argv)
-
-
 COMMANDS: dict[str, tuple[Callable[[list[str]], int], str]] = {
     "run": (_run, "run the operator against the cluster in $KUBECONFIG or in-cluster"),
     "plan": (_plan, "size drafts and draft lengths with the performance model"),
     "bench": (_bench, "run benchmarks (policy, reaction, ...)"),
     "crd": (_crd, "print the CRD generated from the API models (or write it to FILE)"),
-    "demo": (_demo, "local demo: emulated cluster, simulated pods, real Prometheus, the real operator"),
 }
 
 

@@ -39,7 +39,7 @@ from specops.domain import perf
 from specops.services.control import policy_config
 from specops.sim import LoadPoint
 from specops.sim.pod import MAX_ACTIVE_REQUESTS
-from tests.harness.stack import LocalStack, fast_resource, interrupt_cancels, local_stack
+from tests.harness.stack import LocalStack, fast_resource, interrupt_cancels, local_stack, log_to_file
 
 NAME = "llama-70b-chat"
 EXAMPLE = "dense-70b-7b.yaml"
@@ -258,7 +258,9 @@ async def one_run(stack: LocalStack, number: int, saturated_batch: float) -> Run
                 all_off = now
                 break
             if now > deadline:
-                raise BenchFailed(f"run {number}: speculation still on after {OFF_DEADLINE_S:.0f} s: {lengths}")
+                raise BenchFailed(
+                    f"run {number}: speculation still on after {OFF_DEADLINE_S:.0f} s: {lengths}"
+                )
             await asyncio.sleep(POLL_S)
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(asyncio.gather(*watchers), timeout=3.0)
@@ -411,7 +413,9 @@ def render(report: ReactionReport) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tests.bench.reaction", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m tests.bench.reaction", description=__doc__.split("\n")[0]
+    )
     parser.add_argument("--runs", type=int, default=7, help="repetitions (default 7, about 1.5 min)")
     parser.add_argument("--json", type=Path, help="write the results as JSON here")
     parser.add_argument("--workdir", type=Path, help="keep Prometheus data and logs here")
@@ -423,7 +427,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     started = time.monotonic()
     with contextlib.ExitStack() as cleanup:
-        workdir = args.workdir or Path(cleanup.enter_context(tempfile.TemporaryDirectory(prefix="specops-bench-")))
+        workdir = args.workdir or Path(
+            cleanup.enter_context(tempfile.TemporaryDirectory(prefix="specops-bench-"))
+        )
+        workdir.mkdir(parents=True, exist_ok=True)
+        cleanup.enter_context(log_to_file(workdir / "operator.log"))
         try:
             report = asyncio.run(run_reaction(args.runs, workdir=workdir))
         except BenchFailed as error:

@@ -14,24 +14,31 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import logging
 import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, TextIO, cast
 
+import kmock
 import yaml
 
 from specops.api.models import API_VERSION, KIND, SpeculativeDeployment
 from specops.domain import perf
 from specops.services.control import policy_config
 from specops.sim import LoadPoint
-from tests.harness.stack import CRD_PATH, LocalStack, fast_resource, interrupt_cancels, local_stack
+from tests.harness.stack import (
+    CRD_PATH,
+    LocalStack,
+    fast_resource,
+    interrupt_cancels,
+    local_stack,
+    log_to_file,
+)
 
 DENSE = "llama-70b-chat"
 EXAMPLES = (("dense-70b-7b.yaml", DENSE), ("moe-expert-distilled.yaml", "qwen3-moe"))
@@ -73,6 +80,8 @@ class Demo:
     pace: Pace
     out: TextIO
     started: float = field(default_factory=time.monotonic)
+    low_load: LoadPoint = LOW
+    high_load: LoadPoint = HIGH
     scene_number: int = 0
     off_after_s: float | None = None
     on_after_s: float | None = None
@@ -187,7 +196,8 @@ def owned_children(stack: LocalStack) -> list[list[str]]:
     """Every stored object owned by a SpeculativeDeployment: kind, name, owner."""
     emulator = stack.cluster.emulator
     rows: list[list[str]] = []
-    for resource, info in emulator.resources.items():
+    for resource in cast(list[kmock.resource], list(emulator.resources)):
+        info = cast(kmock.ResourceInfo, emulator.resources[resource])
         if info.namespaced is False:
             continue
         for obj in emulator.list_objects(resource, stack.namespace):
@@ -296,20 +306,20 @@ async def scene_rollout(demo: Demo) -> None:
 
 
 async def scene_load_cycle(demo: Demo) -> None:
-    stack, pace = demo.stack, demo.pace
+    stack, pace, low, high = demo.stack, demo.pace, demo.low_load, demo.high_load
     body = await demo.resource(DENSE)
     setup = policy_config(SpeculativeDeployment.model_validate(body).spec).setup
     break_even = perf.best_length_break_even_batch(setup, ALPHA, 8)
     demo.heading(f"Load on {DENSE} rises past break-even and falls again")
     demo.say(
-        f"modelled at alpha {ALPHA}: best speedup {perf.best_draft_length(setup, ALPHA, LOW.batch, 8)[1]:.2f}x "
-        f"at batch {LOW.batch:.0f}, none at or above batch {break_even} (the engine runs at most 256)"
+        f"modelled at alpha {ALPHA}: best speedup {perf.best_draft_length(setup, ALPHA, low.batch, 8)[1]:.2f}x "
+        f"at batch {low.batch:.0f}, none at or above batch {break_even} (the engine runs at most 256)"
     )
     line = lambda: load_line(demo)  # noqa: E731
     await demo.hold(pace.low_hold_s, line)
 
-    demo.say(f"--- offered load rises to {HIGH.batch:.0f} requests per pod")
-    stack.set_load(DENSE, HIGH)
+    demo.say(f"--- offered load rises to {high.batch:.0f} requests per pod")
+    stack.set_load(DENSE, high)
     demo.off_after_s = await demo.watch(
         "speculation off on every pod past break-even",
         lambda: all_pods(demo, DENSE, False),
@@ -319,8 +329,8 @@ async def scene_load_cycle(demo: Demo) -> None:
     demo.say(f"--- speculation off on every pod {demo.off_after_s:.1f} s after the load passed break-even")
     await demo.hold(pace.high_hold_s, line)
 
-    demo.say(f"--- offered load falls to {LOW.batch:.0f} requests per pod")
-    stack.set_load(DENSE, LOW)
+    demo.say(f"--- offered load falls to {low.batch:.0f} requests per pod")
+    stack.set_load(DENSE, low)
     demo.on_after_s = await demo.watch(
         "speculation back on every pod below break-even",
         lambda: all_pods(demo, DENSE, True),
@@ -386,26 +396,10 @@ Debian's prometheus is not installed; the demo scrapes the simulated pods with t
 Install it with:  make prometheus   (or: sudo apt-get install prometheus)"""
 
 
-@contextlib.contextmanager
-def operator_log(path: Path) -> Iterator[None]:
-    """Send the operator's log (Kopf and specops) to a file so the terminal shows only the demo."""
-    root = logging.getLogger()
-    handler = logging.FileHandler(path)
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    level = root.level
-    root.addHandler(handler)
-    root.setLevel(logging.INFO)
-    try:
-        yield
-    finally:
-        root.removeHandler(handler)
-        root.setLevel(level)
-        handler.close()
-
-
 async def run_demo(
     *,
     fast: bool = False,
+    pace: Pace | None = None,
     workdir: Path | None = None,
     out: TextIO | None = None,
     scenes: Sequence[Scene] = SCENES,
@@ -420,7 +414,7 @@ async def run_demo(
         if workdir is None:
             workdir = Path(cleanup.enter_context(tempfile.TemporaryDirectory(prefix="specops-demo-")))
         workdir.mkdir(parents=True, exist_ok=True)
-        cleanup.enter_context(operator_log(workdir / "operator.log"))
+        cleanup.enter_context(log_to_file(workdir / "operator.log"))
         print(
             "Starting the local stack: emulated Kubernetes API, Prometheus (1 s scrape), simulated Triton "
             "pods, the specops operator",
@@ -428,7 +422,7 @@ async def run_demo(
             flush=True,
         )
         async with local_stack(workdir, load=LOW) as stack:
-            demo = Demo(stack=stack, pace=FAST if fast else Pace(), out=out, started=started)
+            demo = Demo(stack=stack, pace=pace or (FAST if fast else Pace()), out=out, started=started)
             demo.say(f"API server {stack.cluster.url}, Prometheus {stack.prometheus.url}")
             task = asyncio.current_task()
             assert task is not None

@@ -55,9 +55,14 @@ async def wait_condition(
             return body
         return None
 
-    return await eventually(
-        probe, timeout_s=timeout_s, what=f"{name} {condition_type}={status} {reason or ''}"
-    )
+    try:
+        return await eventually(
+            probe, timeout_s=timeout_s, what=f"{name} {condition_type}={status} {reason or ''}"
+        )
+    except AssertionError as error:
+        body = await resource(kube, name)
+        shown = {k: v for k, v in ((body or {}).get("status") or {}).items() if k != "baseline"}
+        raise AssertionError(f"{error}\nstatus: {shown}") from None
 
 
 async def events_for(kube: KubeClient, name: str, namespace: str = "default") -> list[dict[str, Any]]:

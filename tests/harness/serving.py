@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -30,6 +31,14 @@ DEPLOYMENT_LABEL = "specops.dev/deployment"
 VARIANT_LABEL = "specops.dev/variant"
 
 
+@dataclass(frozen=True)
+class DraftBehaviour:
+    """How a draft version behaves in the simulated pods: its acceptance, and whether it is lossless."""
+
+    alpha: float
+    lossless: bool = True
+
+
 @dataclass
 class ServingSet:
     """The simulated pods behind one serving Deployment."""
@@ -39,6 +48,7 @@ class ServingSet:
     owner: str
     variant: str
     pods: list[SimPod] = field(default_factory=list)
+    template_key: str | None = None
 
 
 class ServingController:
@@ -51,12 +61,14 @@ class ServingController:
         *,
         load: LoadPoint | None = None,
         pod_options: Callable[[SpeculativeDeployment, str], dict[str, Any]] | None = None,
+        drafts: dict[str, DraftBehaviour] | None = None,
         poll_s: float = 0.1,
     ) -> None:
         self.cluster = cluster
         self.prometheus = prometheus
         self.load = load or LoadPoint(batch=8, alpha=0.8)
         self.pod_options = pod_options
+        self.drafts = drafts or {}
         self.poll_s = poll_s
         self.sets: dict[tuple[str, str], ServingSet] = {}
         self._task: asyncio.Task[None] | None = None
@@ -119,6 +131,10 @@ class ServingController:
         serving = self.sets.get(key)
         if serving is None:
             serving = self.sets[key] = ServingSet(namespace, name, owner, labels.get(VARIANT_LABEL, "stable"))
+        template_key = json.dumps(deployment["spec"]["template"], sort_keys=True)
+        if serving.template_key not in (None, template_key):
+            await self._scale(serving, 0, None)  # a new pod template: replace every pod (a fast "rollout")
+        serving.template_key = template_key
         await self._scale(serving, int(deployment["spec"].get("replicas", 1)), deployment)
         ready = sum(1 for p in serving.pods if p.running and p.ready)
         status = {
@@ -147,20 +163,25 @@ class ServingController:
             raise LookupError(f"owner {serving.owner} of {serving.deployment} not found")
         resource = SpeculativeDeployment.model_validate(owner)
         spec = resource.spec
+        template = deployment["spec"]["template"]
+        draft_version = template["metadata"]["labels"].get("specops.dev/draft-version", spec.draft.version)
         options: dict[str, Any] = {
             "max_draft_len": spec.target.engine.max_draft_len,
             "draft_length": spec.speculation.draft_length.initial if spec.speculation.mode != "off" else 0,
-            "draft_version": spec.draft.version,
+            "draft_version": draft_version,
             "load": self.load,
             "deployment": serving.owner,
             "variant": serving.variant,
             "seed": index,
         }
+        behaviour = self.drafts.get(draft_version)
+        if behaviour is not None:
+            options["engine_alpha_by_draft"] = {draft_version: behaviour.alpha}
+            options["lossless"] = behaviour.lossless
         if self.pod_options is not None:
             options.update(self.pod_options(resource, serving.variant))
         pod = SimPod(f"{serving.deployment}-{index}", policy_config(spec).setup, **options)
         await pod.start()
-        template = deployment["spec"]["template"]
         body = {
             "apiVersion": "v1",
             "kind": "Pod",

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
+import logging
 import os
 import signal
 import threading
@@ -175,9 +176,7 @@ async def local_stack(
     decision_interval_s = parse_duration(decision_interval)
     async with contextlib.AsyncExitStack() as exits:
         cluster = await exits.enter_async_context(emulated_cluster([CRD_PATH], workdir))
-        prometheus = await exits.enter_async_context(
-            run_prometheus(workdir, scrape_interval=scrape_interval)
-        )
+        prometheus = await exits.enter_async_context(run_prometheus(workdir, scrape_interval=scrape_interval))
         serving = await exits.enter_async_context(
             ServingController(cluster, prometheus, load=load, pod_options=pod_options)
         )
@@ -228,3 +227,20 @@ def interrupt_cancels(
         if not task.cancelling():
             with contextlib.suppress(NotImplementedError, RuntimeError):
                 loop.remove_signal_handler(signal.SIGINT)
+
+
+@contextlib.contextmanager
+def log_to_file(path: Path) -> Iterator[None]:
+    """Send every log record (Kopf's and the operator's) to a file, so a terminal shows only the report."""
+    root = logging.getLogger()
+    handler = logging.FileHandler(path)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    level = root.level
+    root.addHandler(handler)
+    root.setLevel(logging.INFO)
+    try:
+        yield
+    finally:
+        root.removeHandler(handler)
+        root.setLevel(level)
+        handler.close()

@@ -328,6 +328,7 @@ class HttpRouteRef(ApiModel):
 class TrafficRouting(ApiModel):
     gateway_api: HttpRouteRef | None = Field(
         default=None,
+        alias="gatewayAPI",
         description="Split traffic with real backend weights on this HTTPRoute. Empty: replica-ratio split.",
     )
 

@@ -48,6 +48,10 @@ CANARY_CONDITION = "CanaryRollout"
 PAUSED_ANNOTATION = "specops.dev/canary-paused"
 ACTION_ANNOTATION = "specops.dev/canary-action"
 MAX_SAMPLES = 240
+MIN_SAMPLES = judgement.DEFAULT_MIN_SAMPLES
+# A step whose window is still too thin after max(factor x pause, extension) is judged anyway.
+MAX_BAKE_FACTOR = 4.0
+MIN_BAKE_EXTENSION_S = 60.0
 LOSSLESS_ATTEMPTS = 10
 
 # Used when a resource names no golden prompts: short, deterministic, varied.
@@ -365,7 +369,18 @@ class CanaryService:
         canary = {**canary, "samples": samples}
         step = int(canary.get("step") or 0)
         pause_s = parse_duration(spec.canary.steps[step].pause)
-        if (now - _parse_time(canary["stepStartedAt"])).total_seconds() < pause_s:
+        elapsed_s = (now - _parse_time(canary["stepStartedAt"])).total_seconds()
+        if elapsed_s < pause_s:
+            return await self._write(resource, body, {"canary": canary}, [], now)
+        canary_window = _warmed_up([_sample(s) for s in samples[CANARY]])
+        stable_window = _warmed_up([_sample(s) for s in samples[STABLE]])
+        healthy_now = bool(canary_window and canary_window[-1].ok and stable_window and stable_window[-1].ok)
+        if (
+            healthy_now
+            and min(_usable(canary_window), _usable(stable_window)) < MIN_SAMPLES
+            and elapsed_s < max(MAX_BAKE_FACTOR * pause_s, MIN_BAKE_EXTENSION_S)
+        ):
+            # New canary pods are scraped a few intervals late: bake on rather than judge thin evidence.
             return await self._write(resource, body, {"canary": canary}, [], now)
 
         baseline = (body.get("status") or {}).get("baseline") or {}
@@ -374,8 +389,8 @@ class CanaryService:
         )
         slo = parse_duration(spec.slo.per_token_latency_p99) if spec.slo.per_token_latency_p99 else None
         verdict, evidence = judgement.analyse(
-            [_sample(s) for s in samples[CANARY]],
-            [_sample(s) for s in samples[STABLE]],
+            canary_window,
+            stable_window,
             confidence=spec.canary.analysis.confidence,
             slo_p99_s=slo,
             baseline_p50_s=baseline_p50,
@@ -407,7 +422,8 @@ class CanaryService:
         if action == "rollback":
             return await self._rollback(resource, body, reason, evidence.summary, now, canary=canary)
         if action == "advance":
-            if step + 1 >= len(spec.canary.steps) or spec.canary.steps[step].weight >= 100:
+            # The last step, or a 100 % step (nothing left to compare against), ends in promotion.
+            if step + 1 >= len(spec.canary.steps) or spec.canary.steps[step + 1].weight >= 100:
                 return await self._start_promotion(resource, body, evidence.summary, now, canary=canary)
             tick = await self._enter_step(resource, body, canary, step + 1, now)
             tick.events.insert(0, EventRecord("Normal", reason, evidence.summary))
@@ -547,6 +563,21 @@ class CanaryService:
 
         written = await self.kube.update_status(API_VERSION, KIND, namespace, name, mutate)
         return CanaryTick(body=written or body)
+
+
+def _warmed_up(samples: list[judgement.Sample]) -> list[judgement.Sample]:
+    """Drop the not-ok samples before a variant's first ok one: new pods' series are not scraped yet.
+
+    Later gaps stay in the window, so an outage still reads as an outage.
+    """
+    for index, sample in enumerate(samples):
+        if sample.ok:
+            return samples[index:]
+    return samples
+
+
+def _usable(samples: list[judgement.Sample]) -> int:
+    return sum(1 for sample in samples if sample.ok and sample.alpha is not None)
 
 
 def _rolled_out(deployment: Mapping[str, Any] | None, replicas: int, draft_version: str) -> bool:

@@ -1,0 +1,264 @@
+"""Draft canaries, end to end: a new draft reaches users only through a measured canary.
+
+The simulated pods give each draft version its own acceptance (and can serve a broken,
+non-lossless draft); Debian's Prometheus scrapes them; the real operator runs the
+lossless gate, moves real Gateway API weights, analyses, and promotes or rolls back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from specops.adapters.kube import KubeClient
+from specops.api.models import API_VERSION, KIND
+from specops.sim import LoadPoint
+from tests.e2e.conftest import NAMESPACE, Operator, example
+from tests.e2e.waiting import condition, events_for, eventually, resource, wait_condition
+from tests.harness.prometheus import PrometheusProcess, run_prometheus
+from tests.harness.serving import DraftBehaviour, ServingController
+
+pytestmark = [pytest.mark.e2e, pytest.mark.emulated_only]
+
+NAME = "llama-70b-chat"
+ROUTE = "chat"
+STABLE_SERVICE = f"{NAME}-stable"
+CANARY_SERVICE = f"{NAME}-canary"
+DRAFTS = {
+    "v3": DraftBehaviour(alpha=0.75),
+    "v4": DraftBehaviour(alpha=0.88),  # better
+    "v5": DraftBehaviour(alpha=0.55),  # worse
+    "v6": DraftBehaviour(alpha=0.90, lossless=False),  # fast but wrong
+}
+
+
+@pytest.fixture
+async def prometheus(tmp_path: Path) -> AsyncIterator[PrometheusProcess]:
+    async with run_prometheus(tmp_path / "prometheus", scrape_interval="1s") as prom:
+        yield prom
+
+
+@pytest.fixture
+async def serving(cluster: Any, prometheus: PrometheusProcess) -> AsyncIterator[ServingController]:
+    async with ServingController(
+        cluster, prometheus, load=LoadPoint(batch=16, alpha=0.75), drafts=DRAFTS
+    ) as ctl:
+        yield ctl
+
+
+@pytest.fixture
+def route(cluster: Any) -> dict[str, Any]:
+    """The user's HTTPRoute: their Gateway, one rule sending everything to the stable variant."""
+    return cluster.create(
+        "httproutes",
+        {
+            "apiVersion": "gateway.networking.k8s.io/v1",
+            "kind": "HTTPRoute",
+            "metadata": {"name": ROUTE, "namespace": NAMESPACE},
+            "spec": {
+                "parentRefs": [{"name": "inference-gateway"}],
+                "rules": [
+                    {
+                        "matches": [{"path": {"type": "PathPrefix", "value": "/v2"}}],
+                        "backendRefs": [{"name": STABLE_SERVICE, "port": 8000}],
+                    }
+                ],
+            },
+        },
+    )
+
+
+def canary_resource(prometheus: PrometheusProcess, **canary: Any) -> dict[str, Any]:
+    body = example()
+    body["spec"]["serving"]["replicas"] = 2
+    body["spec"]["metrics"] = {"prometheus": {"url": prometheus.url}, "interval": "1s"}
+    body["spec"]["speculation"] = {
+        "rollout": {"baseline": "2s", "soak": "2s"},
+        "batchGuard": {"minDwell": "2s"},
+    }
+    body["spec"]["canary"] = {
+        "steps": [{"weight": 25, "pause": "8s"}, {"weight": 100, "pause": "1s"}],
+        "trafficRouting": {"gatewayAPI": {"httpRoute": ROUTE}},
+        "analysis": {"failureLimit": 0, "inconclusiveLimit": 4},
+        "goldenPrompts": {"prompts": ["What is 2 + 2?", "Name a colour."], "maxTokens": 16},
+        **canary,
+    }
+    return body
+
+
+async def serving_ready(kube: KubeClient) -> None:
+    async def probe() -> bool:
+        body = await resource(kube, NAME)
+        return (body or {}).get("status", {}).get("phase") in ("Baseline", "Fixed", "Dynamic")
+
+    await eventually(probe, timeout_s=30, what="serving")
+
+
+async def new_draft(kube: KubeClient, version: str) -> None:
+    draft = {"version": version, "engine": {"uri": f"pvc://engines/llama-70b-draft/{version}"}}
+    await kube.patch(API_VERSION, KIND, NAMESPACE, NAME, {"spec": {"draft": draft}})
+
+
+class RouteWatcher:
+    """Records every canary weight the HTTPRoute carried."""
+
+    def __init__(self, kube: KubeClient) -> None:
+        self.kube = kube
+        self.weights: list[int] = []
+        self._task: asyncio.Task[None] | None = None
+
+    async def _watch(self) -> None:
+        while True:
+            live = await self.kube.get("gateway.networking.k8s.io/v1", "HTTPRoute", NAMESPACE, ROUTE)
+            refs = live["spec"]["rules"][0]["backendRefs"] if live else []
+            weight = next((r.get("weight", 0) for r in refs if r["name"] == CANARY_SERVICE), 0)
+            if not self.weights or self.weights[-1] != weight:
+                self.weights.append(weight)
+            await asyncio.sleep(0.1)
+
+    async def __aenter__(self) -> RouteWatcher:
+        self._task = asyncio.get_running_loop().create_task(self._watch())
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._task is not None
+        self._task.cancel()
+
+
+async def canary_deployments(kube: KubeClient) -> list[dict[str, Any]]:
+    return await kube.list("apps/v1", "Deployment", NAMESPACE, {"specops.dev/variant": "canary"})
+
+
+async def test_a_better_draft_is_promoted_through_real_route_weights(
+    cluster: Any,
+    kube: KubeClient,
+    operator: Operator,
+    serving: ServingController,
+    prometheus: PrometheusProcess,
+    route: dict[str, Any],
+) -> None:
+    # Given a serving resource whose canaries use the user's HTTPRoute
+    await kube.create(canary_resource(prometheus))
+    await serving_ready(kube)
+
+    # When the user publishes a better draft
+    async with RouteWatcher(kube) as watcher:
+        await new_draft(kube, "v4")
+
+        # Then it passes the lossless gate, takes 25 % of the route, wins the analysis and is promoted
+        body = await wait_condition(kube, NAME, "CanaryRollout", "False", "CanaryPromoted", timeout_s=90)
+    assert body["status"]["draft"]["version"] == "v4"
+    assert "v4 promoted" in condition(body, "CanaryRollout")["message"]
+    assert [w for w in watcher.weights if w] == [25, 100], watcher.weights  # stepped, then all in to promote
+
+    # And the stable variant now serves v4, the canary objects are gone, all traffic is stable again
+    stable = cluster.get("deployments", NAME)
+    assert stable["spec"]["template"]["metadata"]["labels"]["specops.dev/draft-version"] == "v4"
+    assert await canary_deployments(kube) == []
+    live = await kube.get("gateway.networking.k8s.io/v1", "HTTPRoute", NAMESPACE, ROUTE)
+    assert live["spec"]["rules"][0]["backendRefs"] == [{"name": STABLE_SERVICE, "port": 8000, "weight": 100}]
+    assert live["spec"]["parentRefs"] == [{"name": "inference-gateway"}]  # the user's parts untouched
+    reasons = [e["reason"] for e in await events_for(kube, NAME)]
+    for reason in ("CanaryStarted", "LosslessCheckPassed", "CanaryStepStarted", "CanaryPromoted"):
+        assert reason in reasons
+
+
+async def test_a_worse_draft_is_rolled_back_with_its_evidence(
+    cluster: Any,
+    kube: KubeClient,
+    operator: Operator,
+    serving: ServingController,
+    prometheus: PrometheusProcess,
+    route: dict[str, Any],
+) -> None:
+    await kube.create(canary_resource(prometheus))
+    await serving_ready(kube)
+
+    await new_draft(kube, "v5")
+
+    body = await wait_condition(kube, NAME, "CanaryRollout", "False", "CanaryRolledBack", timeout_s=90)
+    message = condition(body, "CanaryRollout")["message"]
+    assert "v5 rolled back" in message and "alpha" in message
+    assert body["status"]["draft"]["version"] == "v3"
+    assert body["status"]["rejectedDraft"].startswith("v5@")
+    assert await canary_deployments(kube) == []
+    live = await kube.get("gateway.networking.k8s.io/v1", "HTTPRoute", NAMESPACE, ROUTE)
+    assert live["spec"]["rules"][0]["backendRefs"] == [{"name": STABLE_SERVICE, "port": 8000, "weight": 100}]
+    # And the rejected draft is not retried while spec.draft still names it
+    await asyncio.sleep(3)
+    assert (await resource(kube, NAME))["status"].get("canary") is None
+    assert any(
+        e["reason"] == "CanaryRolledBack" and e["type"] == "Warning" for e in await events_for(kube, NAME)
+    )
+
+
+async def test_a_non_lossless_draft_is_refused_before_any_traffic(
+    cluster: Any,
+    kube: KubeClient,
+    operator: Operator,
+    serving: ServingController,
+    prometheus: PrometheusProcess,
+    route: dict[str, Any],
+) -> None:
+    await kube.create(canary_resource(prometheus))
+    await serving_ready(kube)
+
+    async with RouteWatcher(kube) as watcher:
+        await new_draft(kube, "v6")
+        body = await wait_condition(kube, NAME, "CanaryRollout", "False", "CanaryRolledBack", timeout_s=60)
+
+    assert "NotLossless" in condition(body, "CanaryRollout")["message"]
+    assert body["status"]["lastCanary"]["reason"] == "NotLossless"
+    assert set(watcher.weights) == {0}, watcher.weights  # the canary never received traffic
+    assert "CanaryStepStarted" not in [e["reason"] for e in await events_for(kube, NAME)]
+
+
+async def test_metrics_outage_pauses_judgement_and_a_restart_resumes_the_same_step(
+    cluster: Any,
+    kube: KubeClient,
+    operator: Operator,
+    serving: ServingController,
+    prometheus: PrometheusProcess,
+    route: dict[str, Any],
+) -> None:
+    body = canary_resource(
+        prometheus,
+        steps=[{"weight": 25, "pause": "6s"}, {"weight": 50, "pause": "6s"}, {"weight": 100, "pause": "1s"}],
+    )
+    await kube.create(body)
+    await serving_ready(kube)
+    await wait_condition(kube, NAME, "MetricsUnavailable", "False", timeout_s=30)
+    await new_draft(kube, "v4")
+
+    async def in_step() -> dict[str, Any] | None:
+        live = await resource(kube, NAME)
+        canary = (live or {}).get("status", {}).get("canary") or {}
+        return live if canary.get("phase") == "Progressing" else None
+
+    await eventually(in_step, timeout_s=40, what="canary progressing")
+
+    # When Prometheus goes away mid-canary, then judgement pauses: no rollback, no promotion
+    await prometheus.stop()
+    paused = await wait_condition(
+        kube, NAME, "CanaryRollout", "True", "CanaryMetricsUnavailable", timeout_s=40
+    )
+    step = paused["status"]["canary"]["step"]
+    await asyncio.sleep(4)
+    live = await resource(kube, NAME)
+    assert live["status"]["canary"]["step"] == step and live["status"]["draft"]["version"] == "v3"
+    assert live["status"]["canary"]["lastAnalysis"]["verdict"] == "Error"
+
+    # When the operator restarts meanwhile, then it resumes the same step (state lives in status)
+    started = live["status"]["canary"]["stepStartedAt"]
+    await operator.restart()
+    live = await resource(kube, NAME)
+    assert live["status"]["canary"]["step"] == step and live["status"]["canary"]["stepStartedAt"] == started
+
+    # When Prometheus returns, then the canary goes on to promotion
+    await prometheus.start()
+    body = await wait_condition(kube, NAME, "CanaryRollout", "False", "CanaryPromoted", timeout_s=120)
+    assert body["status"]["draft"]["version"] == "v4"
