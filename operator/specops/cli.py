@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import sys
 from collections.abc import Callable
 
@@ -58,10 +59,57 @@ def _bench(argv: list[str]) -> int:
     return main(argv)
 
 
+CANARY_ANNOTATIONS: dict[str, dict[str, str | None]] = {
+    "pause": {"specops.dev/canary-paused": "true"},
+    "resume": {"specops.dev/canary-paused": None},
+    "promote": {"specops.dev/canary-action": "promote", "specops.dev/canary-paused": None},
+    "abort": {"specops.dev/canary-action": "abort", "specops.dev/canary-paused": None},
+}
+
+
+def _canary(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog="specops canary",
+        description="Manual canary gates: pause and resume judgement, promote now, or abort (roll back). "
+        "They set the documented annotations; the operator acts at its next tick.",
+    )
+    parser.add_argument("action", choices=sorted(CANARY_ANNOTATIONS))
+    parser.add_argument("name", help="SpeculativeDeployment name")
+    parser.add_argument("-n", "--namespace", default="default")
+    parser.add_argument("--kubeconfig", default=None, help="defaults to $KUBECONFIG, then ~/.kube/config")
+    args = parser.parse_args(argv)
+    return asyncio.run(set_canary_gate(args.action, args.name, args.namespace, args.kubeconfig))
+
+
+async def set_canary_gate(action: str, name: str, namespace: str, kubeconfig: str | None = None) -> int:
+    from specops.adapters.kube import KubeApiError, KubeClient, load_connection_settings
+    from specops.api.models import API_VERSION, KIND
+
+    kube = KubeClient(load_connection_settings(kubeconfig))
+    try:
+        body = await kube.get(API_VERSION, KIND, namespace, name)
+        if body is None:
+            print(f"error: speculativedeployment {namespace}/{name} not found", file=sys.stderr)
+            return 1
+        if not (body.get("status") or {}).get("canary") and action != "resume":
+            print(f"error: {namespace}/{name} has no canary in progress", file=sys.stderr)
+            return 1
+        patch = {"metadata": {"annotations": CANARY_ANNOTATIONS[action]}}
+        await kube.patch(API_VERSION, KIND, namespace, name, patch)
+    except KubeApiError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    finally:
+        await kube.close()
+    print(f"speculativedeployment {namespace}/{name}: canary {action} requested")
+    return 0
+
+
 COMMANDS: dict[str, tuple[Callable[[list[str]], int], str]] = {
     "run": (_run, "run the operator against the cluster in $KUBECONFIG or in-cluster"),
     "plan": (_plan, "size drafts and draft lengths with the performance model"),
     "bench": (_bench, "run benchmarks (policy, reaction, ...)"),
+    "canary": (_canary, "manual canary gates: pause | resume | promote | abort NAME"),
     "crd": (_crd, "print the CRD generated from the API models (or write it to FILE)"),
 }
 

@@ -262,3 +262,75 @@ async def test_metrics_outage_pauses_judgement_and_a_restart_resumes_the_same_st
     await prometheus.start()
     body = await wait_condition(kube, NAME, "CanaryRollout", "False", "CanaryPromoted", timeout_s=120)
     assert body["status"]["draft"]["version"] == "v4"
+
+
+async def test_manual_gates_pause_then_promote_now(
+    cluster: Any,
+    kube: KubeClient,
+    operator: Operator,
+    serving: ServingController,
+    prometheus: PrometheusProcess,
+    route: dict[str, Any],
+) -> None:
+    from specops.cli import set_canary_gate
+
+    body = canary_resource(prometheus, steps=[{"weight": 10, "pause": "1h"}, {"weight": 100, "pause": "1s"}])
+    await kube.create(body)
+    await serving_ready(kube)
+    await new_draft(kube, "v4")
+
+    async def progressing() -> dict[str, Any] | None:
+        live = await resource(kube, NAME)
+        return (
+            live
+            if ((live or {}).get("status", {}).get("canary") or {}).get("phase") == "Progressing"
+            else None
+        )
+
+    await eventually(progressing, timeout_s=40, what="canary progressing")
+
+    # When an operator pauses the canary from the CLI, then status says so and nothing moves
+    assert await set_canary_gate("pause", NAME, NAMESPACE) == 0
+
+    async def paused() -> bool:
+        return bool(((await resource(kube, NAME))["status"].get("canary") or {}).get("paused"))
+
+    await eventually(paused, timeout_s=10, what="canary paused")
+
+    # When they promote it now (a one-hour bake notwithstanding), then it is promoted
+    assert await set_canary_gate("promote", NAME, NAMESPACE) == 0
+    body = await wait_condition(kube, NAME, "CanaryRollout", "False", "CanaryPromoted", timeout_s=60)
+    assert body["status"]["draft"]["version"] == "v4"
+    annotations = body["metadata"].get("annotations") or {}
+    assert "specops.dev/canary-action" not in annotations and "specops.dev/canary-paused" not in annotations
+
+
+async def test_manual_abort_rolls_back(
+    cluster: Any,
+    kube: KubeClient,
+    operator: Operator,
+    serving: ServingController,
+    prometheus: PrometheusProcess,
+    route: dict[str, Any],
+) -> None:
+    from specops.cli import set_canary_gate
+
+    await kube.create(
+        canary_resource(prometheus, steps=[{"weight": 10, "pause": "1h"}, {"weight": 100, "pause": "1s"}])
+    )
+    await serving_ready(kube)
+    assert await set_canary_gate("abort", NAME, NAMESPACE) == 1  # nothing to abort yet: a clear error
+    await new_draft(kube, "v4")
+    await eventually(lambda: _canary_phase(kube, "Progressing"), timeout_s=40, what="canary progressing")
+
+    assert await set_canary_gate("abort", NAME, NAMESPACE) == 0
+
+    body = await wait_condition(kube, NAME, "CanaryRollout", "False", "CanaryRolledBack", timeout_s=30)
+    assert body["status"]["lastCanary"]["reason"] == "CanaryAborted"
+    assert body["status"]["draft"]["version"] == "v3"
+    assert await canary_deployments(kube) == []
+
+
+async def _canary_phase(kube: KubeClient, phase: str) -> bool:
+    live = await resource(kube, NAME)
+    return ((live or {}).get("status", {}).get("canary") or {}).get("phase") == phase
