@@ -21,6 +21,7 @@ import httpx
 from specops.domain.metrics import (
     PROFILES,
     REASON_METRICS_UNAVAILABLE,
+    REASON_PENDING,
     BackendProfile,
     Measurement,
     RawVector,
@@ -71,7 +72,9 @@ class PrometheusPoller:
         self.timeout_s = timeout_s
         self._clock = clock
         self._client = httpx.AsyncClient(timeout=httpx.Timeout(timeout_s))
-        self.latest: Snapshot = Snapshot.failed(clock(), f"no poll of {self.url} has completed yet")
+        self.latest: Snapshot = Snapshot.failed(
+            clock(), f"no poll of {self.url} has completed yet", reason=REASON_PENDING
+        )
         self.cycles = 0
         self.queries_total = 0
         self.queries_last_cycle = 0

@@ -37,6 +37,7 @@ Q_TPOT_P99 = "tpot_p99_s"
 REASON_METRICS_UNAVAILABLE = "MetricsUnavailable"
 REASON_NO_METRICS = "NoMetricsForDeployment"
 REASON_STALE = "MetricsStale"
+REASON_PENDING = "MetricsPending"  # the first poll after start-up has not completed: not an outage
 
 Key = tuple[str, str, str]
 """(namespace, deployment, variant)."""
@@ -217,10 +218,11 @@ class Snapshot:
     phase: Literal["Ok", "Error"]
     error: str | None = None
     measurements: Mapping[Key, Measurement] = field(default_factory=dict)
+    reason: str = REASON_METRICS_UNAVAILABLE
 
     @classmethod
-    def failed(cls, at: datetime, message: str) -> Snapshot:
-        return cls(at=at, phase="Error", error=message)
+    def failed(cls, at: datetime, message: str, reason: str = REASON_METRICS_UNAVAILABLE) -> Snapshot:
+        return cls(at=at, phase="Error", error=message, reason=reason)
 
     def lookup(
         self,
@@ -237,7 +239,7 @@ class Snapshot:
         whose metrics do not reveal it.
         """
         if self.phase != "Ok":
-            return Measurement.failed(now, REASON_METRICS_UNAVAILABLE, self.error or "metrics unavailable")
+            return Measurement.failed(now, self.reason, self.error or "metrics unavailable")
         age_s = (now - self.at).total_seconds()
         if age_s > max_age_s:
             return Measurement.failed(

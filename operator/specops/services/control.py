@@ -29,7 +29,7 @@ from specops.api.units import format_duration, parse_duration
 from specops.domain import lifecycle, perf
 from specops.domain.discovery import ready_endpoints
 from specops.domain.lifecycle import EventRecord
-from specops.domain.metrics import Measurement
+from specops.domain.metrics import REASON_PENDING, Measurement
 from specops.domain.policy import (
     Baseline,
     Decision,
@@ -288,14 +288,15 @@ class ControlLoop:
             # Hold: the last decision stays, pods that lack it still get it, nothing new is decided.
             held = int(current.get("draftLength") or 0)
             fleet = await self.triton.apply_to_all(endpoints, num_draft_tokens=held, retries=self.retries)
-            updates.append(
-                ConditionUpdate(
-                    cond.METRICS_UNAVAILABLE,
-                    "True",
-                    measurement.reason or Reason.PROMETHEUS_UNREACHABLE,
-                    f"{measurement.error}; holding num_draft_tokens={held}",
+            if measurement.reason != REASON_PENDING:  # the first poll after start-up is not an outage
+                updates.append(
+                    ConditionUpdate(
+                        cond.METRICS_UNAVAILABLE,
+                        "True",
+                        measurement.reason or Reason.PROMETHEUS_UNREACHABLE,
+                        f"{measurement.error}; holding num_draft_tokens={held}",
+                    )
                 )
-            )
             patch = {}
         else:
             state = state_from_status(status, config, now)

@@ -39,8 +39,12 @@ import triton_python_backend_utils as pb_utils
 MODEL_NAME = "tensorrt_llm_bls"
 MODEL_VERSION = "1"
 TPOT_BUCKETS = [
+    0.001,
     0.002,
+    0.003,
+    0.004,
     0.005,
+    0.0075,
     0.01,
     0.015,
     0.02,
@@ -56,7 +60,8 @@ TPOT_BUCKETS = [
     0.5,
     1.0,
 ]
-"""Seconds per output token: dense around 10-50 ms, where per-token SLOs sit."""
+"""Seconds per output token: from 1 ms (small or MoE-active targets with speculation) to 1 s,
+dense around 10-50 ms where per-token SLOs sit."""
 
 Generate = Callable[[str, Sequence[int], int, Sequence[int]], list[int]]
 """(model name, sequence, max new tokens, draft tokens) -> new tokens (without the sequence)."""
