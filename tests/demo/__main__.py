@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
 import shutil
 import sys
 import tempfile
@@ -31,6 +32,7 @@ from specops.api.models import API_VERSION, KIND, SpeculativeDeployment
 from specops.domain import perf
 from specops.services.control import policy_config
 from specops.sim import LoadPoint
+from tests.harness.serving import DraftBehaviour
 from tests.harness.stack import (
     CRD_PATH,
     LocalStack,
@@ -47,6 +49,17 @@ LOW = LoadPoint(batch=16, alpha=ALPHA)
 # Offered requests per pod past break-even (~251 for 70B/7B at alpha 0.8); the engine runs at most
 # 256 at once and queues the rest.
 HIGH = LoadPoint(batch=300, alpha=ALPHA)
+# Draft versions the simulated pods know: v3 is in service, v4 is better (the canary scene), and the
+# draft retrained for target 2026-11-15 (its version is derived by the operator) is better still.
+RETRAINED = "v4-rt1-2026-11-15"
+DRAFTS = {"v3": DraftBehaviour(alpha=ALPHA), "v4": DraftBehaviour(alpha=0.88), RETRAINED: DraftBehaviour(alpha=0.92)}
+FAST_CANARY = {
+    "steps": [{"weight": 25, "pause": "6s"}, {"weight": 50, "pause": "6s"}, {"weight": 100, "pause": "1s"}],
+    "goldenPrompts": {
+        "prompts": ["What is the capital of France?", "Write a haiku about GPUs."],
+        "maxTokens": 32,
+    },
+}
 ON_OFF_REASONS = ("SpeculationDisabledHighBatch", "SpeculationEnabledLowBatch")
 
 
@@ -85,6 +98,7 @@ class Demo:
     scene_number: int = 0
     off_after_s: float | None = None
     on_after_s: float | None = None
+    retrained: str | None = None
 
     def say(self, text: str = "") -> None:
         print(text, file=self.out, flush=True)
@@ -371,8 +385,130 @@ async def print_sdeps(demo: Demo) -> None:
     demo.say(sdep_table([b for b in bodies if b], datetime.now(UTC)))
 
 
+async def canary_line(demo: Demo) -> str:
+    status = (await demo.resource(DENSE)).get("status", {})
+    canary = status.get("canary") or {}
+    rollout = next((c for c in status.get("conditions", []) if c["type"] == "CanaryRollout"), {})
+    verdict = (canary.get("lastAnalysis") or {}).get("verdict", "-")
+    if not canary:
+        return (
+            f"{DENSE}: stable draft {status.get('draft', {}).get('version')} ({rollout.get('reason', '-')})"
+        )
+    return (
+        f"{DENSE}: canary {canary.get('draft', {}).get('version')} {canary.get('phase')} "
+        f"step {int(canary.get('step', -1)) + 1} weight {canary.get('weight', 0)}% "
+        f"({canary.get('trafficRouting')}), last analysis {verdict}"
+    )
+
+
+async def promoted(demo: Demo, version: str) -> bool:
+    status = (await demo.resource(DENSE)).get("status", {})
+    rollout = next((c for c in status.get("conditions", []) if c["type"] == "CanaryRollout"), {})
+    if rollout.get("reason") == "CanaryRolledBack":
+        raise DemoFailed(f"canary rolled back: {rollout.get('message')}")
+    return rollout.get("reason") == "CanaryPromoted" and status.get("draft", {}).get("version") == version
+
+
+async def scene_canary(demo: Demo) -> None:
+    stack = demo.stack
+    demo.heading(f"A better draft (v4) for {DENSE} goes out behind a canary")
+    demo.say(
+        "steps 25% -> 50% -> promote, 6 s bake each; golden prompts must match with speculation on and off"
+    )
+    await stack.kube.patch(API_VERSION, KIND, stack.namespace, DENSE, {"spec": {"canary": FAST_CANARY}})
+    draft = {"version": "v4", "engine": {"uri": "pvc://engines/llama-70b-draft/v4"}}
+    await stack.kube.patch(API_VERSION, KIND, stack.namespace, DENSE, {"spec": {"draft": draft}})
+    demo.say(
+        f'$ kubectl patch sdep {DENSE} --type merge -p \'{{"spec": {{"draft": {{"version": "v4", ...}}}}}}\''
+    )
+    await demo.watch("canary of v4 promoted", lambda: promoted(demo, "v4"), lambda: canary_line(demo), 90)
+    status = (await demo.resource(DENSE)).get("status", {})
+    rollout = next(c for c in status["conditions"] if c["type"] == "CanaryRollout")
+    demo.say(f"--- {rollout['reason']}: {rollout['message']}")
+    await print_sdeps(demo)
+
+
+async def scene_retraining(demo: Demo) -> None:
+    stack = demo.stack
+    demo.heading(f"The target of {DENSE} is updated: the draft goes stale and is retrained")
+    retraining = {
+        "enabled": True,
+        "method": "onPolicy",
+        "image": "registry.example.com/specops-trainer:1",
+        "data": {"uri": "s3://prompts/llama-70b-chat/"},
+    }
+    await stack.kube.patch(API_VERSION, KIND, stack.namespace, DENSE, {"spec": {"retraining": retraining}})
+    await stack.kube.patch(
+        API_VERSION, KIND, stack.namespace, DENSE, {"spec": {"target": {"version": "2026-11-15"}}}
+    )
+    demo.say(
+        f'$ kubectl patch sdep {DENSE} --type merge -p \'{{"spec": {{"target": {{"version": "2026-11-15"}}}}}}\''
+    )
+
+    async def job() -> dict[str, Any] | None:
+        jobs = await stack.kube.list("batch/v1", "Job", stack.namespace, {"specops.dev/deployment": DENSE})
+        return jobs[0] if jobs else None
+
+    async def job_created() -> bool:
+        return await job() is not None
+
+    async def stale_line() -> str:
+        status = (await demo.resource(DENSE)).get("status", {})
+        stale = next((c for c in status.get("conditions", []) if c["type"] == "DraftStale"), {})
+        return f"{DENSE}: DraftStale={stale.get('status')} ({stale.get('message', '')})"
+
+    await demo.watch("training Job created", job_created, stale_line, 30)
+    created = await job()
+    assert created is not None
+    env = {e["name"]: e.get("value", "") for e in created["spec"]["template"]["spec"]["containers"][0]["env"]}
+    demo.say(f"job.batch/{created['metadata']['name']} created; the trainer receives:")
+    for key in (
+        "SPECOPS_TARGET_VERSION",
+        "SPECOPS_DRAFT_VERSION",
+        "SPECOPS_METHOD",
+        "SPECOPS_DATA_URI",
+        "SPECOPS_REPLAY_REJECTED",
+        "SPECOPS_OUTPUT_VERSION",
+    ):
+        demo.say(f"  {key}={env.get(key, '')}")
+    version = env["SPECOPS_OUTPUT_VERSION"]
+    demo.say("--- the trainer finishes and publishes its draft (this demo plays the Job controller)")
+    result = {"draftVersion": version, "engineUri": f"pvc://engines/llama-70b-draft/{version}"}
+    await stack.kube.patch(
+        "batch/v1",
+        "Job",
+        stack.namespace,
+        created["metadata"]["name"],
+        {"metadata": {"annotations": {"specops.dev/result": json.dumps(result)}}},
+    )
+    stack.cluster.patch_status(
+        "jobs",
+        created["metadata"]["name"],
+        {"conditions": [{"type": "Complete", "status": "True"}], "succeeded": 1},
+        namespace=stack.namespace,
+    )
+    await demo.watch(
+        f"retrained draft {version} promoted", lambda: promoted(demo, version), lambda: canary_line(demo), 120
+    )
+
+    async def current() -> bool:
+        status = (await demo.resource(DENSE)).get("status", {})
+        return any(c["type"] == "DraftStale" and c["status"] == "False" for c in status.get("conditions", []))
+
+    await demo.watch("draft current again", current, stale_line, 20)
+    demo.retrained = version
+    await print_sdeps(demo)
+
+
 Scene = Callable[[Demo], Awaitable[None]]
-SCENES: list[Scene] = [scene_apply, scene_rollout, scene_load_cycle, scene_events]
+SCENES: list[Scene] = [
+    scene_apply,
+    scene_rollout,
+    scene_load_cycle,
+    scene_canary,
+    scene_retraining,
+    scene_events,
+]
 
 
 # ---------------------------------------------------------------- running it
@@ -421,7 +557,7 @@ async def run_demo(
             file=out,
             flush=True,
         )
-        async with local_stack(workdir, load=LOW) as stack:
+        async with local_stack(workdir, load=LOW, drafts=DRAFTS) as stack:
             demo = Demo(stack=stack, pace=pace or (FAST if fast else Pace()), out=out, started=started)
             demo.say(f"API server {stack.cluster.url}, Prometheus {stack.prometheus.url}")
             task = asyncio.current_task()

@@ -33,7 +33,7 @@ from specops.sim import LoadPoint, SimPod
 from tests.harness.cluster import EmulatedCluster, emulated_cluster
 from tests.harness.kopf_runner import OperatorRun, run_kopf
 from tests.harness.prometheus import PrometheusProcess, run_prometheus
-from tests.harness.serving import ServingController
+from tests.harness.serving import DraftBehaviour, ServingController
 
 ROOT = Path(__file__).resolve().parents[2]
 CRD_PATH = ROOT / "crds" / "specops.dev_speculativedeployments.yaml"
@@ -169,6 +169,7 @@ async def local_stack(
     scrape_interval: str = "1s",
     decision_interval: str = "1s",
     pod_options: Callable[[Any, str], dict[str, Any]] | None = None,
+    drafts: dict[str, DraftBehaviour] | None = None,
 ) -> AsyncIterator[LocalStack]:
     """Start everything, yield the handles, stop everything in reverse order (also on errors)."""
     workdir.mkdir(parents=True, exist_ok=True)  # noqa: ASYNC240 (once, before anything runs)
@@ -178,7 +179,7 @@ async def local_stack(
         cluster = await exits.enter_async_context(emulated_cluster([CRD_PATH], workdir))
         prometheus = await exits.enter_async_context(run_prometheus(workdir, scrape_interval=scrape_interval))
         serving = await exits.enter_async_context(
-            ServingController(cluster, prometheus, load=load, pod_options=pod_options)
+            ServingController(cluster, prometheus, load=load, pod_options=pod_options, drafts=drafts)
         )
         exits.enter_context(
             environment(operator_environment(cluster.kubeconfig_path, scrape_interval_s, decision_interval_s))
