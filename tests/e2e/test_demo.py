@@ -51,6 +51,10 @@ async def test_demo_switches_speculation_off_past_break_even_and_back_on(tmp_pat
     for reason in ON_OFF_REASONS:
         assert f"sdep/{DENSE}" in events and reason in events
     assert "Done in" in printed
+    # And the draft's life is shown: a promoted canary, then a retraining round promoted by its own canary
+    assert printed.count("CanaryPromoted") >= 2, printed
+    for reason in ("LosslessCheckPassed", "RetrainingStarted", "RetrainingSucceeded"):
+        assert reason in printed
 
     # And everything it started is stopped, and the environment is as it was
     (stack,) = stacks
@@ -66,7 +70,7 @@ async def test_demo_fails_clearly_when_speculation_never_switches_off(tmp_path: 
     async def keep_load_below_break_even(demo: Demo) -> None:
         demo.high_load = LoadPoint(batch=100, alpha=0.8)
 
-    apply, rollout, load_cycle, _ = SCENES
+    apply, rollout, load_cycle = SCENES[:3]
     pace = Pace(baseline="1s", soak="1s", low_hold_s=0, high_hold_s=0, settle_hold_s=0, off_timeout_s=3)
     out = io.StringIO()
 
