@@ -36,6 +36,7 @@ PLURALS: dict[tuple[str, str], str] = {
     ("gateway.networking.k8s.io/v1", "HTTPRoute"): "httproutes",
     ("jobset.x-k8s.io/v1alpha2", "JobSet"): "jobsets",
     ("trainer.kubeflow.org/v1alpha1", "TrainJob"): "trainjobs",
+    ("kubeflow.org/v1", "PyTorchJob"): "pytorchjobs",
     ("specops.dev/v1alpha1", "SpeculativeDeployment"): "speculativedeployments",
 }
 

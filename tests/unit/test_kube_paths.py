@@ -1,0 +1,24 @@
+"""The small Kubernetes client knows every kind specops reads or writes, and builds the right paths."""
+
+from __future__ import annotations
+
+from specops.adapters.kube import PLURALS, label_selector, resource_path
+from specops.domain import retraining
+
+
+def test_every_training_kind_has_a_plural() -> None:
+    for kind in (retraining.JOB, retraining.JOBSET, retraining.TRAINJOB, retraining.PYTORCHJOB):
+        assert (kind.api_version, kind.kind) in PLURALS
+
+
+def test_core_and_group_paths() -> None:
+    assert resource_path("v1", "pods", "ns") == "/api/v1/namespaces/ns/pods"
+    assert (
+        resource_path("specops.dev/v1alpha1", "speculativedeployments", "ns", "x")
+        == "/apis/specops.dev/v1alpha1/namespaces/ns/speculativedeployments/x"
+    )
+    assert resource_path("apps/v1", "deployments", None) == "/apis/apps/v1/deployments"
+
+
+def test_label_selector_is_sorted_and_joined() -> None:
+    assert label_selector({"b": "2", "a": "1"}) == "a=1,b=2"
