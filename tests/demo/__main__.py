@@ -52,7 +52,11 @@ HIGH = LoadPoint(batch=300, alpha=ALPHA)
 # Draft versions the simulated pods know: v3 is in service, v4 is better (the canary scene), and the
 # draft retrained for target 2026-11-15 (its version is derived by the operator) is better still.
 RETRAINED = "v4-rt1-2026-11-15"
-DRAFTS = {"v3": DraftBehaviour(alpha=ALPHA), "v4": DraftBehaviour(alpha=0.88), RETRAINED: DraftBehaviour(alpha=0.92)}
+DRAFTS = {
+    "v3": DraftBehaviour(alpha=ALPHA),
+    "v4": DraftBehaviour(alpha=0.88),
+    RETRAINED: DraftBehaviour(alpha=0.92),
+}
 FAST_CANARY = {
     "steps": [{"weight": 25, "pause": "6s"}, {"weight": 50, "pause": "6s"}, {"weight": 100, "pause": "1s"}],
     "goldenPrompts": {
