@@ -58,7 +58,7 @@ def test_canary_weights_must_increase(steps: list[int], ok: bool) -> None:
     if ok:
         admit(body)
     else:
-        with pytest.raises(AdmissionError, match="spec.canary.steps"):
+        with pytest.raises(AdmissionError, match=r"spec\.canary\.steps"):
             admit(body)
 
 
@@ -77,7 +77,7 @@ def test_draft_length_bounds(length: dict[str, int], ok: bool) -> None:
     if ok:
         admit(body)
     else:
-        with pytest.raises(AdmissionError, match="spec.speculation.draftLength"):
+        with pytest.raises(AdmissionError, match=r"spec\.speculation\.draftLength"):
             admit(body)
 
 
@@ -86,7 +86,7 @@ def test_immutable_target_model_only_on_update() -> None:
     changed = copy.deepcopy(old)
     changed["spec"]["target"]["model"] = "another-model"
     admit(changed)  # a create with any model is fine
-    with pytest.raises(AdmissionError, match="spec.target.model"):
+    with pytest.raises(AdmissionError, match=r"spec\.target\.model"):
         admit(changed, old)
     version_bump = copy.deepcopy(old)
     version_bump["spec"]["target"]["version"] = "2026-12-01"
