@@ -12,8 +12,11 @@ import pytest
 import yaml
 
 import specops.handlers  # noqa: F401  (registers the production handlers in Kopf's default registry)
+from specops.sim import LoadPoint
 from tests.conftest import EXAMPLES
 from tests.harness.kopf_runner import OperatorRun, run_kopf
+from tests.harness.prometheus import PrometheusProcess, run_prometheus
+from tests.harness.serving import DraftBehaviour, ServingController
 
 NAMESPACE = "default"
 
@@ -65,6 +68,39 @@ async def operator(cluster: object, operator_env: None) -> AsyncIterator[Operato
         yield handle
     finally:
         await handle.stop()
+
+
+@pytest.fixture
+async def prometheus(tmp_path: Path) -> AsyncIterator[PrometheusProcess]:
+    """Debian's Prometheus scraping every second (the simulated pods are its targets)."""
+    async with run_prometheus(tmp_path / "prometheus", scrape_interval="1s") as prom:
+        yield prom
+
+
+@pytest.fixture
+def serving_load() -> LoadPoint:
+    """The load every simulated pod starts with; a test module may override this fixture."""
+    return LoadPoint(batch=16, alpha=0.8)
+
+
+@pytest.fixture
+def draft_behaviours() -> dict[str, DraftBehaviour]:
+    """How each draft version behaves in the simulated pods; a test module may override this fixture."""
+    return {}
+
+
+@pytest.fixture
+async def serving(
+    cluster: Any,
+    prometheus: PrometheusProcess,
+    serving_load: LoadPoint,
+    draft_behaviours: dict[str, DraftBehaviour],
+) -> AsyncIterator[ServingController]:
+    """Plays the Deployment controller: simulated Triton pods for every serving Deployment."""
+    async with ServingController(
+        cluster, prometheus, load=serving_load, drafts=draft_behaviours
+    ) as controller:
+        yield controller
 
 
 def crd_path() -> Path:

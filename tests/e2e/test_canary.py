@@ -8,8 +8,6 @@ lossless gate, moves real Gateway API weights, analyses, and promotes or rolls b
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,7 +17,7 @@ from specops.api.models import API_VERSION, KIND
 from specops.sim import LoadPoint
 from tests.e2e.conftest import NAMESPACE, Operator, example
 from tests.e2e.waiting import condition, events_for, eventually, resource, wait_condition
-from tests.harness.prometheus import PrometheusProcess, run_prometheus
+from tests.harness.prometheus import PrometheusProcess
 from tests.harness.serving import DraftBehaviour, ServingController
 
 pytestmark = [pytest.mark.e2e, pytest.mark.emulated_only]
@@ -37,17 +35,13 @@ DRAFTS = {
 
 
 @pytest.fixture
-async def prometheus(tmp_path: Path) -> AsyncIterator[PrometheusProcess]:
-    async with run_prometheus(tmp_path / "prometheus", scrape_interval="1s") as prom:
-        yield prom
+def serving_load() -> LoadPoint:
+    return LoadPoint(batch=16, alpha=0.75)
 
 
 @pytest.fixture
-async def serving(cluster: Any, prometheus: PrometheusProcess) -> AsyncIterator[ServingController]:
-    async with ServingController(
-        cluster, prometheus, load=LoadPoint(batch=16, alpha=0.75), drafts=DRAFTS
-    ) as ctl:
-        yield ctl
+def draft_behaviours() -> dict[str, DraftBehaviour]:
+    return DRAFTS
 
 
 @pytest.fixture

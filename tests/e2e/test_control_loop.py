@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,7 +17,7 @@ from specops.adapters.kube import KubeClient
 from specops.sim import LoadPoint
 from tests.e2e.conftest import Operator, example
 from tests.e2e.waiting import condition, events_for, eventually, resource, wait_condition
-from tests.harness.prometheus import PrometheusProcess, run_prometheus
+from tests.harness.prometheus import PrometheusProcess
 from tests.harness.serving import ServingController
 
 pytestmark = [pytest.mark.e2e, pytest.mark.emulated_only]
@@ -30,15 +28,8 @@ HIGH = LoadPoint(batch=400, alpha=0.8)  # far past break-even (~251 for 70B/7B o
 
 
 @pytest.fixture
-async def prometheus(tmp_path: Path) -> AsyncIterator[PrometheusProcess]:
-    async with run_prometheus(tmp_path / "prometheus", scrape_interval="1s") as prom:
-        yield prom
-
-
-@pytest.fixture
-async def serving(cluster: Any, prometheus: PrometheusProcess) -> AsyncIterator[ServingController]:
-    async with ServingController(cluster, prometheus, load=LOW) as controller:
-        yield controller
+def serving_load() -> LoadPoint:
+    return LOW
 
 
 def fast_resource(prometheus: PrometheusProcess, replicas: int = 2, **spec: Any) -> dict[str, Any]:

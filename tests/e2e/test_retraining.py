@@ -8,36 +8,21 @@ specops.dev/result). Everything else is the real operator.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from specops.adapters.kube import KubeClient
 from specops.api.models import API_VERSION, KIND
-from specops.sim import LoadPoint
 from tests.e2e.conftest import NAMESPACE, Operator
 from tests.e2e.test_canary import canary_resource, serving_ready
 from tests.e2e.waiting import condition, events_for, eventually, resource, wait_condition
-from tests.harness.prometheus import PrometheusProcess, run_prometheus
+from tests.harness.prometheus import PrometheusProcess
 from tests.harness.serving import ServingController
 
 pytestmark = [pytest.mark.e2e, pytest.mark.emulated_only]
 
 NAME = "llama-70b-chat"
-
-
-@pytest.fixture
-async def prometheus(tmp_path: Path) -> AsyncIterator[PrometheusProcess]:
-    async with run_prometheus(tmp_path / "prometheus", scrape_interval="1s") as prom:
-        yield prom
-
-
-@pytest.fixture
-async def serving(cluster: Any, prometheus: PrometheusProcess) -> AsyncIterator[ServingController]:
-    async with ServingController(cluster, prometheus, load=LoadPoint(batch=16, alpha=0.8)) as controller:
-        yield controller
 
 
 def retraining_resource(prometheus: PrometheusProcess) -> dict[str, Any]:
