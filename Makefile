@@ -38,7 +38,7 @@ fmt: $(STAMP) ## format and autofix
 	$(VENV)/bin/ruff format operator tests
 	$(VENV)/bin/ruff check --fix operator tests
 
-crds: $(STAMP) ## regenerate crds/ (and the chart copy) from the pydantic models
+crds: $(STAMP) ## regenerate crds/ from the pydantic models
 	$(PY) -m specops.api.crd crds/specops.dev_speculativedeployments.yaml
 
 demo: install ## local demo: emulated cluster, simulated Triton pods, real Prometheus, the real operator

@@ -54,3 +54,20 @@ def test_state_round_trips_through_status() -> None:
     assert status["speculation"]["state"] == "on" and status["speculation"]["draftLength"] == 3
     assert status["observed"]["perTokenLatencyP99"] == "20ms"
     assert status["speculation"]["measuredSpeedup"] == round(0.0213 / 0.01, 3)
+
+
+def test_acceptance_condition_follows_the_smoothed_alpha() -> None:
+    from dataclasses import replace
+
+    from specops.services.control import acceptance_condition
+
+    state = PolicyState("Dynamic", T0, True, 4, 0.42, None, None)
+    low = Decision(state, 4, "BestModelledSpeedup", "m", 1.2, False)
+    assert (acceptance_condition(low, 0.5).status, acceptance_condition(low, 0.5).reason) == (
+        "True",
+        "AcceptanceBelowSLO",
+    )
+    high = replace(low, state=replace(state, alpha=0.74))
+    assert acceptance_condition(high, 0.5).status == "False"
+    off = replace(low, num_draft_tokens=0)
+    assert acceptance_condition(off, 0.5).status == "Unknown"

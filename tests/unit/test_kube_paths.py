@@ -22,3 +22,20 @@ def test_core_and_group_paths() -> None:
 
 def test_label_selector_is_sorted_and_joined() -> None:
     assert label_selector({"b": "2", "a": "1"}) == "a=1,b=2"
+
+
+async def test_expiring_service_account_token_is_reread(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from specops.adapters.kube import ConnectionSettings, KubeClient
+
+    token_file = tmp_path / "token"
+    token_file.write_text("first")
+    client = KubeClient(
+        ConnectionSettings(server="https://127.0.0.1:1", token="first", token_file=str(token_file))
+    )
+    try:
+        assert client._refresh_token() is False  # same token: nothing to retry with
+        token_file.write_text("rotated\n")
+        assert client._refresh_token() is True
+        assert client._http.headers["Authorization"] == "Bearer rotated"
+    finally:
+        await client.close()

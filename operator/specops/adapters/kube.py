@@ -20,6 +20,7 @@ import kubernetes.client
 import kubernetes.config
 
 MERGE_PATCH = "application/merge-patch+json"
+SERVICE_ACCOUNT_TOKEN = "/var/run/secrets/kubernetes.io/serviceaccount/token"
 JSON_PATCH = "application/json-patch+json"
 
 # Plural names of the kinds specops reads or writes: (apiVersion, kind) -> plural.
@@ -28,7 +29,6 @@ PLURALS: dict[tuple[str, str], str] = {
     ("v1", "Service"): "services",
     ("v1", "ConfigMap"): "configmaps",
     ("v1", "Event"): "events",
-    ("v1", "Secret"): "secrets",
     ("apps/v1", "Deployment"): "deployments",
     ("batch/v1", "Job"): "jobs",
     ("discovery.k8s.io/v1", "EndpointSlice"): "endpointslices",
@@ -67,6 +67,8 @@ class ConnectionSettings:
     cert_file: str | None = None
     key_file: str | None = None
     verify: bool = True
+    # In-cluster the token is a projected, expiring file: re-read it when the server says 401.
+    token_file: str | None = None
 
 
 def load_connection_settings(kubeconfig: str | None = None) -> ConnectionSettings:
@@ -80,6 +82,7 @@ def load_connection_settings(kubeconfig: str | None = None) -> ConnectionSetting
     token = config.api_key.get("authorization") or config.api_key.get("BearerToken")
     if token and token.lower().startswith("bearer "):
         token = token[7:]
+    token_file = SERVICE_ACCOUNT_TOKEN if path is None and os.environ.get("KUBERNETES_SERVICE_HOST") else None
     return ConnectionSettings(
         server=config.host.rstrip("/"),
         token=token,
@@ -87,6 +90,7 @@ def load_connection_settings(kubeconfig: str | None = None) -> ConnectionSetting
         cert_file=config.cert_file,
         key_file=config.key_file,
         verify=bool(config.verify_ssl),
+        token_file=token_file,
     )
 
 
@@ -131,6 +135,20 @@ class KubeClient:
     async def close(self) -> None:
         await self._http.aclose()
 
+    def _refresh_token(self) -> bool:
+        """Re-read an expiring service-account token; True when a new one was loaded."""
+        if not self.settings.token_file:
+            return False
+        try:
+            with open(self.settings.token_file) as handle:
+                token = handle.read().strip()
+        except OSError:
+            return False
+        if not token or self._http.headers.get("Authorization") == f"Bearer {token}":
+            return False
+        self._http.headers["Authorization"] = f"Bearer {token}"
+        return True
+
     async def _request(
         self,
         method: str,
@@ -142,6 +160,8 @@ class KubeClient:
     ) -> dict[str, Any]:
         headers = {"Content-Type": content_type} if json is not None else {}
         response = await self._http.request(method, path, json=json, params=params, headers=headers)
+        if response.status_code == 401 and self._refresh_token():
+            response = await self._http.request(method, path, json=json, params=params, headers=headers)
         if response.status_code >= 400:
             try:
                 body = response.json()

@@ -22,6 +22,7 @@ DRAFT_MISMATCH = "DraftMismatch"
 DRAFT_SIZE_ADVISORY = "DraftSizeAdvisory"
 METRICS_UNAVAILABLE = "MetricsUnavailable"
 SPECULATION_APPLIED = "SpeculationApplied"
+ACCEPTANCE_BELOW_SLO = "AcceptanceBelowSLO"
 
 
 class Reason:
@@ -29,6 +30,9 @@ class Reason:
 
     SERVING = "Serving"
     INVALID_SPEC = "InvalidSpec"
+    BACKEND_NOT_SUPPORTED = "BackendNotSupported"
+    ACCEPTANCE_BELOW_SLO = "AcceptanceBelowSLO"
+    ACCEPTANCE_OK = "AcceptanceOK"
     CHILDREN_CREATED = "ChildrenCreated"
     CHILDREN_UPDATED = "ChildrenUpdated"
     WAITING_FOR_PODS = "WaitingForPods"

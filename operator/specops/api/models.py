@@ -167,8 +167,8 @@ class ServingSpec(ApiModel):
 
     backend: Literal["triton-trtllm", "trtllm-serve", "vllm", "sglang"] = Field(
         default="triton-trtllm",
-        description="Serving engine. triton-trtllm tunes speculation per request at run time; the others "
-        "are reserved for engines that fix their speculative config at start-up.",
+        description="Serving engine. Only triton-trtllm is served by this version (speculation tuned per "
+        "request at run time); trtllm-serve, vllm and sglang are reserved and refused with Ready=False.",
         json_schema_extra=_immutable("serving.backend is immutable: create a new SpeculativeDeployment"),
     )
     image: str | None = Field(
@@ -440,7 +440,9 @@ class RetrainingSpec(ApiModel):
     image: str | None = Field(default=None, max_length=512, description="Trainer image.")
     template: dict[str, Any] | None = Field(
         default=None,
-        description="A batch/v1 Job, JobSet or TrainJob template the trainer runs in.",
+        description="The trainer's template: a batch/v1 Job, a JobSet (jobset.x-k8s.io/v1alpha2), a TrainJob "
+        "(trainer.kubeflow.org/v1alpha1) or a PyTorchJob (kubeflow.org/v1). Empty: a batch/v1 Job running "
+        "retraining.image. See docs/retraining.md for what specops injects.",
         json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
     )
     auto_canary: bool = Field(default=True, description="Canary the trained draft automatically.")

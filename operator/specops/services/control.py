@@ -190,6 +190,28 @@ def observation_from(measurement: Measurement) -> Observation:
     )
 
 
+def acceptance_condition(decision: Decision, min_acceptance: float) -> ConditionUpdate:
+    """AcceptanceBelowSLO: the smoothed alpha against slo.minAcceptance, judged only while speculating."""
+    alpha = decision.state.alpha
+    if alpha is None or decision.num_draft_tokens == 0:
+        return ConditionUpdate(
+            cond.ACCEPTANCE_BELOW_SLO, "Unknown", "NotSpeculating", "no acceptance measured now"
+        )
+    if alpha < min_acceptance:
+        return ConditionUpdate(
+            cond.ACCEPTANCE_BELOW_SLO,
+            "True",
+            Reason.ACCEPTANCE_BELOW_SLO,
+            f"per-token acceptance {alpha:.2f} < slo.minAcceptance {min_acceptance:.2f}",
+        )
+    return ConditionUpdate(
+        cond.ACCEPTANCE_BELOW_SLO,
+        "False",
+        Reason.ACCEPTANCE_OK,
+        f"per-token acceptance {alpha:.2f} >= slo.minAcceptance {min_acceptance:.2f}",
+    )
+
+
 def applied_condition(fleet: FleetResult, num_draft_tokens: int) -> ConditionUpdate:
     if fleet.desired == 0:
         return ConditionUpdate(
@@ -323,21 +345,7 @@ class ControlLoop:
                 patch["phase"] = decision.state.phase
             if decision.changed:
                 events.append(EventRecord("Normal", decision.reason, decision.message))
-            if (
-                spec.slo.min_acceptance is not None
-                and decision.state.alpha is not None
-                and decision.num_draft_tokens > 0
-                and decision.state.alpha < spec.slo.min_acceptance
-            ):
-                updates.append(
-                    ConditionUpdate(
-                        cond.DEGRADED,
-                        "True",
-                        "AcceptanceBelowSLO",
-                        f"per-token acceptance {decision.state.alpha:.2f} < slo.minAcceptance "
-                        f"{spec.slo.min_acceptance:.2f}",
-                    )
-                )
+            updates.append(acceptance_condition(decision, spec.slo.min_acceptance))
         held_length = patch.get("speculation", {}).get("draftLength", current.get("draftLength", 0))
         updates.append(applied_condition(fleet, int(held_length or 0)))
         patch.setdefault("speculation", {})["pods"] = {"desired": fleet.desired, "applied": fleet.applied}

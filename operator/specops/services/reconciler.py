@@ -35,6 +35,7 @@ MANAGED_KINDS: tuple[tuple[str, str], ...] = (
     ("monitoring.coreos.com/v1", "PodMonitor"),
 )
 
+SUPPORTED_BACKENDS = frozenset({"triton-trtllm"})
 CONTROL_PHASES = {"Baseline", "Fixed", "Dynamic", "Canary", "Retraining"}
 
 # Conditions whose changes become Events: type -> (status that warrants a Warning).
@@ -79,6 +80,14 @@ class Reconciler:
         except ValidationError as error:
             return await self._invalid(
                 namespace, name, generation, lifecycle.describe_validation_error(error), now
+            )
+        if resource.spec.serving.backend not in SUPPORTED_BACKENDS:
+            message = (
+                f"spec.serving.backend: {resource.spec.serving.backend} is not served by this operator version "
+                f"(supported: {', '.join(sorted(SUPPORTED_BACKENDS))})"
+            )
+            return await self._invalid(
+                namespace, name, generation, message, now, Reason.BACKEND_NOT_SUPPORTED
             )
         try:
             children = self.render_stable(resource, body)
@@ -226,10 +235,16 @@ class Reconciler:
         return events
 
     async def _invalid(
-        self, namespace: str, name: str, generation: int, message: str, now: datetime
+        self,
+        namespace: str,
+        name: str,
+        generation: int,
+        message: str,
+        now: datetime,
+        reason: str = Reason.INVALID_SPEC,
     ) -> list[EventRecord]:
         """Park the resource with Ready=False/InvalidSpec: no crash, no hot retry, nothing touched."""
-        update = ConditionUpdate(cond.READY, "False", Reason.INVALID_SPEC, message)
+        update = ConditionUpdate(cond.READY, "False", reason, message)
         events: list[EventRecord] = []
 
         def mutate(live: dict[str, Any]) -> dict[str, Any] | None:
@@ -239,7 +254,7 @@ class Reconciler:
             patch: dict[str, Any] = {}
             if new_conditions != old_conditions:
                 patch["conditions"] = new_conditions
-                events[:] = [EventRecord("Warning", Reason.INVALID_SPEC, message)]
+                events[:] = [EventRecord("Warning", reason, message)]
             if status.get("phase") != "Invalid":
                 patch["phase"] = "Invalid"
             if status.get("observedGeneration") != generation:
