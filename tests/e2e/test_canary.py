@@ -328,3 +328,28 @@ async def test_manual_abort_rolls_back(
 async def _canary_phase(kube: KubeClient, phase: str) -> bool:
     live = await resource(kube, NAME)
     return ((live or {}).get("status", {}).get("canary") or {}).get("phase") == phase
+
+
+async def test_deleting_mid_canary_takes_the_canary_out_of_the_users_route(
+    cluster: Any,
+    kube: KubeClient,
+    operator: Operator,
+    serving: ServingController,
+    prometheus: PrometheusProcess,
+    route: dict[str, Any],
+) -> None:
+    await kube.create(
+        canary_resource(prometheus, steps=[{"weight": 10, "pause": "1h"}, {"weight": 100, "pause": "1s"}])
+    )
+    await serving_ready(kube)
+    await new_draft(kube, "v4")
+    await eventually(lambda: _canary_phase(kube, "Progressing"), timeout_s=40, what="canary progressing")
+
+    await kube.delete(API_VERSION, KIND, NAMESPACE, NAME)
+
+    async def released() -> bool:
+        live = await kube.get("gateway.networking.k8s.io/v1", "HTTPRoute", NAMESPACE, ROUTE)
+        names = [ref["name"] for ref in live["spec"]["rules"][0]["backendRefs"]]
+        return await resource(kube, NAME) is None and CANARY_SERVICE not in names
+
+    await eventually(released, timeout_s=20, what="resource gone and canary backend removed from the route")

@@ -76,7 +76,8 @@ async def reconcile(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
 async def delete(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     services: Services = memo.services
     try:
-        events = await services.reconciler.cleanup(body)
+        events = await services.drafts.canary.release(body)
+        events += await services.reconciler.cleanup(body)
     except KubeApiError as error:
         raise kopf.TemporaryError(f"Kubernetes API: {error}", delay=RETRY_DELAY_S) from error
     post_events(body, events)

@@ -521,6 +521,32 @@ class CanaryService:
         tick.finished, tick.source = "RolledBack", str(canary.get("source"))
         return tick
 
+    async def release(self, body: Mapping[str, Any]) -> list[EventRecord]:
+        """On delete: take the canary out of the user's HTTPRoute (garbage collection cannot)."""
+        canary = (body.get("status") or {}).get("canary") or {}
+        if canary.get("trafficRouting") != "GatewayAPI":
+            return []
+        try:
+            resource = SpeculativeDeployment.model_validate(dict(body))
+        except ValidationError:
+            return []
+        routing = resource.spec.canary.traffic_routing.gateway_api
+        if routing is None:
+            return []
+        namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
+        result = await self.router.set_weight(
+            namespace,
+            routing.http_route,
+            variant_service_name(name, STABLE),
+            variant_service_name(name, CANARY),
+            0,
+        )
+        if not result.ok:
+            return [EventRecord("Warning", "RouteNotReleased", result.message)]
+        return [
+            EventRecord("Normal", "RouteReleased", f"HTTPRoute {routing.http_route}: canary backend removed")
+        ]
+
     async def _delete_canary(self, namespace: str, name: str) -> None:
         labels = {"specops.dev/deployment": name, "specops.dev/variant": CANARY}
         for api_version, kind in (("apps/v1", "Deployment"), ("v1", "Service"), ("v1", "ConfigMap")):
