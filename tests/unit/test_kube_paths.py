@@ -39,3 +39,18 @@ async def test_expiring_service_account_token_is_reread(tmp_path) -> None:  # ty
         assert client._http.headers["Authorization"] == "Bearer rotated"
     finally:
         await client.close()
+
+
+async def test_unreachable_api_server_is_a_kube_api_error() -> None:
+    import pytest
+
+    from specops.adapters.kube import ConnectionSettings, KubeApiError, KubeClient
+    from tests.harness.prometheus import free_port
+
+    client = KubeClient(ConnectionSettings(server=f"http://127.0.0.1:{free_port()}"), timeout_s=2)
+    try:
+        with pytest.raises(KubeApiError) as raised:
+            await client.get("v1", "Pod", "default", "x")
+        assert raised.value.reason == "Unreachable"
+    finally:
+        await client.close()

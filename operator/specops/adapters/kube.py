@@ -159,9 +159,15 @@ class KubeClient:
         content_type: str = "application/json",
     ) -> dict[str, Any]:
         headers = {"Content-Type": content_type} if json is not None else {}
-        response = await self._http.request(method, path, json=json, params=params, headers=headers)
-        if response.status_code == 401 and self._refresh_token():
+        try:
             response = await self._http.request(method, path, json=json, params=params, headers=headers)
+            if response.status_code == 401 and self._refresh_token():
+                response = await self._http.request(method, path, json=json, params=params, headers=headers)
+        except httpx.HTTPError as error:
+            # An unreachable API server is an error like any other answer: callers retry with backoff.
+            raise KubeApiError(
+                0, "Unreachable", f"{method} {path}: {type(error).__name__}: {error}"
+            ) from error
         if response.status_code >= 400:
             try:
                 body = response.json()
