@@ -71,3 +71,35 @@ def test_acceptance_condition_follows_the_smoothed_alpha() -> None:
     assert acceptance_condition(high, 0.5).status == "False"
     off = replace(low, num_draft_tokens=0)
     assert acceptance_condition(off, 0.5).status == "Unknown"
+
+
+def test_only_measurements_moving_is_not_a_significant_status_change() -> None:
+    from specops.services.control import _significant_change
+
+    live = {
+        "phase": "Dynamic",
+        "speculation": {
+            "state": "on",
+            "draftLength": 4,
+            "reason": "BestModelledSpeedup",
+            "smoothedAlpha": 0.70,
+        },
+        "observed": {"alpha": 0.70, "at": "2026-11-29T12:00:00Z"},
+    }
+    measurements_moved = {
+        "phase": "Dynamic",
+        "speculation": {
+            "state": "on",
+            "draftLength": 4,
+            "reason": "BestModelledSpeedup",
+            "smoothedAlpha": 0.72,
+        },
+        "observed": {"alpha": 0.74, "at": "2026-11-29T12:00:15Z"},
+    }
+    assert not _significant_change(measurements_moved, live)
+    length_changed = {
+        **measurements_moved,
+        "speculation": {**measurements_moved["speculation"], "draftLength": 5},
+    }
+    assert _significant_change(length_changed, live)
+    assert _significant_change({**measurements_moved, "phase": "Fixed"}, live)

@@ -49,6 +49,18 @@ STALE_INTERVALS = 3.0
 SERVING_PHASES = {"Baseline", "Fixed", "Dynamic"}
 # Phases in which the loop keeps tuning the pods (a canary or a retraining round runs beside it).
 ACTIVE_PHASES = SERVING_PHASES | {"Canary", "Retraining"}
+# Status fields that move with every measurement; a change of only these is written at most
+# once per refresh period (max(MIN_STATUS_REFRESH_S, STATUS_REFRESH_INTERVALS x interval)).
+VOLATILE_STATUS = {
+    "speculation": {
+        "lastDecisionTime", "message", "predictedSpeedup", "measuredSpeedup",
+        "smoothedAlpha", "enableEvidence", "evidenceAt",
+    },
+    "observed": None,  # every field
+    "baseline": None,
+}  # fmt: skip
+MIN_STATUS_REFRESH_S = 10.0
+STATUS_REFRESH_INTERVALS = 4.0
 # The loop's own conditions, and the status that deserves a Warning Event when it appears.
 LOOP_CONDITION_WARNINGS = {
     cond.METRICS_UNAVAILABLE: "True",
@@ -190,6 +202,24 @@ def observation_from(measurement: Measurement) -> Observation:
     )
 
 
+def _significant_change(patch: Mapping[str, Any], live: Mapping[str, Any]) -> bool:
+    """Whether the patch changes anything beyond the volatile measurement fields (None = absent)."""
+    for key, value in patch.items():
+        current = live.get(key)
+        if not isinstance(value, Mapping):
+            if value != current:
+                return True
+            continue
+        volatile = VOLATILE_STATUS.get(key, set())
+        if volatile is None:
+            continue
+        current = current if isinstance(current, Mapping) else {}
+        for field_name, field_value in value.items():
+            if field_name not in volatile and field_value != current.get(field_name):
+                return True
+    return False
+
+
 def acceptance_condition(decision: Decision, min_acceptance: float) -> ConditionUpdate:
     """AcceptanceBelowSLO: the smoothed alpha against slo.minAcceptance, judged only while speculating."""
     alpha = decision.state.alpha
@@ -252,6 +282,10 @@ class ControlLoop:
         self.metrics = metrics
         self.triton = triton
         self.retries = retries
+        # The policy state between ticks, per resource (uid-checked). Status holds the same state,
+        # written when a decision changes something and at least every refresh period, so a
+        # restart resumes from status with at most that much smoothing progress lost.
+        self._memory: dict[tuple[str, str], tuple[str, PolicyState]] = {}
 
     def interval_s(self, body: Mapping[str, Any], default: float) -> float:
         text = ((body.get("spec") or {}).get("metrics") or {}).get("interval")
@@ -269,6 +303,7 @@ class ControlLoop:
 
     def unsubscribe(self, body: Mapping[str, Any]) -> None:
         self.metrics.unregister(self._key(body))
+        self._memory.pop(self._key(body), None)
 
     @staticmethod
     def _key(body: Mapping[str, Any]) -> tuple[str, str]:
@@ -321,7 +356,12 @@ class ControlLoop:
                 )
             patch = {}
         else:
-            state = state_from_status(status, config, now)
+            uid = str(body["metadata"].get("uid", ""))
+            remembered = self._memory.get((namespace, name))
+            if remembered is not None and remembered[0] == uid:
+                state = remembered[1]
+            else:
+                state = state_from_status(status, config, now)
             observation = observation_from(measurement)
             stale = (cond.find_condition(status.get("conditions") or [], "DraftStale") or {}).get(
                 "status"
@@ -335,6 +375,7 @@ class ControlLoop:
                     reason="SpeculationOffDraftStale",
                     message="draft is stale for this target version; speculation off until a retrained draft is promoted",
                 )
+            self._memory[(namespace, name)] = (uid, decision.state)
             fleet = await self.triton.apply_to_all(
                 endpoints, num_draft_tokens=decision.num_draft_tokens, retries=self.retries
             )
@@ -351,6 +392,7 @@ class ControlLoop:
         patch.setdefault("speculation", {})["pods"] = {"desired": fleet.desired, "applied": fleet.applied}
 
         generation = int(body["metadata"].get("generation") or 1)
+        refresh_s = max(MIN_STATUS_REFRESH_S, STATUS_REFRESH_INTERVALS * interval_s)
 
         def mutate(live: dict[str, Any]) -> dict[str, Any] | None:
             live_status = live.get("status") or {}
@@ -360,30 +402,19 @@ class ControlLoop:
                 patch.pop("phase", None)
             old_conditions = list(live_status.get("conditions") or [])
             new_conditions = cond.set_conditions(old_conditions, updates, now, generation)
-            out: dict[str, Any] = {}
-            for key, value in patch.items():
-                if isinstance(value, dict):
-                    merged = {**(live_status.get(key) or {}), **value}
-                    if merged != (live_status.get(key) or {}):
-                        out[key] = value
-                elif live_status.get(key) != value:
-                    out[key] = value
+            significant = _significant_change(patch, live_status) or new_conditions != old_conditions
+            observed_at = _parse_time((live_status.get("observed") or {}).get("at"))
+            due = observed_at is None or (now - observed_at).total_seconds() >= refresh_s
+            if not significant and not (due and "observed" in patch):
+                return None  # only measurements moved: refreshed every refresh period, not every tick
+            out: dict[str, Any] = {
+                key: value for key, value in patch.items() if value != live_status.get(key)
+            }
             if new_conditions != old_conditions:
                 out["conditions"] = new_conditions
                 events.extend(
                     lifecycle.condition_events(old_conditions, new_conditions, LOOP_CONDITION_WARNINGS)
                 )
-            # lastDecisionTime alone is not worth a write
-            only_bookkeeping = set(out) == {"speculation"} and set(out["speculation"]) <= {
-                "lastDecisionTime",
-                "pods",
-            }
-            pods_unchanged = out.get("speculation", {}).get("pods") in (
-                None,
-                live_status.get("speculation", {}).get("pods"),
-            )
-            if only_bookkeeping and pods_unchanged:
-                return None
             return out or None
 
         written = await self.kube.update_status(API_VERSION, KIND, namespace, name, mutate)
