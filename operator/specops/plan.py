@@ -15,11 +15,10 @@ speculation should be off. null when it still pays at 4096.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-from pathlib import Path
 from typing import Any
 
+from specops.cli_output import write_json
 from specops.domain.perf import (
     BYTES_PER_PARAM,
     GPUS,
@@ -180,10 +179,7 @@ def main(argv: list[str]) -> int:
     out = sys.stderr if args.json_path == "-" else sys.stdout
     print(header, file=out)
     print(text, file=out)
-    if args.json_path == "-":
-        print(json.dumps(result, indent=2))
-    elif args.json_path:
-        Path(args.json_path).write_text(json.dumps(result, indent=2) + "\n")
+    write_json(result, args.json_path)
     return 0
 
 

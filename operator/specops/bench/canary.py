@@ -33,18 +33,17 @@ No metrics outages are simulated: an outage pauses judgement and never rolls bac
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import random
 import sys
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any
 
 from specops.api.models import CanaryAnalysis, CanarySpec
 from specops.api.units import parse_duration
+from specops.cli_output import write_json
 from specops.domain.acceptance import alpha_from_acceptance_rate
 from specops.domain.canary import (
     DEFAULT_MIN_SAMPLES,
@@ -424,10 +423,7 @@ def main(argv: list[str]) -> int:
         "wall_s": round(time.perf_counter() - started, 2),
     }
     print(_format(result), file=sys.stderr if args.json_path == "-" else sys.stdout)
-    if args.json_path == "-":
-        print(json.dumps(result, indent=2))
-    elif args.json_path:
-        Path(args.json_path).write_text(json.dumps(result, indent=2) + "\n")
+    write_json(result, args.json_path)
     return 0
 
 

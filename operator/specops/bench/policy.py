@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import csv
 import itertools
-import json
 import random
 import sys
 from collections.abc import Iterable
@@ -33,6 +32,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from specops.cli_output import write_json
 from specops.domain.acceptance import acceptance_rate_from_alpha
 from specops.domain.perf import GPUS, ModelSetup, speedup
 from specops.domain.policy import Baseline, Observation, PolicyConfig, PolicyState, decide
@@ -247,10 +247,7 @@ def main(argv: list[str]) -> int:
         "alpha_noise_sigma": ALPHA_NOISE_SIGMA,
     }
     result: dict[str, Any] = {**described, **rows[0]} if args.trace else {**described, "traces": rows}
-    if args.json_path == "-":
-        print(json.dumps(result, indent=2))
-    elif args.json_path:
-        Path(args.json_path).write_text(json.dumps(result, indent=2) + "\n")
+    write_json(result, args.json_path)
     return 0
 
 

@@ -167,6 +167,18 @@ def _metadata(resource: SpeculativeDeployment) -> tuple[str, str, str]:
     return str(name), str(namespace), str(uid)
 
 
+def owner_reference(name: str, uid: str) -> dict[str, Any]:
+    """The ownerReference every child carries: garbage-collected with its SpeculativeDeployment."""
+    return {
+        "apiVersion": API_VERSION,
+        "kind": KIND,
+        "name": name,
+        "uid": uid,
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
 def _object_meta(
     name: str, namespace: str, labels: Mapping[str, str], owner: Mapping[str, Any]
 ) -> dict[str, Any]:
@@ -522,14 +534,7 @@ def render_children(
         )
     draft = draft or resource.spec.draft
     replicas = resource.spec.serving.replicas if replicas is None else replicas
-    owner = {
-        "apiVersion": API_VERSION,
-        "kind": KIND,
-        "name": name,
-        "uid": uid,
-        "controller": True,
-        "blockOwnerDeletion": True,
-    }
+    owner = owner_reference(name, uid)
     files = triton_repo.repository_files(repository_settings(resource, variant, draft), options.bls_source)
     configmap = _configmap(name, namespace, variant, owner, files)
     objects = [

@@ -30,13 +30,7 @@ from datetime import datetime, timedelta
 from typing import Any, Literal
 
 from specops.api.conditions import ConditionUpdate, format_time
-from specops.api.models import (
-    API_VERSION,
-    ENGINE_URI_PATTERN,
-    KIND,
-    SpeculativeDeployment,
-    SpeculativeDeploymentSpec,
-)
+from specops.api.models import ENGINE_URI_PATTERN, SpeculativeDeployment, SpeculativeDeploymentSpec
 from specops.api.units import parse_duration
 from specops.domain.render import (
     APP_NAME,
@@ -49,6 +43,7 @@ from specops.domain.render import (
     RenderError,
     bounded,
     label_value,
+    owner_reference,
 )
 
 TriggerReason = Literal["TargetVersionChanged", "AcceptanceBelowSLO"]
@@ -626,15 +621,7 @@ def _identity(resource: SpeculativeDeployment) -> tuple[str, str, dict[str, Any]
     for key, value in (("name", name), ("namespace", namespace), ("uid", uid)):
         if not value:
             raise RenderError(f"metadata.{key}", f"the resource has no {key}: the training Job needs it")
-    owner = {
-        "apiVersion": API_VERSION,
-        "kind": KIND,
-        "name": name,
-        "uid": uid,
-        "controller": True,
-        "blockOwnerDeletion": True,
-    }
-    return str(name), str(namespace), owner
+    return str(name), str(namespace), owner_reference(str(name), str(uid))
 
 
 def render_training_job(resource: SpeculativeDeployment, trigger: Trigger) -> dict[str, Any]:
