@@ -63,6 +63,8 @@ class PolicyConfig:
     on_below_batch: float | None = None  # (either alone serves as both limits)
     alpha_smoothing: float = 0.3  # EWMA weight of a new alpha sample
     min_acceptance: float | None = None  # SLO floor on alpha; only changes the reported reason
+    # Off for low acceptance this long: switch on at the shortest length to measure alpha again.
+    reprobe_after_s: float = 600.0
     enable_evidence: float = 5.0  # speedup-seconds above the on threshold needed to switch back on
 
 
@@ -286,7 +288,35 @@ def _dynamic(
         )
 
     if not state.enabled:
-        return hold(_off_reason(config, setup, use_alpha, lo, hi), f"Speculation stays off ({why}; {facts}).")
+        off_reason = _off_reason(config, setup, use_alpha, lo, hi)
+        off_for = None if state.last_toggle is None else _seconds(now, state.last_toggle)
+        if (
+            off_reason == "SpeculationDisabledLowAcceptance"
+            and not _overridden(config)
+            and off_for is not None
+            and off_for >= config.reprobe_after_s
+            and speedup(setup, PRIOR_ALPHA, obs.batch, lo) > 1.0 + config.margin + config.hysteresis
+        ):
+            # Alpha cannot be measured while speculation is off; without a probe a passing dip in
+            # acceptance would keep it off for good. Forget the old estimate and measure again.
+            next_state = replace(
+                state,
+                enabled=True,
+                draft_length=lo,
+                alpha=None,
+                last_toggle=now,
+                enable_evidence=0.0,
+                evidence_at=None,
+            )
+            return _decision(
+                before,
+                next_state,
+                "ProbingAcceptance",
+                f"Speculation was off for low acceptance for {off_for:.0f} s; probing at draft length {lo} "
+                f"to measure acceptance again ({facts}).",
+                speedup(setup, PRIOR_ALPHA, obs.batch, lo),
+            )
+        return hold(off_reason, f"Speculation stays off ({why}; {facts}).")
 
     length = _step_toward(current, target)
     next_state = replace(state, draft_length=length)
