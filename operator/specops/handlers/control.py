@@ -35,9 +35,13 @@ async def speculation_control(
                 if result.body is None:
                     return
                 post_events(result.body, result.events)
-                body_now, events = await services.drafts.tick(namespace, name, now())
-                if body_now is not None:
-                    post_events(body_now, events)
+                try:
+                    body_now, events = await services.drafts.tick(namespace, name, now())
+                except KubeApiError as error:
+                    log.warning("canary/retraining tick of %s/%s failed: %s", namespace, name, error)
+                else:
+                    if body_now is not None:
+                        post_events(body_now, events)
             await stopped.wait(interval_s)
     finally:
         services.control.unsubscribe(body)
