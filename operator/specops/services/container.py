@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
 
-from specops.adapters.kube import KubeClient, load_connection_settings
+from specops.adapters.kube import KubeApiError, KubeClient, load_connection_settings
 from specops.adapters.prometheus import MetricsHub
 from specops.adapters.triton import TritonModelControl
 from specops.assets import bls_model_source
+from specops.domain.lifecycle import EventRecord
 from specops.domain.render import RenderOptions
 from specops.services.canary import CanaryService
 from specops.services.config import OperatorConfig
@@ -15,6 +20,17 @@ from specops.services.control import ControlLoop
 from specops.services.drafts import DraftLifecycle
 from specops.services.reconciler import Reconciler
 from specops.services.retraining import RetrainingService
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class TickOutcome:
+    """What one resource's periodic tick produced, for the daemon: when to come back, what to post."""
+
+    interval_s: float
+    gone: bool = False
+    posts: list[tuple[dict[str, Any], list[EventRecord]]] = field(default_factory=list)
 
 
 @dataclass
@@ -25,6 +41,29 @@ class Services:
     reconciler: Reconciler
     control: ControlLoop
     drafts: DraftLifecycle
+
+    async def tick(self, namespace: str, name: str, now: Callable[[], datetime]) -> TickOutcome:
+        """The control loop, then the draft's life (canary, retraining). API errors are logged and
+        retried at the next interval, never raised: one resource's trouble stops nothing else."""
+        outcome = TickOutcome(interval_s=self.config.default_interval_s)
+        try:
+            result = await self.control.tick(namespace, name, now(), self.config.default_interval_s)
+        except KubeApiError as error:
+            log.warning("control tick of %s/%s failed: %s", namespace, name, error)
+            return outcome
+        outcome.interval_s = result.interval_s
+        if result.body is None:
+            outcome.gone = True
+            return outcome
+        outcome.posts.append((result.body, result.events))
+        try:
+            body, events = await self.drafts.tick(namespace, name, now())
+        except KubeApiError as error:
+            log.warning("canary/retraining tick of %s/%s failed: %s", namespace, name, error)
+            return outcome
+        if body is not None:
+            outcome.posts.append((body, events))
+        return outcome
 
     async def close(self) -> None:
         await self.metrics.close()
