@@ -65,6 +65,16 @@ def format_time(now: datetime) -> str:
     return now.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+def parse_time(value: Any) -> datetime | None:
+    """The datetime of an RFC 3339 status field; None when absent or unreadable."""
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        return datetime.fromisoformat(value)
+    except ValueError:
+        return None
+
+
 def set_condition(
     conditions: list[dict[str, Any]],
     update: ConditionUpdate,

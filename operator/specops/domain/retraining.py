@@ -29,7 +29,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any, Literal
 
-from specops.api.conditions import ConditionUpdate, format_time
+from specops.api.conditions import ConditionUpdate, format_time, parse_time
 from specops.api.models import ENGINE_URI_PATTERN, SpeculativeDeployment, SpeculativeDeploymentSpec
 from specops.api.units import parse_duration
 from specops.domain.render import (
@@ -143,12 +143,12 @@ class RetrainingState:
             rounds=int(data.get("rounds", 0)),
             active=_parse_active(active) if isinstance(active, Mapping) else None,
             trained=_parse_trained(trained) if isinstance(trained, Mapping) else None,
-            last_finished_at=_parse_time(data.get("lastFinishedAt")),
+            last_finished_at=parse_time(data.get("lastFinishedAt")),
             last_result=data.get("lastResult") if data.get("lastResult") in ("Succeeded", "Failed") else None,
             last_message=str(data.get("lastMessage", "")),
             consecutive_failures=int(data.get("consecutiveFailures", 0)),
             failure_key=data.get("failureKey"),
-            alpha_below_since=_parse_time(data.get("alphaBelowSince")),
+            alpha_below_since=parse_time(data.get("alphaBelowSince")),
         )
 
     def to_status(self) -> dict[str, Any]:
@@ -187,21 +187,12 @@ class RetrainingState:
         }
 
 
-def _parse_time(value: Any) -> datetime | None:
-    if not isinstance(value, str) or not value:
-        return None
-    try:
-        return datetime.fromisoformat(value)
-    except ValueError:
-        return None
-
-
 def _format_optional(value: datetime | None) -> str | None:
     return None if value is None else format_time(value)
 
 
 def _parse_active(data: Mapping[str, Any]) -> ActiveRound | None:
-    started = _parse_time(data.get("startedAt"))
+    started = parse_time(data.get("startedAt"))
     reason = data.get("reason")
     if started is None or reason not in (TARGET_VERSION_CHANGED, ACCEPTANCE_BELOW_SLO):
         return None

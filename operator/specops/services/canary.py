@@ -68,14 +68,7 @@ class CanaryTick:
     body: dict[str, Any] | None = None
     finished: str | None = None  # "Promoted" | "RolledBack" when the canary ended this tick
     source: str | None = None
-
-
-def _iso(moment: datetime) -> str:
-    return cond.format_time(moment)
-
-
-def _parse_time(text: str) -> datetime:
-    return datetime.fromisoformat(text.replace("Z", "+00:00"))
+    evidence: str = ""  # why it ended, for retraining's record
 
 
 def _sample_dict(sample: judgement.Sample) -> dict[str, Any]:
@@ -188,7 +181,7 @@ class CanaryService:
             "phase": "LosslessCheck",
             "source": source,
             "draft": drafts.draft_to_status(draft, source),
-            "startedAt": _iso(now),
+            "startedAt": cond.format_time(now),
             "step": -1,
             "weight": 0,
             "trafficRouting": self._routing(resource),
@@ -343,7 +336,7 @@ class CanaryService:
             "step": step,
             "weight": achieved,
             "requestedWeight": weight,
-            "stepStartedAt": _iso(now),
+            "stepStartedAt": cond.format_time(now),
             "samples": {"stable": [], "canary": []},
         }
         text = f"step {step + 1}/{len(resource.spec.canary.steps)}: canary weight {achieved}% ({canary['trafficRouting']})"
@@ -369,7 +362,8 @@ class CanaryService:
         canary = {**canary, "samples": samples}
         step = int(canary.get("step") or 0)
         pause_s = parse_duration(spec.canary.steps[step].pause)
-        elapsed_s = (now - _parse_time(canary["stepStartedAt"])).total_seconds()
+        step_started = cond.parse_time(canary.get("stepStartedAt")) or now
+        elapsed_s = (now - step_started).total_seconds()
         if elapsed_s < pause_s:
             return await self._write(resource, body, {"canary": canary}, [], now)
         canary_window = _warmed_up([_sample(s) for s in samples[CANARY]])
@@ -416,7 +410,7 @@ class CanaryService:
                 "canaryAlpha": evidence.canary_alpha,
                 "stableAlpha": evidence.stable_alpha,
                 "summary": evidence.summary,
-                "at": _iso(now),
+                "at": cond.format_time(now),
             },
         }
         if action == "rollback":
@@ -429,7 +423,11 @@ class CanaryService:
             tick.events.insert(0, EventRecord("Normal", reason, evidence.summary))
             return tick
         if action == "hold":
-            canary = {**canary, "stepStartedAt": _iso(now), "samples": {"stable": [], "canary": []}}
+            canary = {
+                **canary,
+                "stepStartedAt": cond.format_time(now),
+                "samples": {"stable": [], "canary": []},
+            }
             update = ConditionUpdate(CANARY_CONDITION, "True", reason, evidence.summary)
             tick = await self._write(resource, body, {"canary": canary}, [update], now)
             tick.events.append(EventRecord("Warning", reason, evidence.summary))
@@ -479,7 +477,7 @@ class CanaryService:
         patch = {"canary": None, "phase": self._serving_phase(body)}
         tick = await self._write(resource, body, patch, [update], now)
         tick.events.append(EventRecord("Normal", "CanaryPromoted", message))
-        tick.finished, tick.source = "Promoted", str(canary.get("source"))
+        tick.finished, tick.source, tick.evidence = "Promoted", str(canary.get("source")), message
         return tick
 
     async def _rollback(
@@ -518,7 +516,7 @@ class CanaryService:
         }
         tick = await self._write(resource, body, patch, [update], now)
         tick.events.append(EventRecord("Warning", "CanaryRolledBack", message[:1000]))
-        tick.finished, tick.source = "RolledBack", str(canary.get("source"))
+        tick.finished, tick.source, tick.evidence = "RolledBack", str(canary.get("source")), message
         return tick
 
     async def release(self, body: Mapping[str, Any]) -> list[EventRecord]:

@@ -69,16 +69,6 @@ LOOP_CONDITION_WARNINGS = {
 }
 
 
-def _iso(moment: datetime) -> str:
-    return cond.format_time(moment)
-
-
-def _parse_time(text: str | None) -> datetime | None:
-    if not text:
-        return None
-    return datetime.fromisoformat(text.replace("Z", "+00:00"))
-
-
 def _seconds_or_none(text: str | None) -> float | None:
     return parse_duration(text) if text else None
 
@@ -115,7 +105,7 @@ def state_from_status(status: Mapping[str, Any], config: PolicyConfig, now: date
     """Rebuild the policy state persisted in status; a fresh resource starts in Baseline."""
     speculation = status.get("speculation") or {}
     phase = speculation.get("controlPhase")
-    since = _parse_time(speculation.get("phaseSince"))
+    since = cond.parse_time(speculation.get("phaseSince"))
     if phase not in SERVING_PHASES or since is None:
         return initial_state(config, now)
     recorded = status.get("baseline") or {}
@@ -134,10 +124,10 @@ def state_from_status(status: Mapping[str, Any], config: PolicyConfig, now: date
         enabled=speculation.get("state") == "on",
         draft_length=int(speculation.get("tunedLength") or config.initial_length),
         alpha=speculation.get("smoothedAlpha"),
-        last_toggle=_parse_time(speculation.get("lastToggleTime")),
+        last_toggle=cond.parse_time(speculation.get("lastToggleTime")),
         baseline=baseline,
         enable_evidence=float(speculation.get("enableEvidence") or 0.0),
-        evidence_at=_parse_time(speculation.get("evidenceAt")),
+        evidence_at=cond.parse_time(speculation.get("evidenceAt")),
     )
 
 
@@ -161,15 +151,15 @@ def decision_status(
             "draftLength": decision.num_draft_tokens,
             "tunedLength": state.draft_length,
             "controlPhase": state.phase,
-            "phaseSince": _iso(state.phase_since),
+            "phaseSince": cond.format_time(state.phase_since),
             "reason": decision.reason,
             "message": decision.message,
             "predictedSpeedup": _round(decision.predicted_speedup),
             "measuredSpeedup": _round(speedup),
             "smoothedAlpha": _round(state.alpha, 4),
             "enableEvidence": _round(state.enable_evidence, 3),
-            "evidenceAt": _iso(state.evidence_at) if state.evidence_at else None,
-            "lastToggleTime": _iso(state.last_toggle) if state.last_toggle else None,
+            "evidenceAt": cond.format_time(state.evidence_at) if state.evidence_at else None,
+            "lastToggleTime": cond.format_time(state.last_toggle) if state.last_toggle else None,
         },
         "observed": {
             "alpha": _round(measurement.alpha, 4),
@@ -177,7 +167,7 @@ def decision_status(
             "batch": _round(measurement.batch, 2),
             "perTokenLatencyP99": _duration_text(measurement.tpot_p99_s),
             "requestRate": _round(measurement.request_rate),
-            "at": _iso(measurement.at),
+            "at": cond.format_time(measurement.at),
         },
     }
     if state.baseline is not None:
@@ -381,7 +371,7 @@ class ControlLoop:
             )
             updates.append(ConditionUpdate(cond.METRICS_UNAVAILABLE, "False", Reason.METRICS_OK, ""))
             patch = decision_status(decision, observation, measurement, now)
-            patch["speculation"]["lastDecisionTime"] = _iso(now)
+            patch["speculation"]["lastDecisionTime"] = cond.format_time(now)
             if status.get("phase") in SERVING_PHASES:
                 patch["phase"] = decision.state.phase
             if decision.changed:
@@ -403,7 +393,7 @@ class ControlLoop:
             old_conditions = list(live_status.get("conditions") or [])
             new_conditions = cond.set_conditions(old_conditions, updates, now, generation)
             significant = _significant_change(patch, live_status) or new_conditions != old_conditions
-            observed_at = _parse_time((live_status.get("observed") or {}).get("at"))
+            observed_at = cond.parse_time((live_status.get("observed") or {}).get("at"))
             due = observed_at is None or (now - observed_at).total_seconds() >= refresh_s
             if not significant and not (due and "observed" in patch):
                 return None  # only measurements moved: refreshed every refresh period, not every tick

@@ -39,8 +39,7 @@ class DraftLifecycle:
         canary = await self.canary.tick(namespace, name, now, candidate=retraining.candidate)
         events = [*retraining.events, *canary.events]
         if canary.finished and canary.body is not None:
-            evidence = next((e.message for e in canary.events if e.reason.startswith("Canary")), "")
             await self.retraining.after_canary(
-                resource, canary.body, canary.finished, canary.source, evidence, now
+                resource, canary.body, canary.finished, canary.source, canary.evidence, now
             )
         return canary.body or body, events
