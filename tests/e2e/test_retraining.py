@@ -16,6 +16,7 @@ from specops.adapters.kube import KubeClient
 from specops.api.models import API_VERSION, KIND
 from tests.e2e.conftest import NAMESPACE, Operator
 from tests.e2e.test_canary import canary_resource, serving_ready
+from tests.e2e.test_control_loop import all_pods_at, in_dynamic
 from tests.e2e.waiting import condition, events_for, eventually, resource, wait_condition
 from tests.harness.prometheus import PrometheusProcess
 from tests.harness.serving import ServingController
@@ -119,20 +120,12 @@ async def test_stale_draft_policy_off_switches_speculation_off_until_a_new_draft
     await kube.create(body)
     await serving_ready(kube)
 
-    async def all_pods(speculating: bool) -> bool:
-        lengths = [pod.draft_length for pod in serving.all_pods()]
-        return bool(lengths) and all((n > 0) == speculating for n in lengths)
-
-    async def dynamic_and_speculating() -> bool:
-        live = await resource(kube, NAME)
-        phase = (live or {}).get("status", {}).get("speculation", {}).get("controlPhase")
-        return phase == "Dynamic" and await all_pods(True)
-
-    await eventually(dynamic_and_speculating, timeout_s=40, what="speculating in the Dynamic phase")
+    await in_dynamic(kube)
+    await all_pods_at(serving, lambda n: n > 0, 20, "speculating in the Dynamic phase")
 
     # When the target changes, then speculation goes off on every pod, saying why
     await kube.patch(API_VERSION, KIND, NAMESPACE, NAME, {"spec": {"target": {"version": "2026-11-15"}}})
-    await eventually(lambda: all_pods(False), timeout_s=30, what="speculation off while stale")
+    await all_pods_at(serving, lambda n: n == 0, 30, "speculation off while stale")
     live = await resource(kube, NAME)
     assert live["status"]["speculation"].get("reason") == "SpeculationOffDraftStale", live["status"]
     assert condition(live, "DraftStale")["status"] == "True"
