@@ -36,7 +36,7 @@ import httpx
 from specops.api.models import API_VERSION, KIND, SpeculativeDeployment
 from specops.api.units import parse_duration
 from specops.domain import perf
-from specops.services.control import policy_config
+from specops.domain.control_status import policy_config
 from specops.sim import LoadPoint
 from specops.sim.pod import MAX_ACTIVE_REQUESTS
 from tests.harness.stack import LocalStack, fast_resource, interrupt_cancels, local_stack, log_to_file

@@ -30,7 +30,7 @@ import yaml
 
 from specops.api.models import API_VERSION, KIND, SpeculativeDeployment
 from specops.domain import perf
-from specops.services.control import policy_config
+from specops.domain.control_status import policy_config
 from specops.sim import LoadPoint
 from tests.harness.serving import DraftBehaviour
 from tests.harness.stack import (

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from specops.api.models import SpeculativeDeployment
-from specops.services.control import policy_config
+from specops.domain.control_status import policy_config
 from specops.sim import LoadPoint, SimPod
 from tests.harness.cluster import EmulatedCluster
 from tests.harness.prometheus import PrometheusProcess

@@ -16,6 +16,7 @@ import yaml
 from kubernetes_validate.utils import latest_version
 
 from specops.api.models import SpeculativeDeployment
+from specops.api.status import RetrainingStatus
 from specops.domain import retraining as rt
 from specops.domain.retraining import (
     ACCEPTANCE_BELOW_SLO,
@@ -404,7 +405,9 @@ def test_status_round_trips_through_json() -> None:
         failure_key="abc",
         alpha_below_since=NOW - timedelta(minutes=3),
     )
-    status = json.loads(json.dumps(state.to_status()))
+    wire = json.loads(json.dumps(state.to_status().model_dump(by_alias=True, mode="json")))
+    assert wire["active"]["startedAt"] == "2026-10-02T11:00:00Z" or wire["active"]["startedAt"].endswith("Z")
+    status = RetrainingStatus.model_validate(wire)
     assert RetrainingState.from_status(status, default_target_version="ignored") == state
 
 

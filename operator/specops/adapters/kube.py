@@ -19,9 +19,11 @@ import httpx
 import kubernetes.client
 import kubernetes.config
 
-MERGE_PATCH = "application/merge-patch+json"
+from specops.ports import JSON_PATCH, MERGE_PATCH, KubeApiError
+
+__all__ = ["JSON_PATCH", "MERGE_PATCH", "KubeApiError", "KubeClient", "load_connection_settings"]
+
 SERVICE_ACCOUNT_TOKEN = "/var/run/secrets/kubernetes.io/serviceaccount/token"
-JSON_PATCH = "application/json-patch+json"
 
 # Plural names of the kinds specops reads or writes: (apiVersion, kind) -> plural.
 PLURALS: dict[tuple[str, str], str] = {
@@ -39,24 +41,6 @@ PLURALS: dict[tuple[str, str], str] = {
     ("kubeflow.org/v1", "PyTorchJob"): "pytorchjobs",
     ("specops.dev/v1alpha1", "SpeculativeDeployment"): "speculativedeployments",
 }
-
-
-class KubeApiError(Exception):
-    """A non-2xx answer from the API server, with the Status reason and message."""
-
-    def __init__(self, status: int, reason: str, message: str) -> None:
-        super().__init__(f"{status} {reason}: {message}")
-        self.status = status
-        self.reason = reason
-        self.message = message
-
-    @property
-    def not_found(self) -> bool:
-        return self.status == 404
-
-    @property
-    def conflict(self) -> bool:
-        return self.status == 409
 
 
 @dataclass(frozen=True)

@@ -8,37 +8,19 @@ the canary's share of ready replicas (the achieved weight is reported, not assum
 
 from __future__ import annotations
 
+import asyncio
 import copy
-import math
-from dataclasses import dataclass
 from typing import Any
 
-from specops.adapters.kube import KubeApiError
-from specops.adapters.ports import KubePort
+from specops.api.models import SpeculativeDeploymentSpec
+from specops.domain.names import CANARY, STABLE, variant_service_name
+from specops.domain.traffic import achieved_weight, canary_replicas_for
+from specops.ports import KubeApiError, KubePort, RouteResult, TrafficRouting
 
 HTTPROUTE_API = "gateway.networking.k8s.io/v1"
 SERVING_PORT = 8000
-
-
-@dataclass(frozen=True)
-class RouteResult:
-    ok: bool
-    weight: int  # canary percent actually configured
-    message: str = ""
-
-
-def canary_replicas_for(weight: int, stable_replicas: int) -> int:
-    """Canary replicas so that canary / (canary + stable) is as close as possible to weight %."""
-    if weight <= 0:
-        return 0
-    if weight >= 100 or stable_replicas <= 0:
-        return max(1, stable_replicas)
-    return max(1, math.ceil(weight * stable_replicas / (100 - weight)))
-
-
-def achieved_weight(canary_replicas: int, stable_replicas: int) -> int:
-    total = canary_replicas + stable_replicas
-    return round(100 * canary_replicas / total) if total else 0
+ROUTE_ATTEMPTS = 4
+ROUTE_BACKOFF_S = 0.2
 
 
 def split_backend_refs(
@@ -60,17 +42,65 @@ def split_backend_refs(
     return out
 
 
+class ReplicaRatioRouter:
+    """Both variants behind the shared Service: the split is the canary's share of ready replicas."""
+
+    routing: TrafficRouting = "ReplicaRatio"
+
+    def achievable(self, weight: int, stable_replicas: int) -> int:
+        if weight <= 0:
+            return 0
+        return achieved_weight(max(1, canary_replicas_for(weight, stable_replicas)), stable_replicas)
+
+    async def set_weight(
+        self, namespace: str, name: str, spec: SpeculativeDeploymentSpec, weight: int
+    ) -> RouteResult:
+        # Nothing to write: the canary service scales the canary, the shared Service selects both.
+        return RouteResult(True, self.achievable(weight, spec.serving.replicas))
+
+
 class GatewayApiRouter:
-    """Sets real backend weights on a user's HTTPRoute."""
+    """Sets real backend weights on a user's HTTPRoute (spec.canary.trafficRouting.gatewayAPI)."""
+
+    routing: TrafficRouting = "GatewayAPI"
 
     def __init__(self, kube: KubePort) -> None:
         self.kube = kube
 
+    def achievable(self, weight: int, stable_replicas: int) -> int:
+        return max(0, min(100, weight))
+
     async def set_weight(
+        self, namespace: str, name: str, spec: SpeculativeDeploymentSpec, weight: int
+    ) -> RouteResult:
+        gateway_api = spec.canary.traffic_routing.gateway_api
+        if gateway_api is None:
+            return RouteResult(False, 0, "spec.canary.trafficRouting.gatewayAPI is not set")
+        return await self.set_route_weight(
+            namespace,
+            gateway_api.http_route,
+            variant_service_name(name, STABLE),
+            variant_service_name(name, CANARY),
+            weight,
+        )
+
+    async def set_route_weight(
         self, namespace: str, route: str, stable_service: str, canary_service: str, weight: int
     ) -> RouteResult:
-        for _ in range(3):
-            live = await self.kube.get(HTTPROUTE_API, "HTTPRoute", namespace, route)
+        """Write the weights, then read them back: only a route seen to carry them counts as done.
+
+        Conflicts (someone else edited the route), 5xx answers and an unreachable API server
+        are retried with a short backoff; the caller retries again at its next tick.
+        """
+        last_error = ""
+        for attempt in range(ROUTE_ATTEMPTS):
+            if attempt:
+                await asyncio.sleep(ROUTE_BACKOFF_S * attempt)
+            try:
+                live = await self.kube.get(HTTPROUTE_API, "HTTPRoute", namespace, route)
+            except KubeApiError as error:
+                last_error = str(error)
+                continue
             if live is None:
                 return RouteResult(False, 0, f"HTTPRoute {namespace}/{route} not found")
             rules = list((live.get("spec") or {}).get("rules") or [])
@@ -82,7 +112,8 @@ class GatewayApiRouter:
                     False, 0, f"HTTPRoute {route} has no backendRef to Service {stable_service}"
                 )
             if wanted == rules:
-                return RouteResult(True, weight)
+                done = "canary backend removed" if weight == 0 else f"canary weight {weight}%"
+                return RouteResult(True, weight, f"HTTPRoute {route}: {done}")
             patch = {
                 "metadata": {"resourceVersion": live["metadata"]["resourceVersion"]},
                 "spec": {"rules": wanted},
@@ -90,8 +121,10 @@ class GatewayApiRouter:
             try:
                 await self.kube.patch(HTTPROUTE_API, "HTTPRoute", namespace, route, patch)
             except KubeApiError as error:
-                if error.conflict:
-                    continue
-                return RouteResult(False, 0, str(error))
-            return RouteResult(True, weight)
-        return RouteResult(False, 0, f"HTTPRoute {route} kept changing")
+                if not (error.conflict or error.status >= 500 or error.status == 0):
+                    return RouteResult(False, 0, str(error))
+                last_error = str(error)
+            # Written (or conflicted): the next pass reads the route back and checks it.
+        return RouteResult(
+            False, 0, f"HTTPRoute {route}: weights not confirmed after {ROUTE_ATTEMPTS} tries ({last_error})"
+        )

@@ -18,8 +18,8 @@ import httpx
 from tritonclient.http.aio import InferenceServerClient
 from tritonclient.utils import InferenceServerException
 
-from specops.adapters.ports import ApplyResult, BlsSettings, FleetResult, GenerateResult
 from specops.domain.discovery import PodEndpoint
+from specops.ports import ApplyResult, BlsSettings, FleetResult, GenerateResult
 
 BLS_MODEL = "tensorrt_llm_bls"
 ENSEMBLE_MODEL = "ensemble"

@@ -1,16 +1,21 @@
-"""Status conditions, the Kubernetes way: one helper, constant reasons, stable timestamps.
+"""Status conditions, the Kubernetes way: every type and reason in one place, stable timestamps.
 
 `lastTransitionTime` changes only when a condition's status flips; a new reason or
 message with the same status keeps the old timestamp (as `meta.SetStatusCondition`
-does in Go). Functions take and return plain lists of dicts so status patches stay
-JSON and a test can assert them directly.
+does in Go). Functions take and return typed `Condition` lists.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Literal
+from typing import Literal
+
+from specops.api.status import Condition
+from specops.api.units import format_time, parse_time
+
+__all__ = ["Condition", "ConditionUpdate", "Reason", "format_time", "parse_time"]
 
 ConditionStatus = Literal["True", "False", "Unknown"]
 
@@ -23,18 +28,19 @@ DRAFT_SIZE_ADVISORY = "DraftSizeAdvisory"
 METRICS_UNAVAILABLE = "MetricsUnavailable"
 SPECULATION_APPLIED = "SpeculationApplied"
 ACCEPTANCE_BELOW_SLO = "AcceptanceBelowSLO"
+CANARY_ROLLOUT = "CanaryRollout"
+DRAFT_STALE = "DraftStale"
+RETRAINING = "Retraining"
 
 
 class Reason:
-    """UpperCamelCase reasons; specific, never a generic "Synced"."""
+    """UpperCamelCase reasons of conditions and Events; specific, never a generic "Synced"."""
 
+    # lifecycle
     SERVING = "Serving"
     INVALID_SPEC = "InvalidSpec"
     BACKEND_NOT_SUPPORTED = "BackendNotSupported"
-    ACCEPTANCE_BELOW_SLO = "AcceptanceBelowSLO"
-    ACCEPTANCE_OK = "AcceptanceOK"
     CHILDREN_CREATED = "ChildrenCreated"
-    CHILDREN_UPDATED = "ChildrenUpdated"
     WAITING_FOR_PODS = "WaitingForPods"
     REPLICAS_UNAVAILABLE = "ReplicasUnavailable"
     ROLLING_UPDATE = "RollingUpdate"
@@ -42,15 +48,58 @@ class Reason:
     SCALED_TO_ZERO = "ScaledToZero"
     APPLY_FAILED = "ApplyFailed"
     AS_EXPECTED = "AsExpected"
+    # advisories
     DENSE_DRAFT_FOR_MOE = "DenseDraftForMoE"
     DRAFT_MATCHES_TARGET = "DraftMatchesTarget"
     DRAFT_TOO_LARGE = "DraftTooLarge"
     DRAFT_TOO_SMALL = "DraftTooSmall"
     DRAFT_SIZE_OK = "DraftSizeOK"
+    # control loop
+    ACCEPTANCE_BELOW_SLO = "AcceptanceBelowSLO"
+    ACCEPTANCE_OK = "AcceptanceOK"
+    NOT_SPECULATING = "NotSpeculating"
     PROMETHEUS_UNREACHABLE = "PrometheusUnreachable"
     METRICS_OK = "MetricsOK"
     ALL_PODS_APPLIED = "AllPodsApplied"
     PARTIALLY_APPLIED = "PartiallyApplied"
+    SPECULATION_OFF_DRAFT_STALE = "SpeculationOffDraftStale"
+    # canary
+    CANARY_STARTED = "CanaryStarted"
+    CANARY_PROGRESSING = "CanaryProgressing"
+    CANARY_STEP_STARTED = "CanaryStepStarted"
+    CANARY_PROMOTING = "CanaryPromoting"
+    CANARY_PROMOTED = "CanaryPromoted"
+    CANARY_ROLLED_BACK = "CanaryRolledBack"
+    CANARY_ABORTED = "CanaryAborted"
+    LOSSLESS_CHECK_PASSED = "LosslessCheckPassed"
+    LOSSLESS_CHECK_FAILED = "LosslessCheckFailed"
+    NOT_LOSSLESS = "NotLossless"
+    TRAFFIC_SPLIT_FAILED = "TrafficSplitFailed"
+    ROUTE_RELEASED = "RouteReleased"
+    ROUTE_NOT_RELEASED = "RouteNotReleased"
+    # retraining
+    TARGET_VERSION_CHANGED = "TargetVersionChanged"
+    DRAFT_CURRENT = "DraftCurrent"
+    INVALID_TEMPLATE = "InvalidTemplate"
+    RETRAINING_STARTED = "RetrainingStarted"
+    RETRAINING_SUCCEEDED = "RetrainingSucceeded"
+    RETRAINING_FAILED = "RetrainingFailed"
+    RETRAINING_BACKOFF = "RetrainingBackoff"
+    RETRAINING_GAVE_UP = "RetrainingGaveUp"
+    RETRAINING_IDLE = "RetrainingIdle"
+
+
+# Conditions whose changes become Events: type -> the status that deserves a Warning (the other
+# statuses give Normal Events; a condition seen for the first time is news only in that status).
+EVENTFUL_CONDITIONS: dict[str, str] = {
+    READY: "False",
+    DEGRADED: "True",
+    DRAFT_MISMATCH: "True",
+    DRAFT_SIZE_ADVISORY: "True",
+    METRICS_UNAVAILABLE: "True",
+    SPECULATION_APPLIED: "False",
+    DRAFT_STALE: "True",
+}
 
 
 @dataclass(frozen=True)
@@ -61,36 +110,22 @@ class ConditionUpdate:
     message: str = ""
 
 
-def format_time(now: datetime) -> str:
-    return now.strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def parse_time(value: Any) -> datetime | None:
-    """The datetime of an RFC 3339 status field; None when absent or unreadable."""
-    if not isinstance(value, str) or not value:
-        return None
-    try:
-        return datetime.fromisoformat(value)
-    except ValueError:
-        return None
-
-
 def set_condition(
-    conditions: list[dict[str, Any]],
+    conditions: Sequence[Condition],
     update: ConditionUpdate,
     now: datetime,
     observed_generation: int | None = None,
-) -> list[dict[str, Any]]:
+) -> list[Condition]:
     """A new list with `update` applied; lastTransitionTime moves only on a status flip."""
-    result: list[dict[str, Any]] = []
+    result: list[Condition] = []
     found = False
     for existing in conditions:
-        if existing.get("type") != update.type:
-            result.append(dict(existing))
+        if existing.type != update.type:
+            result.append(existing)
             continue
         found = True
-        flipped = existing.get("status") != update.status
-        transition = format_time(now) if flipped else existing.get("lastTransitionTime", format_time(now))
+        flipped = existing.status != update.status
+        transition = format_time(now) if flipped else existing.last_transition_time
         result.append(_condition(update, transition, observed_generation))
     if not found:
         result.append(_condition(update, format_time(now), observed_generation))
@@ -98,35 +133,35 @@ def set_condition(
 
 
 def set_conditions(
-    conditions: list[dict[str, Any]],
-    updates: list[ConditionUpdate],
+    conditions: Sequence[Condition],
+    updates: Sequence[ConditionUpdate],
     now: datetime,
     observed_generation: int | None = None,
-) -> list[dict[str, Any]]:
+) -> list[Condition]:
+    result = list(conditions)
     for update in updates:
-        conditions = set_condition(conditions, update, now, observed_generation)
-    return conditions
+        result = set_condition(result, update, now, observed_generation)
+    return result
 
 
-def remove_condition(conditions: list[dict[str, Any]], condition_type: str) -> list[dict[str, Any]]:
-    return [dict(c) for c in conditions if c.get("type") != condition_type]
-
-
-def find_condition(conditions: list[dict[str, Any]], condition_type: str) -> dict[str, Any] | None:
+def find_condition(conditions: Sequence[Condition], condition_type: str) -> Condition | None:
     for condition in conditions:
-        if condition.get("type") == condition_type:
+        if condition.type == condition_type:
             return condition
     return None
 
 
-def _condition(update: ConditionUpdate, transition: str, observed_generation: int | None) -> dict[str, Any]:
-    condition: dict[str, Any] = {
-        "type": update.type,
-        "status": update.status,
-        "reason": update.reason,
-        "message": update.message,
-        "lastTransitionTime": transition,
-    }
-    if observed_generation is not None:
-        condition["observedGeneration"] = observed_generation
-    return condition
+def is_true(conditions: Sequence[Condition], condition_type: str) -> bool:
+    condition = find_condition(conditions, condition_type)
+    return condition is not None and condition.status == "True"
+
+
+def _condition(update: ConditionUpdate, transition: str, observed_generation: int | None) -> Condition:
+    return Condition(
+        type=update.type,
+        status=update.status,
+        reason=update.reason,
+        message=update.message,
+        last_transition_time=transition,
+        observed_generation=observed_generation,
+    )

@@ -12,9 +12,10 @@ from __future__ import annotations
 from itertools import pairwise
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
-from pydantic.alias_generators import to_camel
+from pydantic import ConfigDict, Field, model_validator
 
+from specops.api.base import ApiModel, cel_rules, immutable
+from specops.api.status import SpeculativeDeploymentStatus
 from specops.api.units import DURATION_PATTERN, PARAMETERS_PATTERN, parse_duration, parse_parameters
 
 GROUP = "specops.dev"
@@ -31,29 +32,6 @@ MAX_ENGINE_DRAFT_LEN = 32
 
 Duration = Annotated[str, Field(pattern=DURATION_PATTERN)]
 Parameters = Annotated[str, Field(pattern=PARAMETERS_PATTERN)]
-
-
-def _rules(*rules: tuple[str, str] | tuple[str, str, str]) -> dict[str, Any]:
-    """CEL `x-kubernetes-validations` for a model: (rule, message[, fieldPath])."""
-    out = []
-    for rule in rules:
-        entry = {"rule": rule[0], "message": rule[1]}
-        if len(rule) == 3:
-            entry["fieldPath"] = rule[2]
-        out.append(entry)
-    return {"x-kubernetes-validations": out}
-
-
-def _immutable(message: str) -> dict[str, Any]:
-    return {"x-kubernetes-validations": [{"rule": "self == oldSelf", "message": message}]}
-
-
-class ApiModel(BaseModel):
-    """camelCase on the wire, snake_case in Python; unknown fields ignored (the server prunes them)."""
-
-    model_config = ConfigDict(
-        alias_generator=to_camel, populate_by_name=True, extra="ignore", frozen=True, use_enum_values=True
-    )
 
 
 # ---------------------------------------------------------------- target / draft
@@ -87,7 +65,7 @@ class TargetSpec(ApiModel):
         min_length=1,
         max_length=253,
         description="Name of the target model; fixed for the life of the resource.",
-        json_schema_extra=_immutable("target.model is immutable: create a new SpeculativeDeployment"),
+        json_schema_extra=immutable("target.model is immutable: create a new SpeculativeDeployment"),
     )
     version: str = Field(
         min_length=1,
@@ -98,7 +76,7 @@ class TargetSpec(ApiModel):
     architecture: Literal["dense", "moe"] = Field(
         default="dense",
         description="dense or moe (mixture of experts). A MoE target works best with an expert-distilled draft.",
-        json_schema_extra=_immutable("target.architecture is immutable"),
+        json_schema_extra=immutable("target.architecture is immutable"),
     )
     parameters: Parameters = Field(
         description='Total parameter count, e.g. "70B" or "70e9"; feeds the performance model.',
@@ -156,7 +134,7 @@ class GpuSpec(ApiModel):
 
 class ServingSpec(ApiModel):
     model_config = ApiModel.model_config | ConfigDict(
-        json_schema_extra=_rules(
+        json_schema_extra=cel_rules(
             (
                 "self.gpu.count % self.tensorParallel == 0",
                 "tensorParallel must divide gpu.count",
@@ -169,7 +147,7 @@ class ServingSpec(ApiModel):
         default="triton-trtllm",
         description="Serving engine. Only triton-trtllm is served by this version (speculation tuned per "
         "request at run time); trtllm-serve, vllm and sglang are reserved and refused with Ready=False.",
-        json_schema_extra=_immutable("serving.backend is immutable: create a new SpeculativeDeployment"),
+        json_schema_extra=immutable("serving.backend is immutable: create a new SpeculativeDeployment"),
     )
     image: str | None = Field(
         default=None,
@@ -199,7 +177,7 @@ class ServingSpec(ApiModel):
 
 class DraftLength(ApiModel):
     model_config = ApiModel.model_config | ConfigDict(
-        json_schema_extra=_rules(
+        json_schema_extra=cel_rules(
             ("self.min <= self.initial && self.initial <= self.max", "initial must be between min and max"),
         )
     )
@@ -231,7 +209,7 @@ class Rollout(ApiModel):
 
 class BatchGuard(ApiModel):
     model_config = ApiModel.model_config | ConfigDict(
-        json_schema_extra=_rules(
+        json_schema_extra=cel_rules(
             (
                 "!has(self.offAbove) || !has(self.onBelow) || self.onBelow < self.offAbove",
                 "onBelow must be lower than offAbove",
@@ -377,7 +355,7 @@ def _increasing_weights_rule() -> str:
 
 class CanarySpec(ApiModel):
     model_config = ApiModel.model_config | ConfigDict(
-        json_schema_extra=_rules(
+        json_schema_extra=cel_rules(
             (_increasing_weights_rule(), "canary step weights must be strictly increasing", ".steps"),
         )
     )
@@ -458,7 +436,7 @@ class RetrainingSpec(ApiModel):
 
 class SpeculativeDeploymentSpec(ApiModel):
     model_config = ApiModel.model_config | ConfigDict(
-        json_schema_extra=_rules(
+        json_schema_extra=cel_rules(
             (
                 "self.speculation.draftLength.max <= self.target.engine.maxDraftLen",
                 "speculation.draftLength.max must not exceed target.engine.maxDraftLen",
@@ -487,7 +465,7 @@ class SpeculativeDeploymentSpec(ApiModel):
     )
 
     @model_validator(mode="after")
-    def _cross_field_rules(self) -> SpeculativeDeploymentSpec:
+    def _cross_fieldcel_rules(self) -> SpeculativeDeploymentSpec:
         """The CRD's CEL rules again, for resources that got past an older or missing CRD."""
         length = self.speculation.draft_length
         if not length.min <= length.initial <= length.max:
@@ -511,111 +489,6 @@ class SpeculativeDeploymentSpec(ApiModel):
 
     def seconds(self, duration: str) -> float:
         return parse_duration(duration)
-
-
-# ---------------------------------------------------------------- status
-
-
-class Condition(ApiModel):
-    type: str = Field(description="Condition type, e.g. Ready.")
-    status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
-    reason: str = Field(description="UpperCamelCase reason of the last transition.")
-    message: str = Field(default="", description="Human-readable detail.")
-    last_transition_time: str = Field(description="When status last changed (RFC 3339).")
-    observed_generation: int | None = Field(default=None, description="Generation the condition reflects.")
-
-
-class PodsApplied(ApiModel):
-    desired: int = Field(default=0, description="Ready serving pods that should run the current setting.")
-    applied: int = Field(default=0, description="Pods confirmed to run it.")
-
-
-class SpeculationStatus(ApiModel):
-    state: Literal["on", "off"] = Field(default="off", description="Whether pods speculate now.")
-    draft_length: int = Field(default=0, description="num_draft_tokens the pods run (0 = off).")
-    tuned_length: int | None = Field(default=None, description="Draft length kept while speculation is off.")
-    reason: str | None = Field(default=None, description="Reason of the last decision.")
-    message: str | None = Field(default=None, description="Explanation of the last decision.")
-    predicted_speedup: float | None = Field(default=None, description="Modelled speedup of the decision.")
-    measured_speedup: float | None = Field(default=None, description="Baseline p50 TPOT / current p50 TPOT.")
-    smoothed_alpha: float | None = Field(default=None, description="Smoothed alpha the model used.")
-    enable_evidence: float | None = Field(
-        default=None, description="Accumulated evidence (speedup-seconds) for switching speculation back on."
-    )
-    evidence_at: str | None = Field(default=None, description="When that evidence was last updated.")
-    control_phase: Literal["Baseline", "Fixed", "Dynamic"] | None = Field(
-        default=None, description="Phase of the control loop: Baseline, then Fixed, then Dynamic."
-    )
-    phase_since: str | None = Field(default=None, description="When the current control phase began.")
-    last_toggle_time: str | None = Field(default=None, description="Last on/off switch.")
-    last_decision_time: str | None = Field(default=None, description="Last decision.")
-    pods: PodsApplied = Field(default_factory=PodsApplied, description="Rollout of the setting to pods.")
-
-
-class BaselineStatus(ApiModel):
-    per_token_latency_p50: str | None = Field(default=None, description="Baseline TPOT p50 (off).")
-    per_token_latency_p95: str | None = Field(default=None, description="Baseline TPOT p95 (off).")
-    per_token_latency_p99: str | None = Field(default=None, description="Baseline TPOT p99 (off).")
-    tokens_per_second: float | None = Field(default=None, description="Baseline output tokens per second.")
-    samples: int = Field(default=0, description="Measurements averaged.")
-
-
-class ObservedStatus(ApiModel):
-    alpha: float | None = Field(default=None, description="Per-token acceptance alpha.")
-    acceptance_rate: float | None = Field(default=None, description="Accepted / drafted tokens.")
-    batch: float | None = Field(default=None, description="Running requests per pod.")
-    per_token_latency_p99: str | None = Field(default=None, description="Current TPOT p99.")
-    request_rate: float | None = Field(default=None, description="Completed requests per second.")
-    at: str | None = Field(default=None, description="Time of the measurement.")
-
-
-class DraftStatus(ApiModel):
-    model: str | None = Field(default=None, description="Draft serving the stable variant.")
-    version: str | None = Field(default=None, description="Its version.")
-    kind: str | None = Field(default=None, description="Its kind (standalone, expertDistilled, eagle).")
-    parameters: str | None = Field(default=None, description="Its parameter count.")
-    engine_uri: str | None = Field(default=None, description="Where its engine lives.")
-    source: str | None = Field(default=None, description="Where it came from: Spec or Retraining.")
-
-
-class SpeculativeDeploymentStatus(ApiModel):
-    observed_generation: int | None = Field(default=None, description="Generation last reconciled.")
-    phase: (
-        Literal["Pending", "Baseline", "Fixed", "Dynamic", "Canary", "Retraining", "Degraded", "Invalid"]
-        | None
-    ) = Field(default=None, description="Where the resource is in its lifecycle.")
-    draft: DraftStatus = Field(default_factory=DraftStatus, description="Draft in service.")
-    observed_spec_draft: str | None = Field(
-        default=None,
-        description="The spec.draft (version@uri) the operator last acted on; a change starts a canary.",
-    )
-    last_canary: dict[str, Any] | None = Field(
-        default=None,
-        description="Outcome of the last finished canary.",
-        json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
-    )
-    rejected_draft: str | None = Field(
-        default=None,
-        description="The last draft (version@uri) a canary rolled back; not retried until it changes.",
-    )
-    speculation: SpeculationStatus = Field(
-        default_factory=SpeculationStatus, description="Control loop state."
-    )
-    baseline: BaselineStatus = Field(
-        default_factory=BaselineStatus, description="Baseline without speculation."
-    )
-    observed: ObservedStatus = Field(default_factory=ObservedStatus, description="Latest measurement.")
-    canary: dict[str, Any] | None = Field(
-        default=None,
-        description="Canary progress.",
-        json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
-    )
-    retraining: dict[str, Any] | None = Field(
-        default=None,
-        description="Retraining progress.",
-        json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
-    )
-    conditions: list[Condition] = Field(default_factory=list, description="Standard conditions.")
 
 
 class SpeculativeDeployment(ApiModel):

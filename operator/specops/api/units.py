@@ -8,6 +8,10 @@ parameter counts like model cards ("70B", "1.5B", "500M") or in exponent form
 from __future__ import annotations
 
 import re
+from datetime import UTC, datetime
+from typing import Annotated, Any
+
+from pydantic import BeforeValidator, PlainSerializer, WithJsonSchema
 
 DURATION_PATTERN = r"^([0-9]+(\.[0-9]+)?(ms|s|m|h))+$"
 PARAMETERS_PATTERN = r"^[0-9]+(\.[0-9]+)?([eE][0-9]{1,2}|[KMBT])?$"
@@ -26,6 +30,8 @@ def parse_duration(text: str) -> float:
 
 def format_duration(seconds: float) -> str:
     """Shortest readable form for status fields ("24ms", "1.5s", "10m")."""
+    if seconds < 1e-6:
+        return "0ms"  # below the resolution of any latency histogram; keeps the text parseable
     if seconds < 1.0:
         return f"{seconds * 1000:.3g}ms"
     if seconds < 60.0:
@@ -43,3 +49,55 @@ def parse_parameters(text: str) -> float:
     if suffix in _SIZE_SUFFIX:
         return float(text[:-1]) * _SIZE_SUFFIX[suffix]
     return float(text)
+
+
+# ---------------------------------------------------------------- typed status fields
+
+
+def format_time(moment: datetime) -> str:
+    """RFC 3339 in UTC to the second, the form Kubernetes writes (``2026-12-01T12:00:00Z``)."""
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def parse_time(value: Any) -> datetime | None:
+    """The datetime of an RFC 3339 status field; None when absent or unreadable."""
+    if isinstance(value, datetime):
+        return value
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        return datetime.fromisoformat(value)
+    except ValueError:
+        return None
+
+
+def _time_or_none(value: Any) -> datetime | None:
+    parsed = parse_time(value)
+    if parsed is None and value not in (None, ""):
+        raise ValueError(f"invalid timestamp {value!r}: use RFC 3339, e.g. 2026-12-01T12:00:00Z")
+    return parsed
+
+
+def _seconds_or_none(value: Any) -> float | None:
+    if value is None or value == "":
+        return None
+    if isinstance(value, (int, float)):
+        return float(value)
+    return parse_duration(str(value))
+
+
+Timestamp = Annotated[
+    datetime,
+    BeforeValidator(_time_or_none),
+    PlainSerializer(format_time, return_type=str),
+    WithJsonSchema({"type": "string", "format": "date-time"}),
+]
+"""A point in time: a datetime in Python, RFC 3339 text on the wire."""
+
+DurationText = Annotated[
+    float,
+    BeforeValidator(_seconds_or_none),
+    PlainSerializer(format_duration, return_type=str),
+    WithJsonSchema({"type": "string", "pattern": DURATION_PATTERN}),
+]
+"""A duration: seconds in Python, a short duration string ("4.99ms") on the wire."""

@@ -7,10 +7,8 @@ canary of the new draft is promoted. These helpers convert between the two forms
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
-
-from specops.api.models import DraftEngine, DraftSpec, SpeculativeDeployment
+from specops.api.models import DraftEngine, DraftSpec
+from specops.api.status import DraftSource, DraftStatus, SpeculativeDeploymentStatus
 
 
 def draft_key(draft: DraftSpec) -> str:
@@ -18,31 +16,30 @@ def draft_key(draft: DraftSpec) -> str:
     return f"{draft.version}@{draft.engine.uri}"
 
 
-def draft_to_status(draft: DraftSpec, source: str) -> dict[str, Any]:
-    return {
-        "model": draft.model,
-        "version": draft.version,
-        "kind": draft.kind,
-        "parameters": draft.parameters,
-        "engineUri": draft.engine.uri,
-        "source": source,
-    }
-
-
-def draft_from_status(recorded: Mapping[str, Any] | None, fallback: DraftSpec) -> DraftSpec:
-    """The draft a status block describes; fields it lacks come from `fallback` (spec.draft)."""
-    if not recorded or not recorded.get("version") or not recorded.get("engineUri"):
-        return fallback
-    return DraftSpec(
-        model=recorded.get("model") or fallback.model,
-        version=recorded["version"],
-        kind=recorded.get("kind") or fallback.kind,
-        parameters=recorded.get("parameters") or fallback.parameters,
-        engine=DraftEngine(uri=recorded["engineUri"]),
+def draft_to_status(draft: DraftSpec, source: DraftSource) -> DraftStatus:
+    return DraftStatus(
+        model=draft.model,
+        version=draft.version,
+        kind=draft.kind,
+        parameters=draft.parameters,
+        engine_uri=draft.engine.uri,
+        source=source,
     )
 
 
-def stable_draft(resource: SpeculativeDeployment, status: Mapping[str, Any] | None = None) -> DraftSpec:
+def draft_from_status(recorded: DraftStatus | None, fallback: DraftSpec) -> DraftSpec:
+    """The draft a status block describes; fields it lacks come from `fallback` (spec.draft)."""
+    if recorded is None or not recorded.version or not recorded.engine_uri:
+        return fallback
+    return DraftSpec(
+        model=recorded.model or fallback.model,
+        version=recorded.version,
+        kind=recorded.kind or fallback.kind,
+        parameters=recorded.parameters or fallback.parameters,
+        engine=DraftEngine(uri=recorded.engine_uri),
+    )
+
+
+def stable_draft(spec_draft: DraftSpec, status: SpeculativeDeploymentStatus) -> DraftSpec:
     """The draft the stable variant serves: status.draft once recorded, else spec.draft."""
-    live = status if status is not None else resource.status.model_dump(by_alias=True)
-    return draft_from_status((live or {}).get("draft"), resource.spec.draft)
+    return draft_from_status(status.draft, spec_draft)

@@ -17,8 +17,10 @@ from specops.api.conditions import (
     DEGRADED,
     DRAFT_MISMATCH,
     DRAFT_SIZE_ADVISORY,
+    EVENTFUL_CONDITIONS,
     PROGRESSING,
     READY,
+    Condition,
     ConditionUpdate,
     Reason,
 )
@@ -41,9 +43,9 @@ class EventRecord:
 
 
 def condition_events(
-    old: Sequence[Mapping[str, Any]],
-    new: Sequence[Mapping[str, Any]],
-    warn_when: Mapping[str, str],
+    old: Sequence[Condition],
+    new: Sequence[Condition],
+    warn_when: Mapping[str, str] = EVENTFUL_CONDITIONS,
     announce_first: frozenset[str] = frozenset(),
 ) -> list[EventRecord]:
     """An Event for each watched condition whose status or reason changed.
@@ -54,21 +56,17 @@ def condition_events(
     """
     events = []
     for condition in new:
-        warn_status = warn_when.get(condition["type"])
+        warn_status = warn_when.get(condition.type)
         if warn_status is None:
             continue
-        before = next((c for c in old if c.get("type") == condition["type"]), None)
-        if (
-            before
-            and before.get("status") == condition["status"]
-            and before.get("reason") == condition["reason"]
-        ):
+        before = next((c for c in old if c.type == condition.type), None)
+        if before and before.status == condition.status and before.reason == condition.reason:
             continue
-        if before is None and condition["status"] != warn_status and condition["type"] not in announce_first:
+        if before is None and condition.status != warn_status and condition.type not in announce_first:
             continue
-        kind: Literal["Normal", "Warning"] = "Warning" if condition["status"] == warn_status else "Normal"
-        message = condition.get("message") or f"{condition['type']} is {condition['status']}"
-        events.append(EventRecord(kind, condition["reason"], message))
+        kind: Literal["Normal", "Warning"] = "Warning" if condition.status == warn_status else "Normal"
+        message = condition.message or f"{condition.type} is {condition.status}"
+        events.append(EventRecord(kind, condition.reason, message))
     return events
 
 

@@ -66,6 +66,8 @@ class PolicyConfig:
     # Off for low acceptance this long: switch on at the shortest length to measure alpha again.
     reprobe_after_s: float = 600.0
     enable_evidence: float = 5.0  # speedup-seconds above the on threshold needed to switch back on
+    # The draft is stale for the target in service and spec.retraining.whileStale is off.
+    draft_stale_off: bool = False
 
 
 @dataclass(frozen=True)
@@ -147,7 +149,7 @@ def measured_speedup(baseline: Baseline | None, observation: Observation) -> flo
 
 def decide(config: PolicyConfig, state: PolicyState, observation: Observation, now: datetime) -> Decision:
     """The next state and the draft length every pod should run now (0 = speculation off)."""
-    if config.mode == "off":
+    if config.mode == "off" or config.draft_stale_off:
         return _forced_off(config, state, observation, now)
     if config.mode == "on":
         return _forced_on(config, state, observation, now)
@@ -366,6 +368,14 @@ def _forced_off(config: PolicyConfig, state: PolicyState, obs: Observation, now:
         next_state = replace(state, enabled=False, phase_since=phase_since)
     if state.enabled:
         next_state = replace(next_state, last_toggle=now)
+    if config.mode != "off":  # the stale-draft rule, not the spec's mode
+        return _decision(
+            state,
+            next_state,
+            "SpeculationOffDraftStale",
+            "draft is stale for this target version; speculation off until a retrained draft is promoted",
+            1.0,
+        )
     return _decision(
         state, next_state, "ForcedOff", "Speculation is off because the spec says mode: off.", 1.0
     )

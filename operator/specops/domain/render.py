@@ -28,46 +28,43 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from specops.api.models import API_VERSION, KIND, DraftSpec, SpeculativeDeployment
+from specops.api.models import DraftSpec, SpeculativeDeployment
 from specops.api.units import parse_duration
 from specops.domain import triton_repo
+from specops.domain.names import (
+    ANNOTATION_CONFIG_HASH,
+    APP_NAME,
+    COMPONENT_MONITORING,
+    COMPONENT_REPOSITORY,
+    COMPONENT_SERVING,
+    GPU_RESOURCE,
+    LABEL_COMPONENT,
+    LABEL_DRAFT_VERSION,
+    LABEL_INSTANCE,
+    LABEL_MANAGED_BY,
+    LABEL_NAME,
+    LABEL_TRAFFIC,
+    STABLE,
+    TRAFFIC_HOLD,
+    TRAFFIC_SERVE,
+    RenderError,
+    child_name,
+    label_value,
+    owner_reference,
+    repository_configmap_name,
+    selector_labels,
+    service_name,
+    shared_selector_labels,
+    traffic_selector_labels,
+    variant_service_name,
+)
 from specops.domain.triton_repo import RepositorySettings
 
-STABLE = "stable"
-CANARY = "canary"
 CONTAINER_NAME = "triton"
 HTTP_PORT, GRPC_PORT, METRICS_PORT = 8000, 8001, 8002
 RUN_AS_USER = 1000
 """The Triton images' ``triton-server`` user."""
 HOME = "/home/triton-server"
-GPU_RESOURCE = "nvidia.com/gpu"
-
-LABEL_NAME = "app.kubernetes.io/name"
-LABEL_INSTANCE = "app.kubernetes.io/instance"
-LABEL_COMPONENT = "app.kubernetes.io/component"
-LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
-LABEL_DEPLOYMENT = "specops.dev/deployment"
-LABEL_VARIANT = "specops.dev/variant"
-LABEL_DRAFT_VERSION = "specops.dev/draft-version"
-LABEL_TRAFFIC = "specops.dev/traffic"
-TRAFFIC_SERVE = "serve"
-TRAFFIC_HOLD = "hold"
-ANNOTATION_CONFIG_HASH = "specops.dev/config-hash"
-APP_NAME = "specops-serving"
-"""A fixed app name: model names may be longer than a label value allows or hold '/'."""
-COMPONENT_SERVING = "serving"
-COMPONENT_REPOSITORY = "model-repository"
-COMPONENT_MONITORING = "monitoring"
-
-_MAX_NAME = 63
-
-
-class RenderError(ValueError):
-    """The resource cannot be rendered; ``field`` is the path to fix (e.g. ``spec.serving.image``)."""
-
-    def __init__(self, field: str, message: str) -> None:
-        super().__init__(f"{field}: {message}")
-        self.field = field
 
 
 @dataclass(frozen=True)
@@ -83,59 +80,6 @@ class RenderOptions:
 
 
 # ---------------------------------------------------------------- names and labels
-
-
-def bounded(text: str, limit: int = _MAX_NAME) -> str:
-    """``text`` if short enough, else a prefix and a hash of the whole, at most ``limit`` characters."""
-    if len(text) <= limit:
-        return text
-    digest = hashlib.sha256(text.encode("utf-8")).hexdigest()[:8]
-    return f"{text[: limit - 9].rstrip('-.')}-{digest}"
-
-
-def child_name(resource_name: str, variant: str) -> str:
-    """Name of a variant's Deployment: ``<name>`` for stable, ``<name>-<variant>`` otherwise."""
-    return bounded(resource_name if variant == STABLE else f"{resource_name}-{variant}")
-
-
-def variant_service_name(resource_name: str, variant: str) -> str:
-    """The Service of one variant's pods (a Gateway API backend): ``<name>-<variant>``."""
-    return bounded(f"{resource_name}-{variant}")
-
-
-def service_name(resource_name: str) -> str:
-    """The user-facing Service selecting every variant's pods: ``<name>``."""
-    return bounded(resource_name)
-
-
-def repository_configmap_name(resource_name: str, variant: str) -> str:
-    """The variant's model-repository ConfigMap: ``<child>-model-repository``."""
-    prefix = resource_name if variant == STABLE else f"{resource_name}-{variant}"
-    return bounded(f"{prefix}-model-repository")
-
-
-def label_value(resource_name: str) -> str:
-    """The value of ``specops.dev/deployment`` (and the Prometheus label ``specops_deployment``)."""
-    return bounded(resource_name)
-
-
-def selector_labels(resource_name: str, variant: str) -> dict[str, str]:
-    """Labels that select one variant's serving pods (Deployment selector, per-variant Service)."""
-    return {LABEL_DEPLOYMENT: label_value(resource_name), LABEL_VARIANT: variant}
-
-
-def shared_selector_labels(resource_name: str) -> dict[str, str]:
-    """Labels that select every variant's serving pods (shared Service, PodMonitor)."""
-    return {LABEL_COMPONENT: COMPONENT_SERVING, LABEL_DEPLOYMENT: label_value(resource_name)}
-
-
-def traffic_selector_labels(resource_name: str) -> dict[str, str]:
-    """Labels of the pods the shared Service sends traffic to: every variant cleared for traffic.
-
-    A canary's pods carry ``specops.dev/traffic: hold`` until its lossless check passed, so
-    with the replica-ratio split they receive nothing before that.
-    """
-    return {**shared_selector_labels(resource_name), LABEL_TRAFFIC: TRAFFIC_SERVE}
 
 
 def _labels(resource_name: str, variant: str, component: str) -> dict[str, str]:
@@ -165,18 +109,6 @@ def _metadata(resource: SpeculativeDeployment) -> tuple[str, str, str]:
     if not uid:
         raise RenderError("metadata.uid", "the resource has no uid: children need it for ownerReferences")
     return str(name), str(namespace), str(uid)
-
-
-def owner_reference(name: str, uid: str) -> dict[str, Any]:
-    """The ownerReference every child carries: garbage-collected with its SpeculativeDeployment."""
-    return {
-        "apiVersion": API_VERSION,
-        "kind": KIND,
-        "name": name,
-        "uid": uid,
-        "controller": True,
-        "blockOwnerDeletion": True,
-    }
 
 
 def _object_meta(

@@ -20,10 +20,10 @@ async def speculation_control(
     try:
         while not stopped:
             outcome = await services.tick(namespace, name, now)
-            for posted_body, events in outcome.posts:
-                post_events(posted_body, events)
+            if outcome.events:
+                post_events(outcome.body or body, outcome.events)
             if outcome.gone:
                 return
             await stopped.wait(outcome.interval_s)
     finally:
-        services.control.unsubscribe(body)
+        services.forget(namespace, name)

@@ -8,9 +8,10 @@ from typing import Any
 
 import kopf
 
-from specops.adapters.kube import KubeApiError, load_connection_settings
+from specops.adapters.kube import load_connection_settings
 from specops.api.models import GROUP, PLURAL, VERSION
 from specops.domain.lifecycle import EventRecord
+from specops.ports import KubeApiError
 from specops.services.container import Services, build_services
 
 RETRY_DELAY_S = 15.0
@@ -76,7 +77,7 @@ async def reconcile(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
 async def delete(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     services: Services = memo.services
     try:
-        events = await services.drafts.canary.release(body)
+        events = await services.canary.release(body)
         events += await services.reconciler.cleanup(body)
     except KubeApiError as error:
         raise kopf.TemporaryError(f"Kubernetes API: {error}", delay=RETRY_DELAY_S) from error

@@ -8,21 +8,22 @@ A second reconcile with nothing changed writes nothing at all.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
 from pydantic import ValidationError
 
-from specops.adapters.kube import KubeApiError
-from specops.adapters.ports import KubePort
 from specops.api import conditions as cond
 from specops.api.conditions import ConditionUpdate, Reason
 from specops.api.models import API_VERSION, KIND, SpeculativeDeployment
-from specops.domain import drafts, lifecycle
+from specops.api.status import SpeculativeDeploymentStatus
+from specops.domain import drafts, lifecycle, phases
 from specops.domain.lifecycle import EventRecord
 from specops.domain.render import RenderError, RenderOptions, render_children
+from specops.domain.status_patch import merge_patch
+from specops.ports import KubeApiError, KubePort
 
 log = logging.getLogger(__name__)
 
@@ -36,15 +37,6 @@ MANAGED_KINDS: tuple[tuple[str, str], ...] = (
 )
 
 SUPPORTED_BACKENDS = frozenset({"triton-trtllm"})
-CONTROL_PHASES = {"Baseline", "Fixed", "Dynamic", "Canary", "Retraining"}
-
-# Conditions whose changes become Events: type -> (status that warrants a Warning).
-_EVENTFUL = {
-    cond.READY: "False",
-    cond.DEGRADED: "True",
-    cond.DRAFT_MISMATCH: "True",
-    cond.DRAFT_SIZE_ADVISORY: "True",
-}
 
 
 @dataclass
@@ -58,6 +50,18 @@ class ApplyReport:
     @property
     def wrote(self) -> bool:
         return bool(self.created or self.updated or self.pruned)
+
+
+def status_change(
+    change: Callable[[SpeculativeDeploymentStatus], SpeculativeDeploymentStatus],
+) -> Callable[[dict[str, Any]], dict[str, Any] | None]:
+    """A status mutation on the typed document, as the merge patch `update_status` sends."""
+
+    def mutate(live: dict[str, Any]) -> dict[str, Any] | None:
+        current = SpeculativeDeploymentStatus.from_wire(live.get("status"))
+        return merge_patch(current.to_wire(), change(current).to_wire()) or None
+
+    return mutate
 
 
 def _key(obj: Mapping[str, Any]) -> str:
@@ -109,7 +113,7 @@ class Reconciler:
     def render_stable(self, resource: SpeculativeDeployment, body: Mapping[str, Any]) -> list[dict[str, Any]]:
         """The stable variant serves the draft recorded in status (spec.draft only reaches it via a canary)."""
         return render_children(
-            resource, self.render_options, draft=drafts.stable_draft(resource, body.get("status") or {})
+            resource, self.render_options, draft=drafts.stable_draft(resource.spec.draft, resource.status)
         )
 
     async def refresh(
@@ -207,31 +211,23 @@ class Reconciler:
         updates += lifecycle.advisories(resource.spec)
         events: list[EventRecord] = []
 
-        def mutate(live: dict[str, Any]) -> dict[str, Any] | None:
-            status = live.get("status") or {}
-            old_conditions = list(status.get("conditions") or [])
-            new_conditions = cond.set_conditions(old_conditions, updates, now, generation)
-            phase = status.get("phase")
-            if state.phase != "Serving":
-                phase = state.phase
-            elif phase not in CONTROL_PHASES:
-                phase = "Baseline"
-            patch: dict[str, Any] = {}
-            if status.get("observedGeneration") != generation:
-                patch["observedGeneration"] = generation
-            if status.get("phase") != phase:
-                patch["phase"] = phase
-            if new_conditions != old_conditions:
-                patch["conditions"] = new_conditions
-            if not (status.get("draft") or {}).get("version"):
-                patch["draft"] = drafts.draft_to_status(resource.spec.draft, "Spec")
-                patch["observedSpecDraft"] = drafts.draft_key(resource.spec.draft)
+        def change(status: SpeculativeDeploymentStatus) -> SpeculativeDeploymentStatus:
+            conditions = cond.set_conditions(status.conditions, updates, now, generation)
+            wanted = status.model_copy(update={"observed_generation": generation, "conditions": conditions})
+            if not status.draft.version:
+                wanted = wanted.model_copy(
+                    update={
+                        "draft": drafts.draft_to_status(resource.spec.draft, "Spec"),
+                        "observed_spec_draft": drafts.draft_key(resource.spec.draft),
+                    }
+                )
+            wanted = wanted.model_copy(update={"phase": phases.derive_phase(state.phase, wanted)})
             events[:] = lifecycle.condition_events(
-                old_conditions, new_conditions, _EVENTFUL, announce_first=frozenset({cond.READY})
+                status.conditions, conditions, announce_first=frozenset({cond.READY})
             )
-            return patch or None
+            return wanted
 
-        await self.kube.update_status(API_VERSION, KIND, namespace, name, mutate)
+        await self.kube.update_status(API_VERSION, KIND, namespace, name, status_change(change))
         return events
 
     async def _invalid(
@@ -247,19 +243,13 @@ class Reconciler:
         update = ConditionUpdate(cond.READY, "False", reason, message)
         events: list[EventRecord] = []
 
-        def mutate(live: dict[str, Any]) -> dict[str, Any] | None:
-            status = live.get("status") or {}
-            old_conditions = list(status.get("conditions") or [])
-            new_conditions = cond.set_condition(old_conditions, update, now, generation)
-            patch: dict[str, Any] = {}
-            if new_conditions != old_conditions:
-                patch["conditions"] = new_conditions
+        def change(status: SpeculativeDeploymentStatus) -> SpeculativeDeploymentStatus:
+            conditions = cond.set_condition(status.conditions, update, now, generation)
+            if conditions != status.conditions:
                 events[:] = [EventRecord("Warning", reason, message)]
-            if status.get("phase") != "Invalid":
-                patch["phase"] = "Invalid"
-            if status.get("observedGeneration") != generation:
-                patch["observedGeneration"] = generation
-            return patch or None
+            return status.model_copy(
+                update={"conditions": conditions, "phase": "Invalid", "observed_generation": generation}
+            )
 
-        await self.kube.update_status(API_VERSION, KIND, namespace, name, mutate)
+        await self.kube.update_status(API_VERSION, KIND, namespace, name, status_change(change))
         return events

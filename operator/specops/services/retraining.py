@@ -1,34 +1,35 @@
-"""Draft retraining rounds: trigger, create the training Job once, read its result.
+"""Retraining's part of one resource's tick: trigger, create the training Job once, read its result.
 
 All state is in status.retraining (domain.retraining.RetrainingState): the Job's name
 derives from the target version and round number, so however often the operator
 restarts, a round creates one Job. A finished round leaves a trained draft that the
-canary service rolls out (spec.retraining.autoCanary).
+canary rolls out (spec.retraining.autoCanary).
 """
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from specops.adapters.kube import KubeApiError
-from specops.adapters.ports import KubePort
 from specops.api import conditions as cond
-from specops.api.conditions import ConditionUpdate
-from specops.api.models import API_VERSION, KIND, DraftEngine, DraftSpec, SpeculativeDeployment
+from specops.api.conditions import ConditionUpdate, Reason
+from specops.api.models import DraftEngine, DraftSpec, SpeculativeDeployment, SpeculativeDeploymentSpec
+from specops.api.status import RetrainingStatus, SpeculativeDeploymentStatus
 from specops.domain import retraining as rt
 from specops.domain.lifecycle import EventRecord
-
-log = logging.getLogger(__name__)
+from specops.ports import KubeApiError, KubePort
 
 
 @dataclass
-class RetrainingTick:
+class RetrainingResult:
+    """Retraining's part of status and what to tell people; `candidate` waits for its canary."""
+
+    retraining: RetrainingStatus
+    updates: list[ConditionUpdate] = field(default_factory=list)
     events: list[EventRecord] = field(default_factory=list)
-    candidate: DraftSpec | None = None  # a trained draft waiting for its canary
-    stale: bool = False
+    candidate: DraftSpec | None = None
+    draft_stale: bool = False
 
 
 def trained_to_draft(spec_draft: DraftSpec, trained: rt.TrainedDraft) -> DraftSpec:
@@ -42,20 +43,36 @@ def trained_to_draft(spec_draft: DraftSpec, trained: rt.TrainedDraft) -> DraftSp
     )
 
 
+def after_canary(
+    spec: SpeculativeDeploymentSpec,
+    retraining: RetrainingStatus,
+    result: str,
+    source: str | None,
+    evidence: str,
+    now: datetime,
+) -> tuple[RetrainingStatus, list[ConditionUpdate]]:
+    """A canary ended: a promoted draft is current for this target; a rejected trained draft is a failed round."""
+    before = rt.RetrainingState.from_status(retraining, default_target_version=spec.target.version)
+    if result == "Promoted":
+        state = rt.accept_trained_draft(before, spec.target.version)
+    elif source == "Retraining":
+        state = rt.reject_trained_draft(spec, before, evidence, now)
+    else:
+        return retraining, []
+    return state.to_status(), list(rt.retraining_conditions(spec, state, now))
+
+
 class RetrainingService:
     def __init__(self, kube: KubePort) -> None:
         self.kube = kube
 
     async def tick(
-        self, resource: SpeculativeDeployment, body: dict[str, Any], alpha: float | None, now: datetime
-    ) -> RetrainingTick:
+        self, resource: SpeculativeDeployment, status: SpeculativeDeploymentStatus, now: datetime
+    ) -> RetrainingResult:
         spec = resource.spec
-        namespace = body["metadata"]["namespace"]
-        status = body.get("status") or {}
-        before = rt.RetrainingState.from_status(
-            status.get("retraining"), default_target_version=spec.target.version
-        )
-        state = rt.observe_acceptance(before, alpha, spec.slo.min_acceptance, now)
+        namespace = resource.metadata["namespace"]
+        before = rt.RetrainingState.from_status(status.retraining, default_target_version=spec.target.version)
+        state = rt.observe_acceptance(before, status.observed.alpha, spec.slo.min_acceptance, now)
         events: list[EventRecord] = []
         updates: list[ConditionUpdate] = []
 
@@ -68,17 +85,18 @@ class RetrainingService:
                     manifest = rt.render_training_job(resource, trigger)
                 except rt.TemplateError as error:
                     message = f"{error.field}: {error}"
-                    updates.append(ConditionUpdate(rt.RETRAINING, "False", "InvalidTemplate", message))
-                    if (cond.find_condition(status.get("conditions") or [], rt.RETRAINING) or {}).get(
-                        "reason"
-                    ) != "InvalidTemplate":
-                        events.append(EventRecord("Warning", "InvalidTemplate", message))
+                    updates.append(
+                        ConditionUpdate(cond.RETRAINING, "False", Reason.INVALID_TEMPLATE, message)
+                    )
+                    previous = cond.find_condition(status.conditions, cond.RETRAINING)
+                    if previous is None or previous.reason != Reason.INVALID_TEMPLATE:
+                        events.append(EventRecord("Warning", Reason.INVALID_TEMPLATE, message))
                 else:
                     if await self._create_once(manifest):
                         events.append(
                             EventRecord(
                                 "Normal",
-                                "RetrainingStarted",
+                                Reason.RETRAINING_STARTED,
                                 f"{trigger.message}: {manifest['kind']} {manifest['metadata']['name']}",
                             )
                         )
@@ -86,16 +104,21 @@ class RetrainingService:
 
         updates = [*rt.retraining_conditions(spec, state, now), *updates]
         trained = rt.draft_to_canary(spec, state)
-        result = RetrainingTick(
+        return RetrainingResult(
+            retraining=state.to_status(),
+            updates=updates,
             events=events,
             candidate=trained_to_draft(spec.draft, trained) if trained is not None else None,
-            stale=rt.draft_stale(spec, state),
+            draft_stale=rt.draft_stale(spec, state),
         )
-        await self._write(body, state, before, updates, now, result)
-        return result
 
     async def _follow(
-        self, spec: Any, state: rt.RetrainingState, namespace: str, now: datetime, events: list[EventRecord]
+        self,
+        spec: SpeculativeDeploymentSpec,
+        state: rt.RetrainingState,
+        namespace: str,
+        now: datetime,
+        events: list[EventRecord],
     ) -> rt.RetrainingState:
         active = state.active
         assert active is not None
@@ -112,13 +135,15 @@ class RetrainingService:
             events.append(
                 EventRecord(
                     "Normal",
-                    "RetrainingSucceeded",
+                    Reason.RETRAINING_SUCCEEDED,
                     f"{active.job_name} trained draft {outcome.draft_version}",
                 )
             )
         else:
             events.append(
-                EventRecord("Warning", "RetrainingFailed", f"{active.job_name}: {outcome.message}"[:1000])
+                EventRecord(
+                    "Warning", Reason.RETRAINING_FAILED, f"{active.job_name}: {outcome.message}"[:1000]
+                )
             )
         return state
 
@@ -131,67 +156,3 @@ class RetrainingService:
                 return False
             raise
         return True
-
-    async def after_canary(
-        self,
-        resource: SpeculativeDeployment,
-        body: dict[str, Any],
-        result: str,
-        source: str | None,
-        evidence: str,
-        now: datetime,
-    ) -> None:
-        """A canary ended: a promoted draft is current for this target; a rejected trained draft is a failed round."""
-        spec = resource.spec
-        status = body.get("status") or {}
-        before = rt.RetrainingState.from_status(
-            status.get("retraining"), default_target_version=spec.target.version
-        )
-        if result == "Promoted":
-            state = rt.accept_trained_draft(before, spec.target.version)
-        elif source == "Retraining":
-            state = rt.reject_trained_draft(spec, before, evidence, now)
-        else:
-            return
-        await self._write(
-            body, state, before, list(rt.retraining_conditions(spec, state, now)), now, RetrainingTick()
-        )
-
-    async def _write(
-        self,
-        body: dict[str, Any],
-        state: rt.RetrainingState,
-        before: rt.RetrainingState,
-        updates: list[ConditionUpdate],
-        now: datetime,
-        result: RetrainingTick,
-    ) -> None:
-        namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
-        generation = int(body["metadata"].get("generation") or 1)
-        wanted = state.to_status()
-
-        def mutate(live: dict[str, Any]) -> dict[str, Any] | None:
-            status = live.get("status") or {}
-            out: dict[str, Any] = {}
-            current = status.get("retraining") or {}
-            if {k: v for k, v in wanted.items() if v is not None} != {
-                k: v for k, v in current.items() if v is not None
-            }:
-                out["retraining"] = wanted
-            conditions = list(status.get("conditions") or [])
-            new_conditions = cond.set_conditions(conditions, updates, now, generation)
-            if new_conditions != conditions:
-                out["conditions"] = new_conditions
-                for condition in new_conditions:
-                    old = cond.find_condition(conditions, condition["type"])
-                    if (
-                        condition["type"] == rt.DRAFT_STALE
-                        and condition["status"] == "True"
-                        and (old is None or old["status"] != "True")
-                    ):
-                        result.events.append(
-                            EventRecord("Warning", condition["reason"], condition["message"])
-                        )
-            return out or None
-
-        await self.kube.update_status(API_VERSION, KIND, namespace, name, mutate)

@@ -1,7 +1,8 @@
 """The outside world as services see it: small Protocols, and results that carry errors as data.
 
-Services receive implementations of these ports, so tests can pass real
-adapters pointed at simulated pods, or plain in-memory objects.
+Services depend on these ports only; adapters implement them (structurally) and only the
+wiring module (services/container.py) names an adapter. Tests pass real adapters pointed
+at simulated pods, or plain in-memory objects.
 """
 
 from __future__ import annotations
@@ -9,10 +10,32 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
+from specops.api.models import SpeculativeDeploymentSpec
 from specops.domain.discovery import PodEndpoint
 from specops.domain.metrics import Measurement
+
+MERGE_PATCH = "application/merge-patch+json"
+JSON_PATCH = "application/json-patch+json"
+
+
+class KubeApiError(Exception):
+    """A non-2xx answer from the API server (or none at all), with the Status reason and message."""
+
+    def __init__(self, status: int, reason: str, message: str) -> None:
+        super().__init__(f"{status} {reason}: {message}")
+        self.status = status
+        self.reason = reason
+        self.message = message
+
+    @property
+    def not_found(self) -> bool:
+        return self.status == 404
+
+    @property
+    def conflict(self) -> bool:
+        return self.status == 409
 
 
 class MetricsSource(Protocol):
@@ -160,3 +183,33 @@ class KubePort(Protocol):
         *,
         attempts: int = ...,
     ) -> dict[str, Any] | None: ...
+
+
+TrafficRouting = Literal["GatewayAPI", "ReplicaRatio"]
+
+
+@dataclass(frozen=True)
+class RouteResult:
+    ok: bool
+    weight: int  # canary percent actually configured
+    message: str = ""
+
+
+class TrafficRouter(Protocol):
+    """Splits one resource's traffic between its stable and canary variants (like Flagger's routers).
+
+    The canary's replicas are the canary service's business; a router only says how much
+    traffic the canary gets, and how close to a requested weight it can get.
+    """
+
+    routing: TrafficRouting
+
+    def achievable(self, weight: int, stable_replicas: int) -> int:
+        """The canary share in percent this router gives for a requested `weight`."""
+        ...
+
+    async def set_weight(
+        self, namespace: str, name: str, spec: SpeculativeDeploymentSpec, weight: int
+    ) -> RouteResult:
+        """Send `weight` % to the canary; the result is checked and read back, never assumed."""
+        ...

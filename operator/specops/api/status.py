@@ -1,0 +1,256 @@
+"""The SpeculativeDeployment's status as a typed document.
+
+Every block the operator writes is a model here, so the CRD (generated from these
+models) types all of status and `kubectl explain sdep.status...` documents it. The
+operator reads status only with `SpeculativeDeploymentStatus.model_validate` and
+writes it only from `model_dump(by_alias=True, mode="json")`: times are datetimes in
+Python and RFC 3339 on the wire, latencies are seconds in Python and duration text
+("4.99ms") on the wire. Status written by earlier versions of this schema loads as is.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field
+
+from specops.api.base import ApiModel
+from specops.api.units import DurationText, Timestamp
+
+Phase = Literal["Pending", "Baseline", "Fixed", "Dynamic", "Canary", "Degraded", "Invalid"]
+ControlPhase = Literal["Baseline", "Fixed", "Dynamic"]
+DraftSource = Literal["Spec", "Retraining"]
+
+
+class Condition(ApiModel):
+    type: str = Field(description="Condition type, e.g. Ready.")
+    status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
+    reason: str = Field(description="UpperCamelCase reason of the last transition.")
+    message: str = Field(default="", description="Human-readable detail.")
+    last_transition_time: str = Field(description="When status last changed (RFC 3339).")
+    observed_generation: int | None = Field(default=None, description="Generation the condition reflects.")
+
+
+# ---------------------------------------------------------------- control loop
+
+
+class PodsApplied(ApiModel):
+    desired: int = Field(default=0, description="Ready serving pods that should run the current setting.")
+    applied: int = Field(default=0, description="Pods confirmed to run it.")
+
+
+class SpeculationStatus(ApiModel):
+    state: Literal["on", "off"] = Field(default="off", description="Whether pods speculate now.")
+    draft_length: int = Field(default=0, description="num_draft_tokens the pods run (0 = off).")
+    tuned_length: int | None = Field(default=None, description="Draft length kept while speculation is off.")
+    reason: str | None = Field(default=None, description="Reason of the last decision.")
+    message: str | None = Field(default=None, description="Explanation of the last decision.")
+    predicted_speedup: float | None = Field(default=None, description="Modelled speedup of the decision.")
+    measured_speedup: float | None = Field(default=None, description="Baseline p50 TPOT / current p50 TPOT.")
+    smoothed_alpha: float | None = Field(default=None, description="Smoothed alpha the model used.")
+    enable_evidence: float | None = Field(
+        default=None, description="Accumulated evidence (speedup-seconds) for switching speculation back on."
+    )
+    evidence_at: Timestamp | None = Field(default=None, description="When that evidence was last updated.")
+    control_phase: ControlPhase | None = Field(
+        default=None, description="Phase of the control loop: Baseline, then Fixed, then Dynamic."
+    )
+    phase_since: Timestamp | None = Field(default=None, description="When the current control phase began.")
+    last_toggle_time: Timestamp | None = Field(default=None, description="Last on/off switch.")
+    last_decision_time: Timestamp | None = Field(default=None, description="Last decision.")
+    pods: PodsApplied = Field(default_factory=PodsApplied, description="Rollout of the setting to pods.")
+
+
+class BaselineStatus(ApiModel):
+    per_token_latency_p50: DurationText | None = Field(default=None, description="Baseline TPOT p50 (off).")
+    per_token_latency_p95: DurationText | None = Field(default=None, description="Baseline TPOT p95 (off).")
+    per_token_latency_p99: DurationText | None = Field(default=None, description="Baseline TPOT p99 (off).")
+    tokens_per_second: float | None = Field(default=None, description="Baseline output tokens per second.")
+    samples: int = Field(default=0, description="Measurements averaged.")
+
+
+class ObservedStatus(ApiModel):
+    alpha: float | None = Field(default=None, description="Per-token acceptance alpha.")
+    acceptance_rate: float | None = Field(default=None, description="Accepted / drafted tokens.")
+    batch: float | None = Field(default=None, description="Running requests per pod.")
+    per_token_latency_p99: DurationText | None = Field(default=None, description="Current TPOT p99.")
+    request_rate: float | None = Field(default=None, description="Completed requests per second.")
+    at: Timestamp | None = Field(default=None, description="Time of the measurement.")
+
+
+# ---------------------------------------------------------------- drafts
+
+
+class DraftStatus(ApiModel):
+    model: str | None = Field(default=None, description="Draft model name.")
+    version: str | None = Field(default=None, description="Its version.")
+    kind: str | None = Field(default=None, description="Its kind (standalone, expertDistilled, eagle).")
+    parameters: str | None = Field(default=None, description="Its parameter count.")
+    engine_uri: str | None = Field(default=None, description="Where its engine lives.")
+    source: DraftSource | None = Field(default=None, description="Where it came from: Spec or Retraining.")
+
+
+# ---------------------------------------------------------------- canary
+
+
+class CanarySample(ApiModel):
+    """One tick's measurement of one variant (kept short: a step keeps up to a few hundred)."""
+
+    ok: bool = Field(default=False, description="Whether the variant was measured at this tick.")
+    alpha: float | None = Field(default=None, description="Per-token acceptance alpha.")
+    p99: float | None = Field(default=None, description="TPOT p99 in seconds.")
+    p50: float | None = Field(default=None, description="TPOT p50 in seconds.")
+    tps: float | None = Field(default=None, description="Output tokens per second.")
+
+
+class CanarySamples(ApiModel):
+    stable: list[CanarySample] = Field(default_factory=list, description="The stable variant's samples.")
+    canary: list[CanarySample] = Field(default_factory=list, description="The canary variant's samples.")
+    trimmed: int = Field(
+        default=0,
+        description="Older samples of this step dropped per variant to keep status bounded "
+        "(the analysis window is the samples kept).",
+    )
+
+
+class CanaryCounters(ApiModel):
+    failures: int = Field(
+        default=0, description="Failed analyses so far (limit: canary.analysis.failureLimit)."
+    )
+    inconclusives: int = Field(
+        default=0, description="Inconclusive analyses so far (limit: canary.analysis.inconclusiveLimit)."
+    )
+    consecutive_errors: int = Field(
+        default=0,
+        description="Analyses in a row without metrics (limit: canary.analysis.consecutiveErrorLimit).",
+    )
+
+
+class CanaryAnalysisStatus(ApiModel):
+    verdict: Literal["Pass", "Fail", "Inconclusive", "Error"] = Field(description="Outcome of the analysis.")
+    reason: str = Field(default="", description="What the outcome led to (UpperCamelCase).")
+    p_value: float | None = Field(
+        default=None, description="Mann-Whitney p-value that the canary's acceptance is lower than stable's."
+    )
+    canary_alpha: float | None = Field(default=None, description="Median alpha of the canary window.")
+    stable_alpha: float | None = Field(default=None, description="Median alpha of the stable window.")
+    summary: str = Field(default="", description="The evidence in one sentence.")
+    at: Timestamp | None = Field(default=None, description="When the analysis ran.")
+
+
+class CanaryStatus(ApiModel):
+    """A canary of a new draft in progress; cleared when it is promoted or rolled back."""
+
+    phase: Literal["LosslessCheck", "Progressing", "Promoting"] = Field(
+        description="LosslessCheck (no traffic yet), Progressing (stepped traffic and analysis), "
+        "Promoting (stable rolls onto the new draft)."
+    )
+    source: DraftSource = Field(default="Spec", description="Why it runs: a spec.draft change or retraining.")
+    draft: DraftStatus = Field(default_factory=DraftStatus, description="The draft under test.")
+    started_at: Timestamp = Field(description="When the canary started.")
+    step: int = Field(default=-1, description="Index into spec.canary.steps (-1 before the first step).")
+    weight: int = Field(default=0, description="Canary share of traffic in percent, as achieved.")
+    requested_weight: int | None = Field(default=None, description="The step's weight as asked for.")
+    step_started_at: Timestamp | None = Field(default=None, description="When this step's bake began.")
+    traffic_routing: Literal["GatewayAPI", "ReplicaRatio"] = Field(
+        default="ReplicaRatio",
+        description="How traffic is split: Gateway API backend weights, or replicas behind the shared Service.",
+    )
+    counters: CanaryCounters = Field(default_factory=CanaryCounters, description="Analysis outcomes counted.")
+    lossless_attempts: int = Field(default=0, description="Tries of the golden prompts that could not run.")
+    lossless_check: Literal["Passed"] | None = Field(default=None, description="Passed once the gate passed.")
+    samples: CanarySamples = Field(default_factory=CanarySamples, description="This step's samples.")
+    last_analysis: CanaryAnalysisStatus | None = Field(default=None, description="The latest analysis.")
+    paused: bool = Field(default=False, description="Held by the specops.dev/canary-paused annotation.")
+    promotion_evidence: str | None = Field(default=None, description="Why it is being promoted.")
+
+
+class LastCanaryStatus(ApiModel):
+    draft: str = Field(description="Version of the draft the canary tested.")
+    result: Literal["Promoted", "RolledBack"] = Field(description="How it ended.")
+    reason: str = Field(default="", description="Why (UpperCamelCase).")
+    evidence: str = Field(default="", description="The evidence, at most 500 characters.")
+
+
+# ---------------------------------------------------------------- retraining
+
+
+class ActiveRoundStatus(ApiModel):
+    """The round whose Job runs now: enough to find the Job again after a restart."""
+
+    job_name: str = Field(description="Name of the training object.")
+    api_version: str = Field(default="batch/v1", description="Its apiVersion.")
+    kind: str = Field(default="Job", description="Its kind (Job, JobSet, TrainJob, PyTorchJob).")
+    reason: Literal["TargetVersionChanged", "AcceptanceBelowSLO"] = Field(description="What started it.")
+    round: int = Field(default=0, description="Round number.")
+    target_version: str = Field(default="", description="Target version it trains for.")
+    output_version: str = Field(default="", description="Version the trained draft will carry.")
+    started_at: Timestamp = Field(description="When it started.")
+
+
+class TrainedDraftStatus(ApiModel):
+    """A draft a finished round published, waiting for its canary (or for a person)."""
+
+    draft_version: str = Field(description="Version of the trained draft.")
+    engine_uri: str = Field(description="Where its engine lives.")
+    target_version: str = Field(default="", description="Target version it was trained for.")
+    metrics: dict[str, float] = Field(default_factory=dict, description="Numbers the trainer reported.")
+
+
+class RetrainingStatus(ApiModel):
+    draft_target_version: str | None = Field(
+        default=None, description="Target version the draft in service was trained or validated for."
+    )
+    rounds: int = Field(default=0, description="Rounds started so far; numbers the next round and its Job.")
+    active: ActiveRoundStatus | None = Field(default=None, description="The round running now.")
+    trained: TrainedDraftStatus | None = Field(default=None, description="A trained draft not yet canaried.")
+    last_finished_at: Timestamp | None = Field(default=None, description="When the last round ended.")
+    last_result: Literal["Succeeded", "Failed"] | None = Field(default=None, description="How it ended.")
+    last_message: str = Field(default="", description="Its outcome in one sentence.")
+    consecutive_failures: int = Field(default=0, description="Failed rounds in a row for the same setup.")
+    failure_key: str | None = Field(
+        default=None,
+        description="Digest of the setup (target, draft, spec.retraining) those failures count for.",
+    )
+    alpha_below_since: Timestamp | None = Field(
+        default=None, description="Since when acceptance has stayed below slo.minAcceptance."
+    )
+
+
+# ---------------------------------------------------------------- the whole document
+
+
+class SpeculativeDeploymentStatus(ApiModel):
+    observed_generation: int | None = Field(default=None, description="Generation last reconciled.")
+    phase: Phase | None = Field(default=None, description="Where the resource is in its lifecycle.")
+    draft: DraftStatus = Field(default_factory=DraftStatus, description="Draft serving the stable variant.")
+    observed_spec_draft: str | None = Field(
+        default=None,
+        description="The spec.draft (version@uri) the operator last acted on; a change starts a canary.",
+    )
+    last_canary: LastCanaryStatus | None = Field(
+        default=None, description="Outcome of the last finished canary."
+    )
+    rejected_draft: str | None = Field(
+        default=None,
+        description="The last draft (version@uri) a canary rolled back; not retried until it changes.",
+    )
+    speculation: SpeculationStatus = Field(
+        default_factory=SpeculationStatus, description="Control loop state."
+    )
+    baseline: BaselineStatus = Field(
+        default_factory=BaselineStatus, description="Baseline without speculation."
+    )
+    observed: ObservedStatus = Field(default_factory=ObservedStatus, description="Latest measurement.")
+    canary: CanaryStatus | None = Field(default=None, description="Canary progress.")
+    retraining: RetrainingStatus | None = Field(default=None, description="Retraining progress.")
+    conditions: list[Condition] = Field(default_factory=list, description="Standard conditions.")
+
+    def to_wire(self) -> dict[str, Any]:
+        """The JSON form written to the status subresource (unset fields left out)."""
+        return self.model_dump(by_alias=True, mode="json", exclude_none=True)
+
+    @classmethod
+    def from_wire(cls, data: Any) -> SpeculativeDeploymentStatus:
+        """Status as read from the API server; a missing status is the empty document."""
+        return cls.model_validate(data or {})

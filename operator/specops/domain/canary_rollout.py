@@ -1,0 +1,452 @@
+"""The canary of a new draft as a pure step: this tick's inputs in, the next state and actions out.
+
+One call advances a canary by at most one step (like Argo Rollouts' reconcile of a
+canary step). The caller gathers the inputs (golden-prompt results, this tick's samples,
+whether the stable variant rolled out), calls `step`, runs the actions in order and
+writes the next status. When an action fails the caller keeps the previous state, so the
+same step is tried again at the next tick and status never claims what did not happen.
+
+1. Start: spec.draft changed (or retraining produced a draft) -> canary pods with the new
+   draft, held out of traffic.
+2. LosslessCheck: golden prompts at temperature 0, speculation on and off; any difference
+   rolls back with NotLossless before the canary ever receives traffic.
+3. Progressing: each step sets the canary weight, collects one sample per tick and
+   variant, and after the step's pause asks `domain.canary.analyse` / `next_action`.
+4. Promoting: all traffic to the canary, the stable variant re-rendered with the new draft
+   (status.draft), and once it has rolled, traffic back to stable and canary objects removed.
+   Rollback: traffic to stable, canary objects removed, the draft remembered as rejected.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from datetime import datetime
+from typing import Literal
+
+from specops.api import conditions as cond
+from specops.api.conditions import ConditionUpdate, Reason
+from specops.api.models import DraftSpec, SpeculativeDeploymentSpec
+from specops.api.status import (
+    CanaryAnalysisStatus,
+    CanaryCounters,
+    CanarySample,
+    CanarySamples,
+    CanaryStatus,
+    DraftSource,
+    LastCanaryStatus,
+    SpeculativeDeploymentStatus,
+)
+from specops.api.units import parse_duration
+from specops.domain import canary as judgement
+from specops.domain import drafts
+from specops.domain.lifecycle import EventRecord
+
+MAX_SAMPLES = 120
+"""Samples kept per variant and step: the analysis window (2 h at 1 min, 30 min at 15 s)."""
+MIN_SAMPLES = judgement.DEFAULT_MIN_SAMPLES
+MAX_BAKE_FACTOR = 4.0
+"""A step whose window is still too thin after max(factor x pause, extension) is judged anyway."""
+MIN_BAKE_EXTENSION_S = 60.0
+LOSSLESS_ATTEMPTS = 10
+"""Tries of golden prompts that could not run (pods answering errors) before the canary gives up."""
+
+TrafficRouting = Literal["GatewayAPI", "ReplicaRatio"]
+
+
+# ---------------------------------------------------------------- inputs
+
+
+@dataclass(frozen=True)
+class LosslessPassed:
+    """Every golden prompt gave the same text with speculation on and off."""
+
+
+@dataclass(frozen=True)
+class LosslessDiffers:
+    evidence: str
+
+
+@dataclass(frozen=True)
+class LosslessUnrunnable:
+    message: str
+
+
+LosslessOutcome = LosslessPassed | LosslessDiffers | LosslessUnrunnable
+
+
+@dataclass(frozen=True)
+class CanaryInputs:
+    """What the caller gathered for this tick; fields a phase does not use stay at their defaults."""
+
+    spec: SpeculativeDeploymentSpec
+    status: SpeculativeDeploymentStatus
+    now: datetime
+    routing: TrafficRouting = "ReplicaRatio"
+    """How a new canary splits traffic (the canary keeps the mode it started with)."""
+    achievable: Callable[[int], int] = lambda weight: weight
+    """The weight the router can really give for a requested one (replica ratio rounds)."""
+    candidate: DraftSpec | None = None
+    """A trained draft waiting for its canary."""
+    paused: bool = False
+    action: Literal["promote", "abort"] | None = None
+    lossless: LosslessOutcome | None = None
+    """None while the canary pods are not ready to answer."""
+    stable_sample: judgement.Sample | None = None
+    canary_sample: judgement.Sample | None = None
+    stable_rolled_out: bool = False
+
+
+# ---------------------------------------------------------------- actions
+
+
+@dataclass(frozen=True)
+class ApplyCanary:
+    """Create or update the canary variant's objects (one replica; the router scales it)."""
+
+    draft: DraftSpec
+    receives_traffic: bool
+
+
+@dataclass(frozen=True)
+class SetWeight:
+    """Send `weight` % of traffic to the canary (0 takes it out of the route)."""
+
+    weight: int
+
+
+@dataclass(frozen=True)
+class RolloutStable:
+    """Re-render the stable variant with `draft` (after status.draft records it)."""
+
+    draft: DraftSpec
+
+
+@dataclass(frozen=True)
+class DeleteCanary:
+    """Remove the canary variant's objects."""
+
+
+@dataclass(frozen=True)
+class ClearAction:
+    """Remove the one-shot specops.dev/canary-action annotation."""
+
+
+Action = ApplyCanary | SetWeight | RolloutStable | DeleteCanary | ClearAction
+
+
+@dataclass(frozen=True)
+class CanaryStep:
+    """The next status, the actions to get there (in order), and what to tell people."""
+
+    status: SpeculativeDeploymentStatus
+    actions: tuple[Action, ...] = ()
+    after_write: tuple[Action, ...] = ()
+    """Actions that must wait until the next status is written (they read it)."""
+    updates: tuple[ConditionUpdate, ...] = ()
+    events: tuple[EventRecord, ...] = ()
+    finished: Literal["Promoted", "RolledBack"] | None = None
+    source: DraftSource | None = None
+    evidence: str = ""
+
+    @property
+    def changed(self) -> bool:
+        return bool(self.actions or self.after_write or self.updates or self.events)
+
+
+def _draft(canary: CanaryStatus, spec: SpeculativeDeploymentSpec) -> DraftSpec:
+    return drafts.draft_from_status(canary.draft, spec.draft)
+
+
+def _sample_of(sample: judgement.Sample) -> CanarySample:
+    return CanarySample(
+        ok=sample.ok,
+        alpha=sample.alpha,
+        p99=sample.tpot_p99_s,
+        p50=sample.tpot_p50_s,
+        tps=sample.tokens_per_s,
+    )
+
+
+def _judgement_sample(sample: CanarySample) -> judgement.Sample:
+    return judgement.Sample(
+        alpha=sample.alpha,
+        tpot_p99_s=sample.p99,
+        tpot_p50_s=sample.p50,
+        tokens_per_s=sample.tps,
+        ok=sample.ok,
+    )
+
+
+# ---------------------------------------------------------------- the step
+
+
+def step(inputs: CanaryInputs) -> CanaryStep:
+    """Advance the canary of one resource by at most one step."""
+    status = inputs.status
+    canary = status.canary
+    if canary is None:
+        return _maybe_start(inputs)
+    if inputs.action == "abort":
+        ended = _rollback(inputs, canary, Reason.CANARY_ABORTED, "aborted by specops.dev/canary-action")
+        return replace(ended, actions=(ClearAction(), *ended.actions))
+    if inputs.action == "promote":
+        ended = _start_promotion(inputs, canary, "promoted by specops.dev/canary-action")
+        return replace(ended, actions=(ClearAction(), *ended.actions))
+    if inputs.paused:
+        return CanaryStep(_with(status, replace_canary(canary, paused=True)))
+    if canary.paused:
+        canary = replace_canary(canary, paused=False)
+    if canary.phase == "LosslessCheck":
+        return _lossless_check(inputs, canary)
+    if canary.phase == "Progressing":
+        return _progress(inputs, canary)
+    return _finish_promotion(inputs, canary)
+
+
+def replace_canary(canary: CanaryStatus, **changes: object) -> CanaryStatus:
+    return canary.model_copy(update=changes)
+
+
+def _with(
+    status: SpeculativeDeploymentStatus, canary: CanaryStatus | None, **changes: object
+) -> SpeculativeDeploymentStatus:
+    return status.model_copy(update={"canary": canary, **changes})
+
+
+def _maybe_start(inputs: CanaryInputs) -> CanaryStep:
+    status, spec = inputs.status, inputs.spec
+    spec_key = drafts.draft_key(spec.draft)
+    draft: DraftSpec
+    source: DraftSource
+    if status.observed_spec_draft not in (None, spec_key) and spec_key != status.rejected_draft:
+        draft, source = spec.draft, "Spec"
+    elif inputs.candidate is not None and drafts.draft_key(inputs.candidate) != status.rejected_draft:
+        draft, source = inputs.candidate, "Retraining"
+    else:
+        return CanaryStep(status)
+    canary = CanaryStatus(
+        phase="LosslessCheck",
+        source=source,
+        draft=drafts.draft_to_status(draft, source),
+        started_at=inputs.now,
+        traffic_routing=inputs.routing,
+    )
+    changes: dict[str, object] = {"observed_spec_draft": spec_key} if source == "Spec" else {}
+    message = f"canary of draft {draft.version} ({source.lower()}) started: lossless check before any traffic"
+    return CanaryStep(
+        _with(status, canary, **changes),
+        actions=(ApplyCanary(draft, receives_traffic=False),),
+        updates=(ConditionUpdate(cond.CANARY_ROLLOUT, "True", Reason.CANARY_STARTED, message),),
+        events=(EventRecord("Normal", Reason.CANARY_STARTED, message),),
+    )
+
+
+def _lossless_check(inputs: CanaryInputs, canary: CanaryStatus) -> CanaryStep:
+    outcome = inputs.lossless
+    if outcome is None:
+        return CanaryStep(_with(inputs.status, canary))  # canary pods still starting
+    if isinstance(outcome, LosslessUnrunnable):
+        attempts = canary.lossless_attempts + 1
+        if attempts >= LOSSLESS_ATTEMPTS:
+            return _rollback(
+                inputs,
+                canary,
+                Reason.LOSSLESS_CHECK_FAILED,
+                f"golden prompts could not be run: {outcome.message}",
+            )
+        return CanaryStep(_with(inputs.status, replace_canary(canary, lossless_attempts=attempts)))
+    if isinstance(outcome, LosslessDiffers):
+        return _rollback(inputs, canary, Reason.NOT_LOSSLESS, outcome.evidence)
+    canary = replace_canary(canary, phase="Progressing", lossless_check="Passed")
+    entered = _enter_step(inputs, canary, 0)
+    return replace(
+        entered,
+        actions=(ApplyCanary(_draft(canary, inputs.spec), receives_traffic=True), *entered.actions),
+        events=(
+            EventRecord(
+                "Normal", Reason.LOSSLESS_CHECK_PASSED, "golden prompts identical with speculation on and off"
+            ),
+            *entered.events,
+        ),
+    )
+
+
+def _enter_step(inputs: CanaryInputs, canary: CanaryStatus, index: int) -> CanaryStep:
+    steps = inputs.spec.canary.steps
+    weight = steps[index].weight
+    achieved = inputs.achievable(weight)
+    canary = replace_canary(
+        canary,
+        step=index,
+        weight=achieved,
+        requested_weight=weight,
+        step_started_at=inputs.now,
+        samples=CanarySamples(),
+    )
+    text = f"step {index + 1}/{len(steps)}: canary weight {achieved}% ({canary.traffic_routing})"
+    return CanaryStep(
+        _with(inputs.status, canary),
+        actions=(SetWeight(weight),),
+        updates=(ConditionUpdate(cond.CANARY_ROLLOUT, "True", Reason.CANARY_PROGRESSING, text),),
+        events=(EventRecord("Normal", Reason.CANARY_STEP_STARTED, text),),
+    )
+
+
+def _sampled(canary: CanaryStatus, inputs: CanaryInputs) -> CanaryStatus:
+    samples = canary.samples
+    stable, canary_list = list(samples.stable), list(samples.canary)
+    if inputs.stable_sample is not None:
+        stable.append(_sample_of(inputs.stable_sample))
+    if inputs.canary_sample is not None:
+        canary_list.append(_sample_of(inputs.canary_sample))
+    trimmed = max(len(stable), len(canary_list)) - MAX_SAMPLES
+    kept = CanarySamples(
+        stable=stable[-MAX_SAMPLES:],
+        canary=canary_list[-MAX_SAMPLES:],
+        trimmed=samples.trimmed + max(0, trimmed),
+    )
+    return replace_canary(canary, samples=kept)
+
+
+def _progress(inputs: CanaryInputs, canary: CanaryStatus) -> CanaryStep:
+    spec, now = inputs.spec, inputs.now
+    canary = _sampled(canary, inputs)
+    index = max(0, canary.step)
+    pause_s = parse_duration(spec.canary.steps[index].pause)
+    elapsed_s = (now - (canary.step_started_at or now)).total_seconds()
+    if elapsed_s < pause_s:
+        return CanaryStep(_with(inputs.status, canary))
+    canary_window = _warmed_up([_judgement_sample(s) for s in canary.samples.canary])
+    stable_window = _warmed_up([_judgement_sample(s) for s in canary.samples.stable])
+    healthy_now = bool(canary_window and canary_window[-1].ok and stable_window and stable_window[-1].ok)
+    if (
+        healthy_now
+        and min(_usable(canary_window), _usable(stable_window)) < MIN_SAMPLES
+        and elapsed_s < max(MAX_BAKE_FACTOR * pause_s, MIN_BAKE_EXTENSION_S)
+    ):
+        # New canary pods are scraped a few intervals late: bake on rather than judge thin evidence.
+        return CanaryStep(_with(inputs.status, canary))
+
+    slo = parse_duration(spec.slo.per_token_latency_p99) if spec.slo.per_token_latency_p99 else None
+    verdict, evidence = judgement.analyse(
+        canary_window,
+        stable_window,
+        confidence=spec.canary.analysis.confidence,
+        slo_p99_s=slo,
+        baseline_p50_s=inputs.status.baseline.per_token_latency_p50,
+    )
+    counters = judgement.CanaryCounters(
+        failures=canary.counters.failures,
+        inconclusives=canary.counters.inconclusives,
+        consecutive_errors=canary.counters.consecutive_errors,
+    )
+    action, counters, reason = judgement.next_action(verdict, counters, spec.canary.analysis)
+    canary = replace_canary(
+        canary,
+        counters=CanaryCounters(
+            failures=counters.failures,
+            inconclusives=counters.inconclusives,
+            consecutive_errors=counters.consecutive_errors,
+        ),
+        last_analysis=CanaryAnalysisStatus(
+            verdict=verdict.value,
+            reason=reason,
+            p_value=None if evidence.p_value is None else round(evidence.p_value, 4),
+            canary_alpha=evidence.canary_alpha,
+            stable_alpha=evidence.stable_alpha,
+            summary=evidence.summary,
+            at=now,
+        ),
+    )
+    if action == "rollback":
+        return _rollback(inputs, canary, reason, evidence.summary)
+    if action == "advance":
+        steps = spec.canary.steps
+        # The last step, or a 100 % step (nothing left to compare against), ends in promotion.
+        if index + 1 >= len(steps) or steps[index + 1].weight >= 100:
+            return _start_promotion(inputs, canary, evidence.summary)
+        entered = _enter_step(inputs, canary, index + 1)
+        return replace(entered, events=(EventRecord("Normal", reason, evidence.summary), *entered.events))
+    update = ConditionUpdate(cond.CANARY_ROLLOUT, "True", reason, evidence.summary)
+    if action == "hold":
+        canary = replace_canary(canary, step_started_at=now, samples=CanarySamples())
+        return CanaryStep(
+            _with(inputs.status, canary),
+            updates=(update,),
+            events=(EventRecord("Warning", reason, evidence.summary),),
+        )
+    # pause: metrics unavailable; judge again next tick, never advance or roll back
+    return CanaryStep(_with(inputs.status, canary), updates=(update,))
+
+
+def _start_promotion(inputs: CanaryInputs, canary: CanaryStatus, evidence: str) -> CanaryStep:
+    draft = _draft(canary, inputs.spec)
+    canary = replace_canary(canary, phase="Promoting", weight=100, promotion_evidence=evidence)
+    return CanaryStep(
+        _with(inputs.status, canary, draft=drafts.draft_to_status(draft, canary.source)),
+        actions=(SetWeight(100),),
+        after_write=(RolloutStable(draft),),
+        updates=(
+            ConditionUpdate(
+                cond.CANARY_ROLLOUT,
+                "True",
+                Reason.CANARY_PROMOTING,
+                f"rolling stable onto draft {draft.version}",
+            ),
+        ),
+    )
+
+
+def _finish_promotion(inputs: CanaryInputs, canary: CanaryStatus) -> CanaryStep:
+    draft = _draft(canary, inputs.spec)
+    if not inputs.stable_rolled_out:
+        # Rendering the stable variant again is idempotent; it also repairs a lost write.
+        return CanaryStep(_with(inputs.status, canary), actions=(RolloutStable(draft),))
+    message = f"draft {draft.version} promoted: {canary.promotion_evidence or ''}".strip()
+    return CanaryStep(
+        _with(inputs.status, None),
+        actions=(SetWeight(0), DeleteCanary()),
+        updates=(ConditionUpdate(cond.CANARY_ROLLOUT, "False", Reason.CANARY_PROMOTED, message),),
+        events=(EventRecord("Normal", Reason.CANARY_PROMOTED, message),),
+        finished="Promoted",
+        source=canary.source,
+        evidence=message,
+    )
+
+
+def _rollback(inputs: CanaryInputs, canary: CanaryStatus, reason: str, evidence: str) -> CanaryStep:
+    draft = _draft(canary, inputs.spec)
+    message = f"draft {draft.version} rolled back ({reason}): {evidence}"
+    status = _with(
+        inputs.status,
+        None,
+        rejected_draft=drafts.draft_key(draft),
+        last_canary=LastCanaryStatus(
+            draft=draft.version, result="RolledBack", reason=reason, evidence=evidence[:500]
+        ),
+    )
+    return CanaryStep(
+        status,
+        actions=(SetWeight(0), DeleteCanary()),
+        updates=(ConditionUpdate(cond.CANARY_ROLLOUT, "False", Reason.CANARY_ROLLED_BACK, message[:1000]),),
+        events=(EventRecord("Warning", Reason.CANARY_ROLLED_BACK, message[:1000]),),
+        finished="RolledBack",
+        source=canary.source,
+        evidence=message,
+    )
+
+
+def _warmed_up(samples: list[judgement.Sample]) -> list[judgement.Sample]:
+    """Drop the not-ok samples before a variant's first ok one: new pods' series are not scraped yet.
+
+    Later gaps stay in the window, so an outage still reads as an outage.
+    """
+    for index, sample in enumerate(samples):
+        if sample.ok:
+            return samples[index:]
+    return samples
+
+
+def _usable(samples: list[judgement.Sample]) -> int:
+    return sum(1 for sample in samples if sample.ok and sample.alpha is not None)

@@ -1,0 +1,227 @@
+"""One resource's periodic tick: one read, the control loop, retraining and the canary, one write.
+
+gather: the resource (one GET) and its pods (one LIST); each part takes the typed status
+and returns its own blocks of it plus condition updates and Events; the phase is derived
+from the parts (domain.phases); one optimistic status patch writes what changed. A 409
+re-reads the resource and lays the tick's blocks and condition updates onto the fresh
+status, so another writer's changes (the reconciler's conditions) are never lost. Nothing
+is written when nothing changed, and a change of measurements only is written at most
+once per refresh period.
+
+A part whose API calls fail keeps its blocks as they were; the others still land.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from pydantic import ValidationError
+
+from specops.api import conditions as cond
+from specops.api.conditions import ConditionUpdate
+from specops.api.models import API_VERSION, KIND, SpeculativeDeployment
+from specops.api.status import SpeculativeDeploymentStatus
+from specops.api.units import parse_duration
+from specops.domain import lifecycle, phases
+from specops.domain.discovery import ready_endpoints
+from specops.domain.lifecycle import EventRecord
+from specops.domain.names import LABEL_DEPLOYMENT, label_value
+from specops.domain.status_patch import merge_patch, only_volatile
+from specops.ports import KubeApiError, KubePort
+from specops.services.canary import CanaryResult, CanaryService
+from specops.services.control import ControlLoop
+from specops.services.retraining import RetrainingService, after_canary
+
+log = logging.getLogger(__name__)
+
+MIN_STATUS_REFRESH_S = 10.0
+STATUS_REFRESH_INTERVALS = 4.0
+"""Measurements alone are written at most every max(MIN_STATUS_REFRESH_S, this x interval)."""
+WRITE_ATTEMPTS = 5
+
+# Status blocks each part owns: the tick writes these and only these (plus conditions and phase).
+CONTROL_BLOCKS = ("speculation", "baseline", "observed")
+CANARY_BLOCKS = ("canary", "draft", "rejected_draft", "observed_spec_draft", "last_canary")
+RETRAINING_BLOCKS = ("retraining",)
+
+
+@dataclass
+class TickOutcome:
+    """What one resource's periodic tick produced, for the daemon: when to come back, what to post."""
+
+    interval_s: float
+    gone: bool = False
+    body: dict[str, Any] | None = None
+    events: list[EventRecord] = field(default_factory=list)
+
+
+def interval_of(body: dict[str, Any], default: float) -> float:
+    text = ((body.get("spec") or {}).get("metrics") or {}).get("interval")
+    try:
+        return parse_duration(text) if text else default
+    except ValueError:
+        return default
+
+
+class ResourceTick:
+    def __init__(
+        self,
+        kube: KubePort,
+        control: ControlLoop,
+        retraining: RetrainingService,
+        canary: CanaryService,
+        *,
+        default_interval_s: float,
+    ) -> None:
+        self.kube = kube
+        self.control = control
+        self.retraining = retraining
+        self.canary = canary
+        self.default_interval_s = default_interval_s
+
+    async def run(self, namespace: str, name: str, now: datetime) -> TickOutcome:
+        outcome = TickOutcome(interval_s=self.default_interval_s)
+        try:
+            body = await self.kube.get(API_VERSION, KIND, namespace, name)
+        except KubeApiError as error:
+            log.warning("tick of %s/%s: reading the resource failed: %s", namespace, name, error)
+            return outcome
+        if body is None or body["metadata"].get("deletionTimestamp"):
+            outcome.gone = True
+            return outcome
+        outcome.interval_s = interval_of(body, self.default_interval_s)
+        outcome.body = body
+        try:
+            resource = SpeculativeDeployment.model_validate(body)
+        except ValidationError:
+            return outcome  # the reconciler reports InvalidSpec
+        status = resource.status
+        if not phases.is_active(status):
+            return outcome  # not serving yet
+        self.control.subscribe(resource, outcome.interval_s)
+
+        parts: dict[str, Any] = {}
+        updates: list[ConditionUpdate] = []
+        events: list[EventRecord] = []
+        try:
+            pods = await self.kube.list("v1", "Pod", namespace, {LABEL_DEPLOYMENT: label_value(name)})
+        except KubeApiError as error:
+            log.warning("tick of %s/%s: listing pods failed: %s", namespace, name, error)
+            return outcome
+        endpoints = ready_endpoints(pods)
+
+        candidate = None
+        draft_stale = False
+        try:
+            retraining = await self.retraining.tick(resource, status, now)
+        except KubeApiError as error:
+            log.warning("retraining tick of %s/%s failed: %s", namespace, name, error)
+            draft_stale = cond.is_true(status.conditions, cond.DRAFT_STALE)
+        else:
+            parts["retraining"] = retraining.retraining
+            updates += retraining.updates
+            events += retraining.events
+            candidate, draft_stale = retraining.candidate, retraining.draft_stale
+
+        control = await self.control.tick(resource, status, endpoints, now, draft_stale=draft_stale)
+        parts.update({block: getattr(control.status, block) for block in CONTROL_BLOCKS})
+        updates += control.updates
+        events += control.events
+
+        canary: CanaryResult | None = None
+        try:
+            canary = await self.canary.tick(resource, status, endpoints, now, candidate)
+        except KubeApiError as error:
+            log.warning("canary tick of %s/%s failed: %s", namespace, name, error)
+        if canary is not None:
+            parts.update({block: getattr(canary.status, block) for block in CANARY_BLOCKS})
+            updates += canary.updates
+            events += canary.events
+            if canary.finished and "retraining" in parts:
+                retraining_status, retraining_updates = after_canary(
+                    resource.spec, parts["retraining"], canary.finished, canary.source, canary.evidence, now
+                )
+                parts["retraining"] = retraining_status
+                updates += retraining_updates
+
+        written = await self._write(body, parts, updates, now, outcome.interval_s, events)
+        if written is not None:
+            outcome.body = written
+            if canary is not None and canary.after_write:
+                try:
+                    await self.canary.after_write(
+                        SpeculativeDeployment.model_validate(written), canary.after_write
+                    )
+                except KubeApiError as error:
+                    log.warning(
+                        "canary of %s/%s: acting on the new status failed: %s", namespace, name, error
+                    )
+        outcome.events = events
+        return outcome
+
+    async def _write(
+        self,
+        body: dict[str, Any],
+        parts: dict[str, Any],
+        updates: list[ConditionUpdate],
+        now: datetime,
+        interval_s: float,
+        events: list[EventRecord],
+    ) -> dict[str, Any] | None:
+        """One optimistic status patch of the tick's blocks; on 409 re-read, lay them onto the fresh status."""
+        meta = body["metadata"]
+        namespace, name = meta["namespace"], meta["name"]
+        generation = int(meta.get("generation") or 1)
+        refresh_s = max(MIN_STATUS_REFRESH_S, STATUS_REFRESH_INTERVALS * interval_s)
+        live = body
+        for _ in range(WRITE_ATTEMPTS):
+            try:
+                current = SpeculativeDeploymentStatus.from_wire(live.get("status"))
+            except ValidationError as error:
+                log.warning(
+                    "status of %s/%s does not load (%s); rewriting the tick's blocks", namespace, name, error
+                )
+                current = SpeculativeDeploymentStatus()
+            if not phases.is_active(current):
+                return None  # no longer serving (deleted, invalid) meanwhile
+            wanted = current.model_copy(update=parts)
+            conditions = cond.set_conditions(current.conditions, updates, now, generation)
+            wanted = wanted.model_copy(
+                update={"conditions": conditions, "phase": phases.derive_phase("Serving", wanted)}
+            )
+            before = current.to_wire()
+            patch = merge_patch(before, wanted.to_wire())
+            if not patch:
+                return None
+            if only_volatile(patch):
+                observed_at = current.observed.at
+                if observed_at is not None and (now - observed_at).total_seconds() < refresh_s:
+                    return None  # only measurements moved: refreshed every refresh period
+            request = {"metadata": {"resourceVersion": live["metadata"]["resourceVersion"]}, "status": patch}
+            try:
+                written = await self.kube.patch(
+                    API_VERSION, KIND, namespace, name, request, subresource="status"
+                )
+            except KubeApiError as error:
+                if not (error.conflict or error.status >= 500 or error.status == 0):
+                    log.warning("status write of %s/%s failed: %s", namespace, name, error)
+                    return None
+                # A conflict, or an answer that may or may not have landed: read again and recompute.
+                try:
+                    fresh = await self.kube.get(API_VERSION, KIND, namespace, name)
+                except KubeApiError as read_error:
+                    log.warning("status of %s/%s: re-read failed: %s", namespace, name, read_error)
+                    continue
+                if fresh is None:
+                    return None
+                live = fresh
+                continue
+            events.extend(lifecycle.condition_events(current.conditions, conditions))
+            return written
+        log.warning(
+            "status of %s/%s kept changing; gave up after %d attempts", namespace, name, WRITE_ATTEMPTS
+        )
+        return None

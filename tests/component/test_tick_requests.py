@@ -1,0 +1,222 @@
+"""API requests of one resource's periodic tick, counted on the wire against the emulated API server.
+
+A steady resource (serving, metrics unchanged, nothing to decide) must cost at most one GET of
+the resource per tick, and write status only when something changed. The operator's scale
+depends on it: every extra request is multiplied by the number of resources.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from collections.abc import Hashable, Mapping, Sequence
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+from specops.adapters.kube import KubeClient, load_connection_settings
+from specops.domain.discovery import PodEndpoint
+from specops.domain.metrics import Measurement
+from specops.ports import ApplyResult, FleetResult, GenerateResult
+from specops.services.config import OperatorConfig
+from specops.services.container import build_services
+from tests.conftest import EXAMPLES
+from tests.harness.cluster import EmulatedCluster
+
+NAMESPACE = "default"
+NAME = "llama-70b-chat"
+T0 = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
+
+
+class SteadyMetrics:
+    """A metrics source whose every lookup is the same healthy measurement."""
+
+    def __init__(self) -> None:
+        self.now = T0
+
+    def register(self, key: Hashable, url: str, backend: str, interval_s: float) -> None:
+        return None
+
+    def unregister(self, key: Hashable) -> None:
+        return None
+
+    def lookup(
+        self,
+        url: str,
+        backend: str,
+        namespace: str,
+        name: str,
+        variant: str,
+        now: datetime,
+        draft_length: int | None = None,
+    ) -> Measurement:
+        return Measurement(
+            phase="Ok",
+            at=now,
+            alpha=0.8,
+            acceptance_rate=0.6,
+            mean_draft_length=4.0,
+            batch=4.0,
+            request_rate=2.0,
+            tokens_per_s=400.0,
+            tpot_p50_s=0.01,
+            tpot_p95_s=0.012,
+            tpot_p99_s=0.013,
+            pods_reporting=2,
+        )
+
+    async def close(self) -> None:
+        return None
+
+
+class AppliedTriton:
+    """Model control whose every pod already runs what it is asked for."""
+
+    async def apply_to_all(
+        self, endpoints: Sequence[PodEndpoint], *, num_draft_tokens: int | None = None, **_: Any
+    ) -> FleetResult:
+        return FleetResult(desired=len(endpoints), applied=len(endpoints), changed=0)
+
+    async def read_bls_settings(self, endpoint: PodEndpoint) -> ApplyResult:
+        return ApplyResult(endpoint.pod, True)
+
+    async def apply_bls_settings(self, endpoint: PodEndpoint, **_: Any) -> ApplyResult:
+        return ApplyResult(endpoint.pod, True)
+
+    async def load_model(
+        self, endpoint: PodEndpoint, name: str, config: Mapping[str, object] | None = None
+    ) -> ApplyResult:
+        return ApplyResult(endpoint.pod, True)
+
+    async def unload_model(self, endpoint: PodEndpoint, name: str) -> ApplyResult:
+        return ApplyResult(endpoint.pod, True)
+
+    async def is_ready(self, endpoint: PodEndpoint, model: str | None = None) -> bool:
+        return True
+
+    async def generate(
+        self, endpoint: PodEndpoint, prompt: str, max_tokens: int, num_draft_tokens: int | None = None
+    ) -> GenerateResult:
+        return GenerateResult(endpoint.pod, True, text=prompt)
+
+
+def _resource() -> dict[str, Any]:
+    body = yaml.safe_load((EXAMPLES / "dense-70b-7b.yaml").read_text())
+    body["metadata"] = {"name": NAME, "namespace": NAMESPACE}
+    body["spec"]["metrics"] = {"prometheus": {"url": "http://127.0.0.1:9"}, "interval": "1s"}
+    body["spec"]["speculation"] = {"rollout": {"baseline": "2s", "soak": "2s"}}
+    return body
+
+
+def _ready_pods(cluster: EmulatedCluster) -> None:
+    for deployment in cluster.objects("deployments", NAMESPACE):
+        replicas = int(deployment["spec"].get("replicas") or 0)
+        cluster.patch_status(
+            "deployments",
+            deployment["metadata"]["name"],
+            {
+                "observedGeneration": deployment["metadata"]["generation"],
+                "replicas": replicas,
+                "updatedReplicas": replicas,
+                "readyReplicas": replicas,
+                "availableReplicas": replicas,
+            },
+        )
+        labels = deployment["spec"]["template"]["metadata"]["labels"]
+        for index in range(replicas):
+            pod_name = f"{deployment['metadata']['name']}-{index}"
+            cluster.create(
+                "pods",
+                {
+                    "metadata": {"name": pod_name, "namespace": NAMESPACE, "labels": labels},
+                    "spec": {"containers": [{"name": "triton", "ports": [{"containerPort": 8000}]}]},
+                },
+            )
+            cluster.patch_status(
+                "pods",
+                pod_name,
+                {"podIP": "127.0.0.1", "conditions": [{"type": "Ready", "status": "True"}]},
+            )
+
+
+def _classify(request: httpx.Request) -> str:
+    path = request.url.path
+    if re.search(r"/speculativedeployments/[^/]+/status$", path):
+        return f"{request.method} status"
+    if re.search(r"/speculativedeployments/[^/]+$", path):
+        return f"{request.method} resource"
+    kind = path.rstrip("/").split("/")[-1] if request.method == "GET" else path
+    return f"{request.method} {kind}"
+
+
+async def test_a_steady_resource_costs_one_get_per_tick_and_writes_status_only_on_change(
+    cluster: EmulatedCluster, operator_env: None, tmp_path: Path
+) -> None:
+    # Given a serving resource whose metrics do not move and whose pods run the decided setting
+    cluster.create("speculativedeployments", _resource())
+    services = await build_services(OperatorConfig.from_env())
+    await services.kube.close()
+    services.kube = KubeClient(load_connection_settings(str(cluster.kubeconfig_path)))
+    _rewire(services)
+    counts: Counter[str] = Counter()
+
+    async def count(request: httpx.Request) -> None:
+        counts[_classify(request)] += 1
+
+    services.kube._http.event_hooks["request"].append(count)
+    try:
+        body = cluster.get("speculativedeployments", NAME)
+        assert body is not None
+        await services.reconciler.reconcile(body, T0)
+        _ready_pods(cluster)
+        await services.reconciler.refresh(NAMESPACE, NAME, T0)
+        now = T0
+        # Warm up: Baseline (2 s), Fixed (2 s soak), then Dynamic, where a steady load decides nothing new.
+        for _ in range(12):
+            now += timedelta(seconds=1)
+            await services.tick(NAMESPACE, NAME, lambda at=now: at)
+        live = cluster.get("speculativedeployments", NAME)
+        assert live is not None and live["status"]["phase"] == "Dynamic", live["status"]
+
+        # When it ticks 10 more times, one interval apart
+        counts.clear()
+        for _ in range(10):
+            now += timedelta(seconds=1)
+            await services.tick(NAMESPACE, NAME, lambda at=now: at)
+    finally:
+        await services.close()
+
+    # Then it reads the resource at most once per tick and writes status only when something changed
+    print("requests over 10 steady ticks:", dict(counts))
+    assert counts["GET resource"] <= 10, dict(counts)
+    # The measurements are refreshed in status once per refresh period (10 s here), nothing else moves.
+    assert counts["PATCH status"] <= 1, dict(counts)
+
+
+def _rewire(services: Any) -> None:
+    """Point every service at the test's client, metrics and model control."""
+    metrics, triton = SteadyMetrics(), AppliedTriton()
+    services.metrics = metrics
+    for service in _walk(services):
+        for attribute, value in (("kube", services.kube), ("metrics", metrics), ("triton", triton)):
+            if hasattr(service, attribute):
+                setattr(service, attribute, value)
+
+
+def _walk(root: Any) -> list[Any]:
+    seen: list[Any] = []
+    stack = [root]
+    while stack:
+        item = stack.pop()
+        if any(item is other for other in seen):
+            continue
+        seen.append(item)
+        for value in vars(item).values() if hasattr(item, "__dict__") else ():
+            if type(value).__module__.startswith("specops.services") or type(value).__module__.startswith(
+                "specops.adapters.routing"
+            ):
+                stack.append(value)
+    return seen
