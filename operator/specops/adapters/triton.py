@@ -19,12 +19,17 @@ from tritonclient.http.aio import InferenceServerClient
 from tritonclient.utils import InferenceServerException
 
 from specops.domain.discovery import PodEndpoint
+from specops.domain.triton_repo import (
+    BLS_MODEL,
+    ENSEMBLE_MODEL,
+    P_DEFAULT_NUM_DRAFT_TOKENS,
+    P_DRAFT_MODEL_NAME,
+)
 from specops.ports import ApplyResult, BlsSettings, FleetResult, GenerateResult
 
-BLS_MODEL = "tensorrt_llm_bls"
-ENSEMBLE_MODEL = "ensemble"
-NUM_DRAFT_TOKENS_PARAMETER = "specops_default_num_draft_tokens"
-DRAFT_MODEL_PARAMETER = "tensorrt_llm_draft_model_name"
+# The names the rendered model repository uses (defined once, in domain.triton_repo).
+NUM_DRAFT_TOKENS_PARAMETER = P_DEFAULT_NUM_DRAFT_TOKENS
+DRAFT_MODEL_PARAMETER = P_DRAFT_MODEL_NAME
 
 # What a pod can throw at us: refused/reset connections, timeouts, Triton error answers.
 _TRANSPORT_ERRORS = (

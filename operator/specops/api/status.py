@@ -23,6 +23,8 @@ DraftSource = Literal["Spec", "Retraining"]
 
 
 class Condition(ApiModel):
+    """A standard Kubernetes condition: lastTransitionTime moves only when status flips."""
+
     type: str = Field(description="Condition type, e.g. Ready.")
     status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
     reason: str = Field(description="UpperCamelCase reason of the last transition.")

@@ -1,0 +1,324 @@
+"""The canary state machine, one step at a time: given a state and this tick's inputs, the exact next
+state and actions (table-style, like Argo Rollouts' canary reconcile tests)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from specops.api.models import DraftEngine, DraftSpec, SpeculativeDeployment
+from specops.api.status import (
+    CanarySample,
+    CanarySamples,
+    CanaryStatus,
+    DraftStatus,
+    SpeculativeDeploymentStatus,
+)
+from specops.domain import canary_rollout as rollout
+from specops.domain.canary import Sample
+from specops.domain.canary_rollout import (
+    ApplyCanary,
+    CanaryInputs,
+    ClearAction,
+    DeleteCanary,
+    LosslessDiffers,
+    LosslessPassed,
+    LosslessUnrunnable,
+    RolloutStable,
+    SetWeight,
+)
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "docs" / "examples" / "dense-70b-7b.yaml"
+T0 = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
+V3 = "v3@pvc://engines/llama-70b-draft/v3"
+V4 = DraftSpec(
+    model="llama-3.1-8b-draft", version="v4", parameters="7B", engine=DraftEngine(uri="pvc://engines/d/v4")
+)
+
+
+def resource(**canary: Any) -> SpeculativeDeployment:
+    body = yaml.safe_load(EXAMPLE.read_text())
+    body["metadata"] = {"name": "chat", "namespace": "inference", "uid": "u-1"}
+    body["spec"]["draft"]["version"] = "v4"
+    body["spec"]["draft"]["engine"]["uri"] = "pvc://engines/d/v4"
+    body["spec"]["canary"] = {
+        "steps": [{"weight": 10, "pause": "1m"}, {"weight": 50, "pause": "1m"}],
+        **canary,
+    }
+    return SpeculativeDeployment.model_validate(body)
+
+
+SPEC = resource().spec
+
+
+def serving(**changes: Any) -> SpeculativeDeploymentStatus:
+    base = SpeculativeDeploymentStatus(
+        phase="Dynamic",
+        observed_spec_draft=V3,
+        draft=DraftStatus(
+            model="llama-3.1-8b-draft", version="v3", engine_uri="pvc://engines/llama-70b-draft/v3"
+        ),
+    )
+    return base.model_copy(update=changes)
+
+
+def canary_status(**changes: Any) -> CanaryStatus:
+    base = CanaryStatus(
+        phase="Progressing",
+        source="Spec",
+        draft=DraftStatus(
+            model=V4.model, version="v4", parameters="7B", engine_uri=V4.engine.uri, source="Spec"
+        ),
+        started_at=T0,
+        step=0,
+        weight=10,
+        requested_weight=10,
+        step_started_at=T0,
+        lossless_check="Passed",
+    )
+    return base.model_copy(update=changes)
+
+
+def inputs(status: SpeculativeDeploymentStatus, **changes: Any) -> CanaryInputs:
+    return replace(CanaryInputs(spec=SPEC, status=status, now=T0), **changes)
+
+
+def samples(alpha: float, n: int) -> list[CanarySample]:
+    return [CanarySample(ok=True, alpha=alpha, p99=0.02, p50=0.01, tps=100.0) for _ in range(n)]
+
+
+# ---------------------------------------------------------------- start
+
+
+def test_nothing_happens_while_the_spec_draft_is_the_one_serving() -> None:
+    status = serving(observed_spec_draft="v4@pvc://engines/d/v4")
+    step = rollout.step(inputs(status))
+    assert step.status == status and step.actions == () and not step.changed
+
+
+def test_a_changed_spec_draft_starts_a_canary_held_out_of_traffic() -> None:
+    step = rollout.step(inputs(serving(), routing="GatewayAPI"))
+    canary = step.status.canary
+    assert canary is not None
+    assert (canary.phase, canary.source, canary.draft.version, canary.step, canary.weight) == (
+        "LosslessCheck",
+        "Spec",
+        "v4",
+        -1,
+        0,
+    )
+    assert canary.traffic_routing == "GatewayAPI" and canary.started_at == T0
+    assert step.status.observed_spec_draft == "v4@pvc://engines/d/v4"
+    assert step.actions == (ApplyCanary(SPEC.draft, receives_traffic=False),)
+    assert [e.reason for e in step.events] == ["CanaryStarted"]
+
+
+def test_a_rejected_draft_is_not_tried_again_but_a_trained_candidate_is() -> None:
+    rejected = serving(rejected_draft="v4@pvc://engines/d/v4")
+    assert rollout.step(inputs(rejected)).status.canary is None
+    trained = V4.model_copy(update={"version": "v5", "engine": DraftEngine(uri="pvc://engines/d/v5")})
+    step = rollout.step(inputs(rejected, candidate=trained))
+    assert step.status.canary is not None and step.status.canary.source == "Retraining"
+    assert step.status.canary.draft.version == "v5"
+    assert step.status.observed_spec_draft == V3  # the spec draft was not acted on
+
+
+# ---------------------------------------------------------------- lossless gate
+
+
+def test_lossless_check_waits_for_canary_pods() -> None:
+    status = serving(canary=canary_status(phase="LosslessCheck", step=-1, weight=0, lossless_check=None))
+    step = rollout.step(inputs(status, lossless=None))
+    assert step.status == status and step.actions == ()
+
+
+def test_a_passed_lossless_check_enters_the_first_step_at_the_weight_the_router_can_give() -> None:
+    status = serving(canary=canary_status(phase="LosslessCheck", step=-1, weight=0, lossless_check=None))
+    step = rollout.step(inputs(status, lossless=LosslessPassed(), achievable=lambda w: 33))
+    canary = step.status.canary
+    assert canary is not None
+    assert (canary.phase, canary.step, canary.weight, canary.requested_weight, canary.lossless_check) == (
+        "Progressing",
+        0,
+        33,
+        10,
+        "Passed",
+    )
+    assert step.actions == (ApplyCanary(SPEC.draft, receives_traffic=True), SetWeight(10))
+    assert [e.reason for e in step.events] == ["LosslessCheckPassed", "CanaryStepStarted"]
+
+
+def test_a_draft_that_changes_greedy_output_is_rolled_back_before_any_traffic() -> None:
+    status = serving(canary=canary_status(phase="LosslessCheck", step=-1, weight=0, lossless_check=None))
+    step = rollout.step(inputs(status, lossless=LosslessDiffers("prompt #2 differs")))
+    assert step.status.canary is None
+    assert step.status.rejected_draft == "v4@pvc://engines/d/v4"
+    assert step.status.last_canary is not None
+    assert (step.status.last_canary.result, step.status.last_canary.reason) == ("RolledBack", "NotLossless")
+    assert step.actions == (SetWeight(0), DeleteCanary())
+    assert step.finished == "RolledBack" and step.source == "Spec"
+
+
+@pytest.mark.parametrize(("attempts", "ends"), [(0, False), (8, False), (9, True)])
+def test_golden_prompts_that_cannot_run_are_retried_then_give_up(attempts: int, ends: bool) -> None:
+    canary = canary_status(phase="LosslessCheck", step=-1, weight=0, lossless_attempts=attempts)
+    step = rollout.step(inputs(serving(canary=canary), lossless=LosslessUnrunnable("503")))
+    if ends:
+        assert step.status.canary is None and step.status.last_canary is not None
+        assert step.status.last_canary.reason == "LosslessCheckFailed"
+    else:
+        assert step.status.canary is not None and step.status.canary.lossless_attempts == attempts + 1
+
+
+# ---------------------------------------------------------------- steps
+
+
+def test_within_the_pause_a_step_only_collects_samples() -> None:
+    status = serving(canary=canary_status())
+    sample = Sample(alpha=0.8, tpot_p99_s=0.02, tokens_per_s=100.0, tpot_p50_s=0.01)
+    step = rollout.step(
+        inputs(status, now=T0 + timedelta(seconds=30), stable_sample=sample, canary_sample=sample)
+    )
+    assert step.status.canary is not None
+    assert len(step.status.canary.samples.stable) == 1 and len(step.status.canary.samples.canary) == 1
+    assert step.actions == () and step.events == ()
+
+
+def test_a_step_that_passes_moves_to_the_next_weight() -> None:
+    status = serving(
+        canary=canary_status(samples=CanarySamples(stable=samples(0.8, 12), canary=samples(0.8, 12)))
+    )
+    sample = Sample(alpha=0.8, tpot_p99_s=0.02, tokens_per_s=100.0, tpot_p50_s=0.01)
+    now = T0 + timedelta(minutes=2)
+    step = rollout.step(inputs(status, now=now, stable_sample=sample, canary_sample=sample))
+    canary = step.status.canary
+    assert canary is not None
+    assert (canary.step, canary.weight, canary.step_started_at, canary.samples) == (
+        1,
+        50,
+        now,
+        CanarySamples(),
+    )
+    assert canary.last_analysis is not None and canary.last_analysis.verdict == "Pass"
+    assert step.actions == (SetWeight(50),)
+    assert [e.reason for e in step.events] == ["CanaryStepPassed", "CanaryStepStarted"]
+
+
+def test_passing_the_last_step_promotes_the_draft_and_rolls_stable_after_the_write() -> None:
+    canary = canary_status(
+        step=1, weight=50, samples=CanarySamples(stable=samples(0.8, 12), canary=samples(0.8, 12))
+    )
+    sample = Sample(alpha=0.8, tpot_p99_s=0.02, tokens_per_s=100.0, tpot_p50_s=0.01)
+    step = rollout.step(
+        inputs(
+            serving(canary=canary), now=T0 + timedelta(minutes=2), stable_sample=sample, canary_sample=sample
+        )
+    )
+    assert step.status.canary is not None and step.status.canary.phase == "Promoting"
+    assert step.status.canary.weight == 100
+    assert step.status.draft.version == "v4" and step.status.draft.source == "Spec"
+    assert step.actions == (SetWeight(100),)
+    assert step.after_write == (RolloutStable(SPEC.draft),)
+
+
+def test_a_worse_canary_holds_then_is_rolled_back_past_the_failure_limit() -> None:
+    limit = SPEC.canary.analysis.failure_limit
+    worse = CanarySamples(stable=samples(0.8, 30), canary=samples(0.5, 30))
+    sample = Sample(alpha=0.5, tpot_p99_s=0.02, tokens_per_s=100.0, tpot_p50_s=0.01)
+    now = T0 + timedelta(minutes=2)
+
+    def judged(failures: int) -> rollout.CanaryStep:
+        canary = canary_status(samples=worse).model_copy(
+            update={"counters": canary_status().counters.model_copy(update={"failures": failures})}
+        )
+        return rollout.step(
+            inputs(
+                serving(canary=canary),
+                now=now,
+                stable_sample=replace(sample, alpha=0.8),
+                canary_sample=sample,
+            )
+        )
+
+    held = judged(limit - 1)
+    assert held.status.canary is not None and held.status.canary.counters.failures == limit
+    assert held.status.canary.samples == CanarySamples() and held.status.canary.step_started_at == now
+    assert held.actions == () and [e.reason for e in held.events] == ["CanaryAnalysisFailed"]
+    ended = judged(limit)
+    assert ended.status.canary is None and ended.finished == "RolledBack"
+    assert ended.status.last_canary is not None
+    assert (
+        ended.status.last_canary.reason == "CanaryFailureLimitExceeded" and ended.status.last_canary.evidence
+    )
+    assert ended.actions == (SetWeight(0), DeleteCanary())
+
+
+def test_a_metrics_outage_pauses_judgement_without_advancing_or_rolling_back() -> None:
+    broken = [CanarySample(ok=False) for _ in range(12)]
+    status = serving(
+        canary=canary_status(
+            samples=CanarySamples(stable=samples(0.8, 6) + broken, canary=samples(0.8, 6) + broken)
+        )
+    )
+    step = rollout.step(
+        inputs(
+            status,
+            now=T0 + timedelta(minutes=2),
+            stable_sample=Sample(ok=False),
+            canary_sample=Sample(ok=False),
+        )
+    )
+    assert step.status.canary is not None and step.status.canary.step == 0
+    assert step.actions == ()
+    assert [u.reason for u in step.updates] == ["CanaryMetricsUnavailable"]
+
+
+def test_samples_kept_in_status_are_bounded() -> None:
+    full = CanarySamples(stable=samples(0.8, rollout.MAX_SAMPLES), canary=samples(0.8, rollout.MAX_SAMPLES))
+    status = serving(canary=canary_status(samples=full))
+    sample = Sample(alpha=0.7, tpot_p99_s=0.02, tokens_per_s=100.0, tpot_p50_s=0.01)
+    step = rollout.step(
+        inputs(status, now=T0 + timedelta(seconds=10), stable_sample=sample, canary_sample=sample)
+    )
+    kept = step.status.canary.samples if step.status.canary else None
+    assert kept is not None and len(kept.stable) == rollout.MAX_SAMPLES and kept.trimmed == 1
+    assert kept.stable[-1].alpha == 0.7
+
+
+# ---------------------------------------------------------------- promotion and manual gates
+
+
+def test_promotion_waits_for_the_stable_rollout_then_removes_the_canary() -> None:
+    status = serving(canary=canary_status(phase="Promoting", weight=100, promotion_evidence="alpha held"))
+    waiting = rollout.step(inputs(status, stable_rolled_out=False))
+    assert waiting.status.canary == status.canary and waiting.actions == (RolloutStable(SPEC.draft),)
+    done = rollout.step(inputs(status, stable_rolled_out=True))
+    assert done.status.canary is None and done.finished == "Promoted"
+    assert done.actions == (SetWeight(0), DeleteCanary())
+    assert [(u.type, u.status, u.reason) for u in done.updates] == [
+        ("CanaryRollout", "False", "CanaryPromoted")
+    ]
+
+
+def test_abort_and_promote_annotations_act_once_and_are_cleared() -> None:
+    status = serving(canary=canary_status())
+    aborted = rollout.step(inputs(status, action="abort"))
+    assert aborted.actions == (ClearAction(), SetWeight(0), DeleteCanary())
+    assert aborted.status.last_canary is not None and aborted.status.last_canary.reason == "CanaryAborted"
+    promoted = rollout.step(inputs(status, action="promote"))
+    assert promoted.actions == (ClearAction(), SetWeight(100))
+    assert promoted.status.canary is not None and promoted.status.canary.phase == "Promoting"
+
+
+def test_a_paused_canary_holds_everything() -> None:
+    status = serving(canary=canary_status())
+    step = rollout.step(inputs(status, paused=True, now=T0 + timedelta(hours=1)))
+    assert step.status.canary is not None and step.status.canary.paused
+    assert step.actions == () and step.status.canary.step == 0
+    resumed = rollout.step(inputs(step.status, now=T0 + timedelta(seconds=5)))
+    assert resumed.status.canary is not None and not resumed.status.canary.paused
