@@ -116,3 +116,63 @@ def test_an_unknown_benchmark_is_refused() -> None:
 def trivial_benchmark(argv: list[str]) -> int:
     Path(argv[argv.index("--json") + 1]).write_text(json.dumps({"ok": True}))
     return 0
+
+
+def test_a_world_hides_its_truth_from_the_policy_and_scores_against_it(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert bench.main(["policy", "--world", "qwen3-30b-a3b-moe-eagle3-h100", "--json", "-"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["world"] == "qwen3-30b-a3b-moe-eagle3-h100"
+    rows = {row["trace"]: row for row in result["traces"]}
+    assert tuple(sorted(rows)) == SHIPPED
+    for row in rows.values():
+        # speculation never pays in this world: the oracle stays off, always-on at 3 loses
+        assert row["oracle_speedup"] == 1.0
+        assert row["always_on_length"] == 3
+        assert row["always_on_speedup"] < 0.9
+        assert row["world_break_even_batch"] == 1
+        # the roofline prior believes it pays up to a large batch
+        assert row["prior_break_even_batch"] > 100
+    # at low load the roofline policy keeps speculating all the time, slower than plain
+    assert rows["steady_low"]["slowdown_time_fraction"] == 1.0
+    assert rows["steady_low"]["policy_speedup"] < 0.9
+
+
+def test_the_roofline_world_is_the_prior_itself(capsys: pytest.CaptureFixture[str]) -> None:
+    trace = shipped_traces()["diurnal_ramp"]
+    assert bench.main(["policy", "--trace", str(trace), "--world", "roofline", "--json", "-"]) == 0
+    in_world = json.loads(capsys.readouterr().out)
+    plain = replay(parse_trace(trace.read_text().splitlines()), SETUP, default_config(SETUP))
+    assert in_world["policy_speedup"] == pytest.approx(plain["policy_speedup"])
+    assert in_world["oracle_speedup"] == pytest.approx(plain["oracle_speedup"])
+    assert in_world["world_break_even_batch"] == in_world["prior_break_even_batch"]
+
+
+def test_a_world_from_a_profile_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    world = tmp_path / "flat.json"
+    # every draft token costs as much as a plain step: no length pays, at any batch
+    world.write_text(
+        json.dumps(
+            {
+                "name": "flat",
+                "batches": [1, 1024],
+                "plain_ms": [10, 10],
+                "round_ms": {str(g): [10 + 10 * g, 10 + 10 * g] for g in range(1, 9)},
+                "source": "a test",
+            }
+        )
+    )
+    trace = shipped_traces()["steady_low"]
+    assert bench.main(["policy", "--trace", str(trace), "--world", str(world), "--json", "-"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["world"] == "flat"
+    assert result["always_on_speedup"] < 1.0 == result["oracle_speedup"]
+    assert result["world_break_even_batch"] == 1
+
+
+def test_an_unknown_world_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        bench.main(["policy", "--world", "no-such-world"])
+    assert exit_info.value.code == 2
+    assert "neither a profile file nor a builtin" in capsys.readouterr().err
