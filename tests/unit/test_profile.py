@@ -129,5 +129,5 @@ def test_resolve_takes_a_builtin_name_or_a_file(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match="neither a profile file nor a builtin"):
         profiles.resolve(str(tmp_path / "absent.json"))
     path.write_text(json.dumps(raw(plain_ms=[1.0])))
-    with pytest.raises(ProfileError, match="mine.json"):
+    with pytest.raises(ProfileError, match=r"mine\.json"):
         profiles.load(path)

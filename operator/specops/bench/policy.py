@@ -231,7 +231,7 @@ def replay(
     oracle = mean(max([1.0, *(realised(i, g) for g in range(lo, hi + 1))]) for i in range(len(trace)))
     toggles = sum(1 for a, b in itertools.pairwise(policy_lengths) if (a > 0) != (b > 0))
     hours = sum(weights) / 3600.0
-    result = {
+    result: dict[str, float | None] = {
         "policy_speedup": policy,
         "oracle_speedup": oracle,
         "always_on_speedup": mean(realised(i, always_on) for i in range(len(trace))),
@@ -382,7 +382,7 @@ def main(argv: list[str]) -> int:
     except (KeyError, FileNotFoundError, ValueError) as error:
         parser.error(str(error))
     described["tpot_noise_sigma"] = TPOT_NOISE_SIGMA
-    per_world = []
+    per_world: list[dict[str, Any]] = []
     for world in worlds:
         rows = run(traces, setup, args.seed, world)
         print(_format_world_table(world.name, rows), file=table_out)

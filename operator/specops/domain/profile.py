@@ -21,6 +21,7 @@ Format (JSON; unknown keys are ignored, so a profile can carry its provenance):
 from __future__ import annotations
 
 import bisect
+import itertools
 import json
 import math
 from collections.abc import Mapping, Sequence
@@ -162,7 +163,9 @@ class ServingProfile:
                 best_g, best_s = g, s
         return best_g, best_s
 
-    def break_even_batch(self, alpha: float, max_length: int | None = None, max_batch: int = 1024) -> int | None:
+    def break_even_batch(
+        self, alpha: float, max_length: int | None = None, max_batch: int = 1024
+    ) -> int | None:
         """Smallest integer batch at which no length beats plain decoding; None if none up to max_batch.
 
         Scans every batch (profiles need not be monotonic), so it is exact on the table.
@@ -218,7 +221,7 @@ def _validate(profile: ServingProfile) -> None:
         raise ProfileError("'batches' must not be empty")
     if batches[0] <= 0:
         raise ProfileError(f"'batches' must be positive, got {batches[0]:g}")
-    for before, after in zip(batches, batches[1:], strict=False):
+    for before, after in itertools.pairwise(batches):
         if after <= before:
             raise ProfileError(f"'batches' must be strictly increasing ({before:g} then {after:g})")
     _check_times("plain_ms", profile.plain_ms, len(batches))

@@ -22,7 +22,9 @@ def _folder() -> resources.abc.Traversable:
 
 def list_builtin() -> list[str]:
     """Names of the packaged profiles, sorted."""
-    return sorted(entry.name.removesuffix(".json") for entry in _folder().iterdir() if entry.name.endswith(".json"))
+    return sorted(
+        entry.name.removesuffix(".json") for entry in _folder().iterdir() if entry.name.endswith(".json")
+    )
 
 
 def load_builtin(name: str) -> ServingProfile:
