@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import itertools
 import json
 from pathlib import Path
@@ -9,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from specops import bench
+from specops import bench, profiles
 from specops.bench.policy import RESULT_KEYS, default_config, parse_trace, replay, shipped_traces
 from specops.domain.perf import GPUS, ModelSetup
 
@@ -176,3 +177,68 @@ def test_an_unknown_world_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -
         bench.main(["policy", "--world", "no-such-world"])
     assert exit_info.value.code == 2
     assert "neither a profile file nor a builtin" in capsys.readouterr().err
+
+
+@pytest.fixture(scope="module")
+def calibrated_in_every_world(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
+    out = tmp_path_factory.mktemp("bench") / "worlds.json"
+    assert bench.main(["policy", "--world", "all", "--policy", "calibrated", "--json", str(out)]) == 0
+    return [
+        {"world": world["world"], **row}
+        for world in json.loads(out.read_text())["worlds"]
+        for row in world["traces"]
+    ]
+
+
+def test_the_calibrated_policy_stays_near_the_oracle_in_every_world(
+    calibrated_in_every_world: list[dict[str, Any]],
+) -> None:
+    rows = calibrated_in_every_world
+    assert len({row["world"] for row in rows}) == 1 + len(profiles.list_builtin())
+    ratios = [row["ratio_to_oracle"] for row in rows]
+    assert sum(ratios) / len(ratios) >= 0.97
+    for row in rows:
+        assert row["ratio_to_oracle"] >= 0.90, row
+        assert row["toggles_per_hour"] <= 6.0, row
+        assert row["probe_cost_fraction"] <= 0.02 + 1e-9, row
+        assert row["policy_speedup"] >= 0.99 * row["always_on_speedup"], row
+    assert sum(row["slowdown_time_fraction"] for row in rows) / len(rows) <= 0.05
+
+
+def test_the_calibrated_policy_learns_the_break_even_of_early_break_even_worlds(
+    calibrated_in_every_world: list[dict[str, Any]],
+) -> None:
+    for row in calibrated_in_every_world:
+        # where the load crosses the world's break-even, so both sides of it are measured
+        if (
+            row["world"] in ("qwen3-32b-eagle3-2xh200", "llama70b-small-draft-4xh100")
+            and row["trace"] == "bursty"
+        ):
+            truth, learned = row["world_break_even_batch"], row["learned_break_even_batch"]
+            assert learned == pytest.approx(truth, rel=0.3), row
+
+
+def test_lengths_out_writes_the_length_in_force_and_probes(tmp_path: Path) -> None:
+    out = tmp_path / "lengths.csv"
+    trace = shipped_traces()["steady_low"]
+    world = "qwen3-30b-a3b-moe-eagle3-h100"
+    argv = [
+        "policy",
+        "--trace",
+        str(trace),
+        "--world",
+        world,
+        "--policy",
+        "calibrated",
+        "--lengths-out",
+        str(out),
+    ]
+    assert bench.main(argv) == 0
+    rows = list(csv.DictReader(out.read_text().splitlines()))
+    assert list(rows[0]) == ["t_seconds", "num_draft_tokens", "probe"]
+    assert len(rows) == len(parse_trace(trace.read_text().splitlines()))
+    probes = [row for row in rows if row["probe"] == "1"]
+    assert probes and len(probes) <= 0.02 * len(rows) + 1
+    # in a world where speculation never pays it ends off, with only probes speculating
+    tail = rows[len(rows) // 2 :]
+    assert all(row["num_draft_tokens"] == "0" or row["probe"] == "1" for row in tail)

@@ -171,14 +171,27 @@ def run_probe_schedule(
     ],
 )
 def test_probes_stay_within_their_share_of_time_and_spacing(enabled: bool, config: ProbeConfig) -> None:
-    # An empty model is uncertain everywhere, so it asks for a probe at every interval.
-    ledger, starts = run_probe_schedule(
-        CalibratedModel(PRIOR), enabled=enabled, hours=6, interval_s=15.0, config=config
-    )
-    assert starts, "an uncertain model must probe"
+    # Samples on both sides near batch 16, so no probe is urgent; near break-even, so it wants them.
+    floor = profiles.load_builtin("llama8b-1b-draft-floor-h100")
+    model = CalibratedModel(PRIOR, sample_world(floor, 200, seed=8, batches=(12, 16, 20)))
+    ledger, starts = run_probe_schedule(model, enabled=enabled, hours=6, interval_s=15.0, config=config)
+    assert len(starts) >= 2
     assert ledger.cost_fraction <= config.max_fraction + 1e-9
     gaps = [b - a for a, b in itertools.pairwise(starts)]
     assert min(gaps) >= config.min_spacing_s + config.probe_duration_s - 1e-9
+
+
+@pytest.mark.parametrize("enabled", [False, True])
+def test_urgent_probes_where_nothing_was_measured_still_keep_the_budget(enabled: bool) -> None:
+    # An empty model has measured nothing anywhere: every probe is urgent and skips the spacing.
+    config = ProbeConfig()
+    ledger, starts = run_probe_schedule(
+        CalibratedModel(PRIOR), enabled=enabled, hours=6, interval_s=15.0, config=config
+    )
+    assert starts
+    assert ledger.cost_fraction <= config.max_fraction + 1e-9
+    gaps = [b - a for a, b in itertools.pairwise(starts)]
+    assert min(gaps) >= 2 * config.probe_duration_s - 1e-9
 
 
 def test_a_model_sure_that_speculation_does_not_pay_does_not_probe_on() -> None:

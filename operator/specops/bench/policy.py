@@ -46,6 +46,14 @@ from typing import Any
 from specops import profiles
 from specops.cli_output import write_json
 from specops.domain.acceptance import acceptance_rate_from_alpha
+from specops.domain.calibrated_policy import (
+    CalibratedPolicyConfig,
+    CalibratedPolicyState,
+    Measurement,
+    model_of,
+)
+from specops.domain.calibrated_policy import decide as calibrated_decide
+from specops.domain.calibration import ProbeConfig
 from specops.domain.perf import GPUS, ModelSetup, best_length_break_even_batch, per_token_latency, speedup
 from specops.domain.policy import Baseline, Observation, PolicyConfig, PolicyState, decide
 from specops.domain.profile import ServingProfile
@@ -56,6 +64,7 @@ TPOT_NOISE_SIGMA = 0.03  # relative: a p50 from one scrape window of the per-tok
 SLOWDOWN_BELOW = 0.98  # an interval counts as slower than plain below this realised speedup
 ALWAYS_ON_LENGTH = 3  # the fixed length "leave speculation on" is compared at in a world
 MAX_BREAK_EVEN_BATCH = 1024
+POLICIES = ("roofline", "calibrated")
 THRESHOLD_UP = 0.7
 THRESHOLD_DOWN = 0.4
 EPOCH = datetime(2024, 1, 1, tzinfo=UTC)
@@ -170,12 +179,41 @@ def replay(
     batch_noise_sigma: float = BATCH_NOISE_SIGMA,
     alpha_noise_sigma: float = ALPHA_NOISE_SIGMA,
     world: World | None = None,
+    policy: str = "roofline",
 ) -> dict[str, float | None]:
+    """Mean speedups of the policy and the reference strategies over one trace (see `replay_lengths`)."""
+    return replay_lengths(
+        trace, setup, config, seed, batch_noise_sigma, alpha_noise_sigma, world=world, policy=policy
+    ).result
+
+
+@dataclass(frozen=True)
+class Replayed:
+    """A replay's results, and per interval the length in force and whether it was a probe."""
+
+    result: dict[str, float | None]
+    lengths: list[int]
+    probes: list[bool]
+
+
+def replay_lengths(
+    trace: list[TracePoint],
+    setup: ModelSetup,
+    config: PolicyConfig,
+    seed: int = 0,
+    batch_noise_sigma: float = BATCH_NOISE_SIGMA,
+    alpha_noise_sigma: float = ALPHA_NOISE_SIGMA,
+    world: World | None = None,
+    policy: str = "roofline",
+) -> Replayed:
     """Mean speedups of the policy and the reference strategies over one trace.
 
     Without a world the trace is replayed in the roofline of `setup` (the policy's own model)
     and always-on runs at `initial_length`; with one, in that world at `ALWAYS_ON_LENGTH`.
+    `policy` is "roofline" (`domain.policy`) or "calibrated" (`domain.calibrated_policy`).
     """
+    if policy not in POLICIES:
+        raise ValueError(f"unknown policy {policy!r}; one of {', '.join(POLICIES)}")
     in_world = world is not None
     truth = world if world is not None else World("roofline", setup)
     trace = truth.adapt(trace)
@@ -212,13 +250,37 @@ def replay(
         last_toggle=None,
         baseline=Baseline(None, None, None, None, 0),
     )
+    interval_s = trace[1].t_seconds - trace[0].t_seconds
+    calibrated_config = CalibratedPolicyConfig(
+        setup=setup,
+        min_length=lo,
+        max_length=hi,
+        initial_length=initial,
+        probes=ProbeConfig(probe_duration_s=interval_s),
+    )
+    calibrated = CalibratedPolicyState(enabled=True, draft_length=initial, alpha=first.alpha)
     policy_lengths = [initial]
+    probes = [False]
+    choices = [True]  # the policy's own on/off choice, probes aside
     threshold_lengths = [initial]
     for i in range(1, len(trace)):
         now = EPOCH + timedelta(seconds=trace[i].t_seconds)
-        decision = decide(config, state, measured(i - 1, policy_lengths[-1]), now)
-        state = decision.state
-        policy_lengths.append(decision.num_draft_tokens)
+        seen = measured(i - 1, policy_lengths[-1])
+        if policy == "roofline":
+            decision = decide(config, state, seen, now)
+            state = decision.state
+            policy_lengths.append(decision.num_draft_tokens)
+            probes.append(False)
+            choices.append(decision.num_draft_tokens > 0)
+        else:
+            measurement = Measurement(
+                seen.batch, policy_lengths[-1], seen.tpot_p50_s, seen.alpha, seen.context_tokens
+            )
+            chosen = calibrated_decide(calibrated_config, calibrated, measurement, trace[i].t_seconds)
+            calibrated = chosen.state
+            policy_lengths.append(chosen.num_draft_tokens)
+            probes.append(chosen.probe)
+            choices.append(calibrated.enabled)
         threshold_lengths.append(
             _threshold_step(measured(i - 1, threshold_lengths[-1]), threshold_lengths[-1], lo, hi)
         )
@@ -227,22 +289,23 @@ def replay(
         return sum(w * v for w, v in zip(weights, values, strict=True)) / sum(weights)
 
     policy_speedups = [realised(i, g) for i, g in enumerate(policy_lengths)]
-    policy = mean(policy_speedups)
+    policy_mean = mean(policy_speedups)
     oracle = mean(max([1.0, *(realised(i, g) for g in range(lo, hi + 1))]) for i in range(len(trace)))
-    toggles = sum(1 for a, b in itertools.pairwise(policy_lengths) if (a > 0) != (b > 0))
+    toggles = sum(1 for a, b in itertools.pairwise(choices) if a != b)
     hours = sum(weights) / 3600.0
     result: dict[str, float | None] = {
-        "policy_speedup": policy,
+        "policy_speedup": policy_mean,
         "oracle_speedup": oracle,
         "always_on_speedup": mean(realised(i, always_on) for i in range(len(trace))),
         "always_off_speedup": 1.0,
         "threshold_rule_speedup": mean(realised(i, g) for i, g in enumerate(threshold_lengths)),
-        "ratio_to_oracle": policy / oracle,
+        "ratio_to_oracle": policy_mean / oracle,
         "toggles_per_hour": toggles / hours,
         "slowdown_time_fraction": mean(1.0 if v < SLOWDOWN_BELOW else 0.0 for v in policy_speedups),
         "intervals": float(len(trace)),
         "hours": hours,
         "policy_time_off_fraction": mean(1.0 if g == 0 else 0.0 for g in policy_lengths),
+        "probe_cost_fraction": mean(1.0 if p else 0.0 for p in probes),
     }
     if in_world:
         mean_alpha = sum(p.alpha for p in trace) / len(trace)
@@ -250,7 +313,13 @@ def replay(
         result["always_on_length"] = float(always_on)
         result["world_break_even_batch"] = _optional(truth.break_even_batch(mean_alpha, hi))
         result["prior_break_even_batch"] = _optional(prior.break_even_batch(mean_alpha, hi))
-    return result
+        if policy == "roofline":
+            learned = result["prior_break_even_batch"]
+        else:
+            model = model_of(calibrated_config, calibrated)
+            learned = _optional(model.break_even_batch(calibrated.alpha or mean_alpha, (lo, hi)))
+        result["learned_break_even_batch"] = learned
+    return Replayed(result, policy_lengths, probes)
 
 
 def _optional(value: int | None) -> float | None:
@@ -291,7 +360,7 @@ def _format_world_table(world: str, rows: list[dict[str, Any]]) -> str:
 
     header = (
         f"{'trace':<22}{'policy':>8}{'oracle':>8}{'on@3':>7}{'off':>6}{'ratio':>8}"
-        f"{'slower':>8}{'tog/h':>7}{'BE world':>10}{'BE prior':>10}"
+        f"{'slower':>8}{'tog/h':>7}{'probe':>7}{'BE world':>10}{'BE learned':>12}"
     )
     lines = [f"world: {world}", header, "-" * len(header)]
     for row in rows:
@@ -299,19 +368,38 @@ def _format_world_table(world: str, rows: list[dict[str, Any]]) -> str:
             f"{row['trace']:<22}{row['policy_speedup']:>8.3f}{row['oracle_speedup']:>8.3f}"
             f"{row['always_on_speedup']:>7.3f}{row['always_off_speedup']:>6.2f}{row['ratio_to_oracle']:>8.3f}"
             f"{row['slowdown_time_fraction']:>8.1%}{row['toggles_per_hour']:>7.1f}"
-            f"{batch(row['world_break_even_batch']):>10}{batch(row['prior_break_even_batch']):>10}"
+            f"{row['probe_cost_fraction']:>7.1%}"
+            f"{batch(row['world_break_even_batch']):>10}{batch(row['learned_break_even_batch']):>12}"
         )
     return "\n".join(lines)
 
 
 def run(
-    traces: dict[str, Path], setup: ModelSetup, seed: int, world: World | None = None
+    traces: dict[str, Path],
+    setup: ModelSetup,
+    seed: int,
+    world: World | None = None,
+    policy: str = "roofline",
+    lengths_out: Path | None = None,
 ) -> list[dict[str, Any]]:
+    """Replay every trace; with `lengths_out`, also write each interval's length and probe flag."""
     config = default_config(setup)
-    return [
-        {"trace": name, **replay(load_trace(path), setup, config, seed=seed, world=world)}
-        for name, path in traces.items()
-    ]
+    rows = []
+    for name, path in traces.items():
+        trace = load_trace(path)
+        replayed = replay_lengths(trace, setup, config, seed=seed, world=world, policy=policy)
+        rows.append({"trace": name, **replayed.result})
+        if lengths_out is not None:
+            _write_lengths(lengths_out, trace, replayed)
+    return rows
+
+
+def _write_lengths(path: Path, trace: list[TracePoint], replayed: Replayed) -> None:
+    with path.open("w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["t_seconds", "num_draft_tokens", "probe"])
+        for point, length, probe in zip(trace, replayed.lengths, replayed.probes, strict=True):
+            writer.writerow([f"{point.t_seconds:g}", length, int(probe)])
 
 
 def worlds_from(names: list[str], setup: ModelSetup) -> list[World]:
@@ -346,6 +434,18 @@ def main(argv: list[str]) -> int:
         help="replay in a world whose true speedup is this serving profile (builtin name or JSON file; "
         "'roofline' = the prior itself; 'all' = every builtin and the roofline); repeatable",
     )
+    parser.add_argument(
+        "--policy",
+        choices=POLICIES,
+        default="roofline",
+        help="the policy under test: the roofline policy, or the calibrated one that learns the world",
+    )
+    parser.add_argument(
+        "--lengths-out",
+        type=Path,
+        metavar="CSV",
+        help="with --trace: write t_seconds,num_draft_tokens,probe per interval",
+    )
     parser.add_argument("--json", dest="json_path", help="write results as JSON to PATH ('-' for stdout)")
     parser.add_argument("--gpu", choices=sorted(GPUS), default="H100")
     parser.add_argument("--tensor-parallel", type=int, default=1)
@@ -353,6 +453,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--draft-params", type=float, default=7e9)
     parser.add_argument("--seed", type=int, default=0, help="seed of the measurement noise")
     args = parser.parse_args(argv)
+    if args.lengths_out is not None and (args.trace is None or (args.world and len(args.world) > 1)):
+        parser.error("--lengths-out needs --trace and at most one --world")
 
     setup = ModelSetup(
         GPUS[args.gpu], args.target_params, args.draft_params, tensor_parallel=args.tensor_parallel
@@ -367,11 +469,12 @@ def main(argv: list[str]) -> int:
         "seed": args.seed,
         "batch_noise_sigma": BATCH_NOISE_SIGMA,
         "alpha_noise_sigma": ALPHA_NOISE_SIGMA,
+        "policy": args.policy,
     }
     table_out = sys.stderr if args.json_path == "-" else sys.stdout
     result: dict[str, Any]
     if not args.world:
-        rows = run(traces, setup, args.seed)
+        rows = run(traces, setup, args.seed, policy=args.policy, lengths_out=args.lengths_out)
         print(_format_table(rows), file=table_out)
         result = {**described, **rows[0]} if args.trace else {**described, "traces": rows}
         write_json(result, args.json_path)
@@ -384,7 +487,7 @@ def main(argv: list[str]) -> int:
     described["tpot_noise_sigma"] = TPOT_NOISE_SIGMA
     per_world: list[dict[str, Any]] = []
     for world in worlds:
-        rows = run(traces, setup, args.seed, world)
+        rows = run(traces, setup, args.seed, world, policy=args.policy, lengths_out=args.lengths_out)
         print(_format_world_table(world.name, rows), file=table_out)
         per_world.append({"world": world.name, "traces": rows})
     if len(per_world) == 1:

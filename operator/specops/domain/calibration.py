@@ -337,11 +337,12 @@ class CalibratedModel:
 class ProbeConfig:
     """Bounds of exploration: how much time probes may take and how often they may start."""
 
-    max_fraction: float = 0.02  # probes take at most this share of the time
-    min_spacing_s: float = 300.0  # between the end of one probe and the start of the next
+    max_fraction: float = 0.02  # probes take at most this share of the time ...
+    budget_window_s: float = 3600.0  # ... of the elapsed time, or of this window while younger
+    min_spacing_s: float = 180.0  # between the end of one probe and the start of the next
     probe_duration_s: float = 15.0  # one probe lasts about one decision interval
-    min_samples: float = 3.0  # fewer effective samples than this near the batch = uncertain
-    near_break_even: float = 0.10  # |predicted best speedup - 1| below this = worth checking
+    min_samples: float = 0.5  # fewer effective samples than this near the batch = uncertain
+    near_break_even: float = 0.05  # |predicted best speedup - 1| below this = worth checking
     refresh_off_after_s: float = 1800.0  # while on, re-measure plain speed at least this often
 
 
@@ -382,13 +383,20 @@ def account(ledger: ProbeLedger, now_s: float, dt_s: float, probing: bool) -> Pr
                    probing_until_s=until, last_probe_end_s=last_end)  # fmt: skip
 
 
-def budget_allows(ledger: ProbeLedger, now_s: float, config: ProbeConfig) -> bool:
-    """A new probe fits: spacing since the last one, and the share of time after it stays bounded."""
+def budget_allows(ledger: ProbeLedger, now_s: float, config: ProbeConfig, *, urgent: bool = False) -> bool:
+    """A new probe fits: spacing since the last one, and the share of time after it stays bounded.
+
+    The share is of max(elapsed, budget window): a young deployment may spend the first
+    window's budget at once, which is when its model knows least; after one window probes
+    never exceed `max_fraction` of the time. An `urgent` probe (a batch region with no
+    samples at all on that side) waits only one probe duration after the last, not the spacing.
+    """
     if ledger.probing_until_s is not None:
         return False
-    if ledger.last_probe_end_s is not None and now_s - ledger.last_probe_end_s < config.min_spacing_s:
+    spacing = config.probe_duration_s if urgent else config.min_spacing_s
+    if ledger.last_probe_end_s is not None and now_s - ledger.last_probe_end_s < spacing:
         return False
-    horizon = max(ledger.elapsed_s, config.min_spacing_s) + config.probe_duration_s
+    horizon = max(ledger.elapsed_s, config.budget_window_s) + config.probe_duration_s
     return ledger.probe_s + config.probe_duration_s <= config.max_fraction * horizon
 
 
@@ -412,9 +420,10 @@ def plan_probe(
     probe since then).
     """
     config = config or ProbeConfig()
-    if not budget_allows(ledger, now_s, config):
-        return ProbePlan(False, current_length if enabled else 0, "probe budget or spacing")
     seen = model.confidence(batch)
+    unseen = (seen.off if enabled else seen.on) < 0.25  # nothing measured on that side near here
+    if not budget_allows(ledger, now_s, config, urgent=unseen):
+        return ProbePlan(False, current_length if enabled else 0, "probe budget or spacing")
     if not enabled:
         best_g, _best_s = model.best_length(alpha, batch, bounds)
         length = best_g if best_g > 0 else max(1, bounds[0])
