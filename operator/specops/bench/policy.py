@@ -499,5 +499,10 @@ def main(argv: list[str]) -> int:
     return 0
 
 
+def worlds_main(argv: list[str]) -> int:
+    """The calibrated policy in every shipped world and the roofline, over the shipped traces."""
+    return main(["--world", "all", "--policy", "calibrated", *argv])
+
+
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(main(sys.argv[1:]))
