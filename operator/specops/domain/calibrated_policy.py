@@ -139,9 +139,11 @@ def decide(
     state = _add_load(state, seen.batch, max(dt, 1.0), dt, config.load_half_life_s)
     model = model_of(config, state)
     use_alpha = alpha if alpha is not None else PRIOR_ALPHA
-    best_g, _ = model.best_length(use_alpha, seen.batch, (lo, hi), seen.context_tokens)
+    # the length that loses least where none gains: staying on through a burst, use it
+    target = max(
+        range(lo, hi + 1), key=lambda g: model.predict_speedup(use_alpha, g, seen.batch, seen.context_tokens)
+    )
     best_s = expected_speedup(model, state, use_alpha, (lo, hi))
-    target = best_g if best_g > 0 else min(hi, max(lo, state.draft_length))
 
     # on/off: sustained evidence, then the dwell
     counted = min(dt, config.max_evidence_step_s)
@@ -172,7 +174,7 @@ def decide(
     else:
         state = replace(state, evidence=evidence)
         reason = "Held" if evidence > 0 else "BestCalibratedSpeedup"
-    if state.enabled and best_g > 0:
+    if state.enabled:
         step = 1 if target > state.draft_length else -1 if target < state.draft_length else 0
         state = replace(state, draft_length=state.draft_length + step)
 
