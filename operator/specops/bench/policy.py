@@ -27,6 +27,12 @@ at `ALWAYS_ON_LENGTH` (3) tokens, the oracle picks off or any length in 1..max p
 and the result adds the share of time slower than plain (`slowdown_time_fraction`, realised
 speedup < 0.98) and both break-even batches: the world's and the prior's (the batch at
 which no length in 1..max beats plain at the trace's mean alpha; null when none up to 1024).
+
+`--policy calibrated` replays `domain.calibrated_policy` instead of `domain.policy`: it
+learns the world from the noisy TPOT it sees and probes within its budget; probe intervals
+are reported apart (`probe_cost_fraction`) and do not count as toggles.
+`learned_break_even_batch` is its model's at the end of the trace (the prior's for the
+roofline policy, which learns nothing).
 """
 
 from __future__ import annotations
