@@ -15,6 +15,8 @@ from tritonclient.utils import InferenceServerException
 
 from specops.domain import perf
 from specops.domain.acceptance import acceptance_rate_from_alpha
+from specops.domain.profile import ServingProfile
+from specops.profiles import load_builtin
 from specops.sim import LoadPoint, SimPod, parse_csv_trace, steps
 
 SETUP = perf.ModelSetup(
@@ -218,6 +220,31 @@ async def test_time_per_output_token_grows_with_batch_as_the_performance_model_s
     assert large_batch > 2 * small_batch
     assert small_batch == pytest.approx(perf.per_token_latency(SETUP, 0.8, 4, 4))
     assert large_batch == pytest.approx(perf.per_token_latency(SETUP, 0.8, 200, 4))
+
+
+async def test_pod_serving_a_profile_streams_at_the_profiles_speed_where_the_roofline_disagrees(
+    make_pod: PodFactory,
+) -> None:
+    profile = load_builtin("llama70b-small-draft-4xh100")
+    pod = await make_pod(load=LoadPoint(batch=64, alpha=0.75), serving_profile=profile)
+    async with triton_http.InferenceServerClient(url=pod.url) as client:
+        speculating = await _mean_tpot_over(pod, 5)
+        await load_bls(client, **{DRAFT_LENGTH: "0"})
+        plain = await _mean_tpot_over(pod, 5)
+
+    assert speculating == pytest.approx(profile.per_token_ms(0.75, 4, 64) / 1e3)
+    assert plain == pytest.approx(profile.plain_ms_at(64) / 1e3)
+    # The profile says 4 draft tokens at batch 64 are a slowdown; the roofline prior says a gain.
+    assert speculating > 1.2 * plain
+    assert perf.per_token_latency(SETUP, 0.75, 64, 4) < perf.per_token_latency(SETUP, 0.75, 64, 0)
+
+
+async def test_pod_serving_a_profile_refuses_lengths_the_profile_does_not_cover(make_pod: PodFactory) -> None:
+    profile = ServingProfile(
+        name="short", batches=(1.0, 64.0), plain_ms=(10.0, 20.0), round_ms={1: (12.0, 30.0), 2: (14.0, 40.0)}
+    )
+    with pytest.raises(ValueError, match="longest length 2"):
+        await make_pod(serving_profile=profile, max_draft_len=4, draft_length=2)
 
 
 async def test_noisy_pod_scatters_latency_around_the_model_and_stays_monotonic(make_pod: PodFactory) -> None:

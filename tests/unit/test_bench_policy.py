@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import itertools
 import json
 from pathlib import Path
@@ -9,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from specops import bench
+from specops import bench, profiles
 from specops.bench.policy import RESULT_KEYS, default_config, parse_trace, replay, shipped_traces
 from specops.domain.perf import GPUS, ModelSetup
 
@@ -116,3 +117,128 @@ def test_an_unknown_benchmark_is_refused() -> None:
 def trivial_benchmark(argv: list[str]) -> int:
     Path(argv[argv.index("--json") + 1]).write_text(json.dumps({"ok": True}))
     return 0
+
+
+def test_a_world_hides_its_truth_from_the_policy_and_scores_against_it(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert bench.main(["policy", "--world", "qwen3-30b-a3b-moe-eagle3-h100", "--json", "-"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["world"] == "qwen3-30b-a3b-moe-eagle3-h100"
+    rows = {row["trace"]: row for row in result["traces"]}
+    assert tuple(sorted(rows)) == SHIPPED
+    for row in rows.values():
+        # speculation never pays in this world: the oracle stays off, always-on at 3 loses
+        assert row["oracle_speedup"] == 1.0
+        assert row["always_on_length"] == 3
+        assert row["always_on_speedup"] < 0.9
+        assert row["world_break_even_batch"] == 1
+        # the roofline prior believes it pays up to a large batch
+        assert row["prior_break_even_batch"] > 100
+    # at low load the roofline policy keeps speculating all the time, slower than plain
+    assert rows["steady_low"]["slowdown_time_fraction"] == 1.0
+    assert rows["steady_low"]["policy_speedup"] < 0.9
+
+
+def test_the_roofline_world_is_the_prior_itself(capsys: pytest.CaptureFixture[str]) -> None:
+    trace = shipped_traces()["diurnal_ramp"]
+    assert bench.main(["policy", "--trace", str(trace), "--world", "roofline", "--json", "-"]) == 0
+    in_world = json.loads(capsys.readouterr().out)
+    plain = replay(parse_trace(trace.read_text().splitlines()), SETUP, default_config(SETUP))
+    assert in_world["policy_speedup"] == pytest.approx(plain["policy_speedup"])
+    assert in_world["oracle_speedup"] == pytest.approx(plain["oracle_speedup"])
+    assert in_world["world_break_even_batch"] == in_world["prior_break_even_batch"]
+
+
+def test_a_world_from_a_profile_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    world = tmp_path / "flat.json"
+    # every draft token costs as much as a plain step: no length pays, at any batch
+    world.write_text(
+        json.dumps(
+            {
+                "name": "flat",
+                "batches": [1, 1024],
+                "plain_ms": [10, 10],
+                "round_ms": {str(g): [10 + 10 * g, 10 + 10 * g] for g in range(1, 9)},
+                "source": "a test",
+            }
+        )
+    )
+    trace = shipped_traces()["steady_low"]
+    assert bench.main(["policy", "--trace", str(trace), "--world", str(world), "--json", "-"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["world"] == "flat"
+    assert result["always_on_speedup"] < 1.0 == result["oracle_speedup"]
+    assert result["world_break_even_batch"] == 1
+
+
+def test_an_unknown_world_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        bench.main(["policy", "--world", "no-such-world"])
+    assert exit_info.value.code == 2
+    assert "neither a profile file nor a builtin" in capsys.readouterr().err
+
+
+@pytest.fixture(scope="module")
+def calibrated_in_every_world(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
+    out = tmp_path_factory.mktemp("bench") / "worlds.json"
+    assert bench.main(["policy", "--world", "all", "--policy", "calibrated", "--json", str(out)]) == 0
+    return [
+        {"world": world["world"], **row}
+        for world in json.loads(out.read_text())["worlds"]
+        for row in world["traces"]
+    ]
+
+
+def test_the_calibrated_policy_stays_near_the_oracle_in_every_world(
+    calibrated_in_every_world: list[dict[str, Any]],
+) -> None:
+    rows = calibrated_in_every_world
+    assert len({row["world"] for row in rows}) == 1 + len(profiles.list_builtin())
+    ratios = [row["ratio_to_oracle"] for row in rows]
+    assert sum(ratios) / len(ratios) >= 0.97
+    for row in rows:
+        assert row["ratio_to_oracle"] >= 0.90, row
+        assert row["toggles_per_hour"] <= 6.0, row
+        assert row["probe_cost_fraction"] <= 0.02 + 1e-9, row
+        assert row["policy_speedup"] >= 0.99 * row["always_on_speedup"], row
+    assert sum(row["slowdown_time_fraction"] for row in rows) / len(rows) <= 0.05
+
+
+def test_the_calibrated_policy_learns_the_break_even_of_early_break_even_worlds(
+    calibrated_in_every_world: list[dict[str, Any]],
+) -> None:
+    for row in calibrated_in_every_world:
+        # where the load crosses the world's break-even, so both sides of it are measured
+        if (
+            row["world"] in ("qwen3-32b-eagle3-2xh200", "llama70b-small-draft-4xh100")
+            and row["trace"] == "bursty"
+        ):
+            truth, learned = row["world_break_even_batch"], row["learned_break_even_batch"]
+            assert learned == pytest.approx(truth, rel=0.3), row
+
+
+def test_lengths_out_writes_the_length_in_force_and_probes(tmp_path: Path) -> None:
+    out = tmp_path / "lengths.csv"
+    trace = shipped_traces()["steady_low"]
+    world = "qwen3-30b-a3b-moe-eagle3-h100"
+    argv = [
+        "policy",
+        "--trace",
+        str(trace),
+        "--world",
+        world,
+        "--policy",
+        "calibrated",
+        "--lengths-out",
+        str(out),
+    ]
+    assert bench.main(argv) == 0
+    rows = list(csv.DictReader(out.read_text().splitlines()))
+    assert list(rows[0]) == ["t_seconds", "num_draft_tokens", "probe"]
+    assert len(rows) == len(parse_trace(trace.read_text().splitlines()))
+    probes = [row for row in rows if row["probe"] == "1"]
+    assert probes and len(probes) <= 0.02 * len(rows) + 1
+    # in a world where speculation never pays it ends off, with only probes speculating
+    tail = rows[len(rows) // 2 :]
+    assert all(row["num_draft_tokens"] == "0" or row["probe"] == "1" for row in tail)

@@ -16,6 +16,7 @@ from pathlib import Path
 BENCHMARKS: dict[str, str] = {
     "canary": "specops.bench.canary:main",
     "policy": "specops.bench.policy:main",
+    "policy-worlds": "specops.bench.policy:worlds_main",
 }
 
 Benchmark = Callable[[list[str]], int]

@@ -1,5 +1,8 @@
 """Run simulated pods for a local demo: `python -m specops.sim --pods 2 --batch 16 --alpha 0.8`.
 
+With `--serving-profile NAME|FILE` the pods serve a profile's step times (a builtin name
+from specops.profiles or a profile JSON file) instead of the roofline.
+
 Prints one line per pod with its Triton HTTP and metrics addresses, then serves
 until SIGINT or SIGTERM.
 """
@@ -11,6 +14,7 @@ import asyncio
 import signal
 import sys
 
+from specops import profiles
 from specops.domain import perf
 from specops.sim.load import LoadPoint, from_csv
 from specops.sim.pod import SimPod
@@ -28,10 +32,17 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-draft-len", type=int, default=8)
     parser.add_argument("--draft-length", type=int, default=4, help="initial BLS default num_draft_tokens")
     parser.add_argument("--batch", type=float, default=16.0)
-    parser.add_argument("--alpha", type=float, default=0.8)
+    parser.add_argument(
+        "--alpha", type=float, default=None, help="per-token acceptance (default: the profile's, else 0.8)"
+    )
     parser.add_argument("--context-tokens", type=float, default=0.0)
     parser.add_argument("--trace", help="CSV load trace (t_seconds,batch,alpha[,context_tokens]); loops")
-    parser.add_argument("--profile", choices=("triton", "vllm"), default="triton")
+    parser.add_argument("--profile", choices=("triton", "vllm"), default="triton", help="metric names")
+    parser.add_argument(
+        "--serving-profile",
+        metavar="NAME|FILE",
+        help="serve this serving profile's step times (builtin: " + ", ".join(profiles.list_builtin()) + ")",
+    )
     parser.add_argument("--noise-sigma", type=float, default=0.05)
     parser.add_argument("--batch-noise", type=float, default=1.0)
     parser.add_argument("--seed", type=int, default=0)
@@ -46,7 +57,11 @@ async def _serve(args: argparse.Namespace) -> None:
         tensor_parallel=args.tensor_parallel,
         efficiency=args.efficiency,
     )
-    load = LoadPoint(batch=args.batch, alpha=args.alpha, context_tokens=args.context_tokens)
+    serving_profile = profiles.resolve(args.serving_profile) if args.serving_profile else None
+    alpha = args.alpha
+    if alpha is None:
+        alpha = serving_profile.alpha if serving_profile and serving_profile.alpha is not None else 0.8
+    load = LoadPoint(batch=args.batch, alpha=alpha, context_tokens=args.context_tokens)
     pods = [
         SimPod(
             f"{args.name_prefix}-{index}",
@@ -58,6 +73,7 @@ async def _serve(args: argparse.Namespace) -> None:
             batch_noise=args.batch_noise,
             seed=args.seed + index,
             profile=args.profile,
+            serving_profile=serving_profile,
         )
         for index in range(args.pods)
     ]

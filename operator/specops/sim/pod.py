@@ -6,6 +6,8 @@ config, explicit model control, the generate extension) plus a Prometheus
 /metrics listener exposing the same metric names as production. The operator's
 unchanged code drives it; its numbers follow specops.domain.perf under a load
 that tests control, so what the operator predicts and what it measures agree.
+A pod given a `serving_profile` serves that profile's step times instead, so a test
+can put the operator in a world its roofline model gets wrong.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from typing import Any, Literal
 from aiohttp import web
 
 from specops.domain import perf
+from specops.domain.profile import ServingProfile
 from specops.sim.load import LoadPoint, LoadSchedule, constant
 
 TARGET_MODEL = "tensorrt_llm"
@@ -288,11 +291,18 @@ class SimPod:
         metrics_port: int = 0,
         tick_interval: float | None = 0.2,
         load_latency: float = 0.0,
+        serving_profile: ServingProfile | None = None,
     ) -> None:
         if not 0 <= draft_length <= max_draft_len:
             raise ValueError(f"draft_length {draft_length} outside [0, {max_draft_len}]")
+        if serving_profile is not None and max_draft_len > serving_profile.max_length:
+            raise ValueError(
+                f"max_draft_len {max_draft_len} exceeds the serving profile's longest length "
+                f"{serving_profile.max_length}"
+            )
         self.name = name
         self.setup = setup
+        self.serving_profile = serving_profile
         self.max_draft_len = max_draft_len
         self.lossless = lossless
         self.noise_sigma = noise_sigma
@@ -309,7 +319,10 @@ class SimPod:
         self._alpha_by_draft = dict(engine_alpha_by_draft or {})
         self._random = random.Random(seed)
         self._time = 0.0
-        self._schedule: LoadSchedule = constant(load or LoadPoint(batch=0.0, alpha=0.7))
+        default_alpha = 0.7
+        if serving_profile is not None and serving_profile.alpha is not None:
+            default_alpha = serving_profile.alpha
+        self._schedule: LoadSchedule = constant(load or LoadPoint(batch=0.0, alpha=default_alpha))
         self._schedule_origin = 0.0
         self._ready = True
         self._runners: list[web.AppRunner] = []
@@ -506,14 +519,14 @@ class SimPod:
         length = self.draft_length
         if length > 0 and not self.is_loaded(draft):
             # The BLS names a draft that is gone: every speculative request fails fast.
-            plain_step = perf.target_step_time(setup, self._active)
+            plain_step = self._round_seconds(setup, self._active, 0)
             totals.failure_carry += self._active * dt / (plain_step * point.mean_output_tokens)
             failed = math.floor(totals.failure_carry)
             totals.failure_carry -= failed
             totals.failures += failed
             return
         alpha = self.alpha_for(draft, point.alpha)
-        step = perf.speculative_step_time(setup, self._active, length)
+        step = self._round_seconds(setup, self._active, length)
         tokens_per_step = perf.expected_tokens(alpha, length)
         steps_per_request = dt / step
         counters = totals.by_draft.setdefault(draft, _SpecCounters())
@@ -554,6 +567,12 @@ class SimPod:
             e2e = self._noisy(tpot * point.mean_output_tokens)
             totals.e2e.observe(e2e)
             totals.request_duration_us += e2e * 1e6
+
+    def _round_seconds(self, setup: perf.ModelSetup, batch: int, length: int) -> float:
+        """One decode step (length 0) or speculative round: from the serving profile, else the roofline."""
+        if self.serving_profile is not None:
+            return self.serving_profile.round_ms_at(length, batch) / 1e3
+        return perf.speculative_step_time(setup, batch, length)
 
     # ----------------------------------------------------------------- lifecycle
 

@@ -1,0 +1,512 @@
+"""Online calibration: learn a deployment's real step times from what its pods show.
+
+The roofline (`perf.py`) is the prior. Each observation (batch per pod, draft length in
+force, per-token latency, alpha while speculating) is one noisy sample of a step time:
+TPOT itself when off (a plain step), TPOT x E(alpha, g) when on (a speculative round).
+The model of both is linear in six parameters, with the roofline as one feature:
+
+    plain(B)    = s R_plain(B)    + p0 + p1 B
+    round(g, B) = s R_round(g, B) + p0 + p1 B + q0 + q1 g + q2 g B
+
+- `s` scales the roofline (kernel efficiency; prior 1): it keeps the roofline's shape,
+  including its compute knee, where data is thin;
+- `p0` a fixed cost per step (launches, scheduling, sampling; prior 0);
+- `p1` a cost per sequence per step (KV reads, attention; prior 0);
+- `q0` a fixed cost per speculative round (rejection sampling, bookkeeping; prior 0);
+- `q1` a cost per draft token (the draft's launch floor, per-token overhead; prior 0);
+- `q2` a cost per draft token per sequence (verification compute, the draft's own batch
+  cost; prior 0).
+
+Each term is one thing real engines are known to add to the ideal roofline, so a handful of
+samples pins them down and the fit extrapolates sensibly between measured batches.
+
+Fitting is Bayesian linear regression: a Gaussian prior around (1, 0, 0, 0, 0, 0) and
+relative (multiplicative) noise, so each sample weighs 1 / (sigma y)^2. The data's
+sufficient statistics (X'WX, X'Wy, y'Wy, weights) decay with a half-life, so recent
+samples count more and the prior wins back only where data has aged away. With no data the
+prediction is the roofline exactly. State is bounded: 21 + 6 + 2 floats of statistics and
+two small histograms of effective samples per batch octave (on and off), never raw samples.
+
+Exploration helpers at the end plan bounded probes: when off, brief spells on to see whether
+speculation pays where the model is unsure or near break-even; when on, brief spells off to
+keep plain speed at the current batch known.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+
+from specops.domain.perf import ModelSetup, expected_tokens, speculative_step_time, target_step_time
+
+PARAMETERS = ("s", "p0", "p1", "q0", "q1", "q2")
+N_PARAMS = len(PARAMETERS)
+N_BUCKETS = 11  # batch octaves 1, 2, 4, ..., 1024 (and above)
+MAX_BATCH = 1024
+
+
+@dataclass(frozen=True)
+class CalibrationConfig:
+    """How fast the model forgets, how noisy samples are, and how firm the prior is."""
+
+    half_life_s: float = 1800.0  # a sample's weight halves every 30 minutes
+    relative_noise: float = 0.05  # sigma of one TPOT sample relative to its value
+    prior_scale_sigma: float = 0.5  # prior sd of s (efficiency 1 +- 0.5)
+    # prior sds of the corrections, as fractions of the roofline's plain step at batch 1 (T1)
+    prior_fixed_sigma: float = 1.0  # p0 and q0: up to about one T1
+    prior_per_sequence_sigma: float = 1.0 / 32  # p1: doubling the step over 32 sequences
+    prior_per_token_sigma: float = 0.5  # q1: half a T1 per draft token
+    prior_per_token_sequence_sigma: float = 1.0 / 128  # q2
+
+
+@dataclass(frozen=True)
+class CalibrationState:
+    """Decayed sufficient statistics of the observations: what status keeps between ticks.
+
+    `xtx` is the upper triangle of X'WX (row-major), `xty` X'Wy, `yty` y'Wy, `weight` the sum
+    of sample weights; `on_counts` / `off_counts` the decayed number of samples per batch
+    octave with speculation on / off. Times are in seconds since an arbitrary epoch.
+    """
+
+    xtx: tuple[float, ...] = (0.0,) * (N_PARAMS * (N_PARAMS + 1) // 2)
+    xty: tuple[float, ...] = (0.0,) * N_PARAMS
+    yty: float = 0.0
+    weight: float = 0.0
+    on_counts: tuple[float, ...] = (0.0,) * N_BUCKETS
+    off_counts: tuple[float, ...] = (0.0,) * N_BUCKETS
+    samples: int = 0
+    updated_at_s: float | None = None
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "xtx": list(self.xtx),
+            "xty": list(self.xty),
+            "yty": self.yty,
+            "weight": self.weight,
+            "onCounts": list(self.on_counts),
+            "offCounts": list(self.off_counts),
+            "samples": self.samples,
+            "updatedAt": self.updated_at_s,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, object]) -> CalibrationState:
+        def floats(key: str, size: int) -> tuple[float, ...]:
+            values = data.get(key)
+            if not isinstance(values, list) or len(values) != size:
+                raise ValueError(f"calibration state '{key}' must be a list of {size} numbers")
+            return tuple(float(v) for v in values)
+
+        updated = data.get("updatedAt")
+        yty, weight, samples = data.get("yty", 0.0), data.get("weight", 0.0), data.get("samples", 0)
+        assert isinstance(yty, int | float) and isinstance(weight, int | float) and isinstance(samples, int)
+        return cls(
+            xtx=floats("xtx", N_PARAMS * (N_PARAMS + 1) // 2),
+            xty=floats("xty", N_PARAMS),
+            yty=float(yty),
+            weight=float(weight),
+            on_counts=floats("onCounts", N_BUCKETS),
+            off_counts=floats("offCounts", N_BUCKETS),
+            samples=samples,
+            updated_at_s=None if updated is None else float(updated),  # type: ignore[arg-type]
+        )
+
+
+@dataclass(frozen=True)
+class StepSample:
+    """One observation of one pod over one interval."""
+
+    batch: float
+    draft_length: int  # in force over the interval; 0 = off
+    tpot_s: float  # per-token latency (p50) over the interval
+    alpha: float | None = None  # measured acceptance, needed when draft_length > 0
+    context_tokens: float | None = None
+
+
+@dataclass(frozen=True)
+class Confidence:
+    """Effective (decayed) samples near one batch: with speculation on, and off."""
+
+    on: float
+    off: float
+
+
+def bucket_of(batch: float) -> int:
+    """The batch octave index: 0 for batch <= 1, 1 for (1, 2], ..., capped at the last."""
+    if batch <= 1.0:
+        return 0
+    return min(N_BUCKETS - 1, math.ceil(math.log2(batch) - 1e-9))
+
+
+def update(
+    state: CalibrationState,
+    sample: StepSample,
+    setup: ModelSetup,
+    now_s: float,
+    config: CalibrationConfig | None = None,
+) -> CalibrationState:
+    """The state with `sample` added at time `now_s` (older statistics decayed first)."""
+    config = config or CalibrationConfig()
+    state = decay(state, now_s, config)
+    if sample.tpot_s <= 0 or sample.batch <= 0 or not math.isfinite(sample.tpot_s):
+        return state
+    g = sample.draft_length
+    if g > 0:
+        if sample.alpha is None:
+            return state
+        y = sample.tpot_s * expected_tokens(sample.alpha, g)
+    else:
+        y = sample.tpot_s
+    at = setup if sample.context_tokens is None else setup.with_context(sample.context_tokens)
+    x = _features(at, g, sample.batch)
+    scale = _reference_seconds(setup)
+    y_scaled = y / scale
+    w = 1.0 / (config.relative_noise * y_scaled) ** 2
+    xtx = list(state.xtx)
+    index = 0
+    for i in range(N_PARAMS):
+        for j in range(i, N_PARAMS):
+            xtx[index] += w * x[i] * x[j]
+            index += 1
+    xty = tuple(c + w * xi * y_scaled for c, xi in zip(state.xty, x, strict=True))
+    bucket = bucket_of(sample.batch)
+    on = list(state.on_counts)
+    off = list(state.off_counts)
+    (on if g > 0 else off)[bucket] += 1.0
+    return replace(
+        state,
+        xtx=tuple(xtx),
+        xty=xty,
+        yty=state.yty + w * y_scaled * y_scaled,
+        weight=state.weight + w,
+        on_counts=tuple(on),
+        off_counts=tuple(off),
+        samples=state.samples + 1,
+    )
+
+
+def decay(state: CalibrationState, now_s: float, config: CalibrationConfig | None = None) -> CalibrationState:
+    """Statistics aged to `now_s`: every weight multiplied by 0.5^(elapsed / half-life)."""
+    config = config or CalibrationConfig()
+    if state.updated_at_s is None or now_s <= state.updated_at_s:
+        return replace(state, updated_at_s=now_s if state.updated_at_s is None else state.updated_at_s)
+    factor = 0.5 ** ((now_s - state.updated_at_s) / config.half_life_s)
+    return CalibrationState(
+        xtx=tuple(v * factor for v in state.xtx),
+        xty=tuple(v * factor for v in state.xty),
+        yty=state.yty * factor,
+        weight=state.weight * factor,
+        on_counts=tuple(v * factor for v in state.on_counts),
+        off_counts=tuple(v * factor for v in state.off_counts),
+        samples=state.samples,
+        updated_at_s=now_s,
+    )
+
+
+@dataclass(frozen=True)
+class CalibratedModel:
+    """Posterior mean step times of one deployment: the roofline prior corrected by its data."""
+
+    setup: ModelSetup
+    state: CalibrationState = field(default_factory=CalibrationState)
+    config: CalibrationConfig = field(default_factory=CalibrationConfig)
+    theta: tuple[float, ...] = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "theta", _posterior_mean(self.state, self._prior_sds()))
+
+    def _prior_sds(self) -> tuple[float, ...]:
+        c = self.config
+        return (
+            c.prior_scale_sigma,
+            c.prior_fixed_sigma,
+            c.prior_per_sequence_sigma,
+            c.prior_fixed_sigma,
+            c.prior_per_token_sigma,
+            c.prior_per_token_sequence_sigma,
+        )
+
+    @property
+    def calibrated(self) -> bool:
+        """Whether any data shapes the model (else it is the roofline prior)."""
+        return self.state.weight > 0.0
+
+    def _at(self, context_tokens: float | None) -> ModelSetup:
+        return self.setup if context_tokens is None else self.setup.with_context(context_tokens)
+
+    def step_s(self, draft_length: int, batch: float, context_tokens: float | None = None) -> float:
+        """Predicted seconds per plain step (length 0) or per speculative round."""
+        x = _features(self._at(context_tokens), draft_length, max(1.0, batch))
+        scale = _reference_seconds(self.setup)
+        value = sum(t * xi for t, xi in zip(self.theta, x, strict=True)) * scale
+        # A linear fit can dip below what the hardware allows far from its data; no step is
+        # faster than a tenth of the roofline's.
+        floor = 0.1 * x[0] * scale
+        return max(value, floor)
+
+    def predict_speedup(
+        self, alpha: float, draft_length: int, batch: float, context_tokens: float | None = None
+    ) -> float:
+        """E(alpha, g) x plain(B) / round(g, B) under the calibrated model; 1.0 when g = 0."""
+        if draft_length <= 0:
+            return 1.0
+        plain = self.step_s(0, batch, context_tokens)
+        return expected_tokens(alpha, draft_length) * plain / self.step_s(draft_length, batch, context_tokens)
+
+    def best_length(
+        self, alpha: float, batch: float, bounds: tuple[int, int], context_tokens: float | None = None
+    ) -> tuple[int, float]:
+        """The length in [lo, hi] with the highest predicted speedup, or (0, 1.0) when none beats plain."""
+        lo, hi = max(1, bounds[0]), max(1, bounds[1])
+        best_g, best_s = 0, 1.0
+        for g in range(lo, hi + 1):
+            s = self.predict_speedup(alpha, g, batch, context_tokens)
+            if s > best_s:
+                best_g, best_s = g, s
+        return best_g, best_s
+
+    def break_even_batch(
+        self, alpha: float, draft_length: int | tuple[int, int], max_batch: int = MAX_BATCH
+    ) -> int | None:
+        """Smallest batch at which speculation no longer pays; None if it pays up to max_batch.
+
+        `draft_length` is one length, or (lo, hi) for "no length in the range pays".
+        """
+        bounds = (draft_length, draft_length) if isinstance(draft_length, int) else draft_length
+
+        def pays(batch: int) -> bool:
+            return self.best_length(alpha, batch, bounds)[0] > 0
+
+        if not pays(1):
+            return 1
+        previous = 1
+        batch = 2
+        while batch <= max_batch:
+            if not pays(batch):
+                lo, hi = previous, batch
+                while hi - lo > 1:
+                    mid = (lo + hi) // 2
+                    if pays(mid):
+                        lo = mid
+                    else:
+                        hi = mid
+                return hi
+            previous = batch
+            batch = min(max_batch, batch * 2) if batch < max_batch else max_batch + 1
+        return None
+
+    def confidence(self, batch: float) -> Confidence:
+        """Effective samples at this batch's octave (neighbouring octaves count half)."""
+        bucket = bucket_of(batch)
+
+        def near(counts: Sequence[float]) -> float:
+            total = counts[bucket]
+            for neighbour in (bucket - 1, bucket + 1):
+                if 0 <= neighbour < N_BUCKETS:
+                    total += 0.5 * counts[neighbour]
+            return total
+
+        return Confidence(on=near(self.state.on_counts), off=near(self.state.off_counts))
+
+    def relative_fit_error(self) -> float | None:
+        """Weighted RMS of the relative residuals of the data still remembered; None without data."""
+        s = self.state
+        if s.weight <= 0:
+            return None
+        a = _unpack(s.xtx)
+        quad = sum(self.theta[i] * a[i][j] * self.theta[j] for i in range(N_PARAMS) for j in range(N_PARAMS))
+        linear = sum(t * c for t, c in zip(self.theta, s.xty, strict=True))
+        residual = max(0.0, s.yty - 2.0 * linear + quad)
+        count = sum(s.on_counts) + sum(s.off_counts)
+        return math.sqrt(residual / count) * self.config.relative_noise if count > 0 else None
+
+    def parameters(self) -> dict[str, float]:
+        """The fitted parameters; p*, q* in seconds (per sequence / per token as named)."""
+        scale = _reference_seconds(self.setup)
+        return {
+            name: value if name == "s" else value * scale
+            for name, value in zip(PARAMETERS, self.theta, strict=True)
+        }
+
+
+# --------------------------------------------------------------------- exploration
+
+
+@dataclass(frozen=True)
+class ProbeConfig:
+    """Bounds of exploration: how much time probes may take and how often they may start."""
+
+    max_fraction: float = 0.02  # probes take at most this share of the time ...
+    budget_window_s: float = 3600.0  # ... of the elapsed time, or of this window while younger
+    min_spacing_s: float = 180.0  # between the end of one probe and the start of the next
+    probe_duration_s: float = 15.0  # one probe lasts about one decision interval
+    min_samples: float = 0.5  # fewer effective samples than this near the batch = uncertain
+    near_break_even: float = 0.05  # |predicted best speedup - 1| below this = worth checking
+    refresh_off_after_s: float = 1800.0  # while on, re-measure plain speed at least this often
+
+
+@dataclass(frozen=True)
+class ProbeLedger:
+    """What exploration has spent: probe seconds against all seconds, and the last probe."""
+
+    started_at_s: float | None = None
+    elapsed_s: float = 0.0
+    probe_s: float = 0.0
+    last_probe_end_s: float | None = None
+    probing_until_s: float | None = None
+    probes: int = 0
+
+    @property
+    def cost_fraction(self) -> float:
+        return self.probe_s / self.elapsed_s if self.elapsed_s > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class ProbePlan:
+    """Whether to probe now, at which length (0 = a probe off), and why."""
+
+    probe: bool
+    draft_length: int
+    reason: str
+
+
+def account(ledger: ProbeLedger, now_s: float, dt_s: float, probing: bool) -> ProbeLedger:
+    """The ledger after dt seconds, `probing` or not; a probe that ended is recorded as such."""
+    started = ledger.started_at_s if ledger.started_at_s is not None else now_s - dt_s
+    probe_s = ledger.probe_s + (dt_s if probing else 0.0)
+    until = ledger.probing_until_s
+    last_end = ledger.last_probe_end_s
+    if until is not None and now_s >= until:
+        last_end, until = now_s, None
+    return replace(ledger, started_at_s=started, elapsed_s=ledger.elapsed_s + dt_s, probe_s=probe_s,
+                   probing_until_s=until, last_probe_end_s=last_end)  # fmt: skip
+
+
+def budget_allows(ledger: ProbeLedger, now_s: float, config: ProbeConfig, *, urgent: bool = False) -> bool:
+    """A new probe fits: spacing since the last one, and the share of time after it stays bounded.
+
+    The share is of max(elapsed, budget window): a young deployment may spend the first
+    window's budget at once, which is when its model knows least; after one window probes
+    never exceed `max_fraction` of the time. An `urgent` probe (a batch region with no
+    samples at all on that side) waits only one probe duration after the last, not the spacing.
+    """
+    if ledger.probing_until_s is not None:
+        return False
+    spacing = config.probe_duration_s if urgent else config.min_spacing_s
+    if ledger.last_probe_end_s is not None and now_s - ledger.last_probe_end_s < spacing:
+        return False
+    horizon = max(ledger.elapsed_s, config.budget_window_s) + config.probe_duration_s
+    return ledger.probe_s + config.probe_duration_s <= config.max_fraction * horizon
+
+
+def plan_probe(
+    model: CalibratedModel,
+    ledger: ProbeLedger,
+    now_s: float,
+    *,
+    enabled: bool,
+    alpha: float,
+    batch: float,
+    bounds: tuple[int, int],
+    current_length: int,
+    config: ProbeConfig | None = None,
+) -> ProbePlan:
+    """Whether the next interval should be a probe, within the budget.
+
+    Off: probe on (at the predicted best length, or the shortest) when the model has few
+    on-samples near this batch or predicts a speedup near break-even. On: probe off when
+    plain speed near this batch is unmeasured or older than `refresh_off_after_s` (no
+    probe since then).
+    """
+    config = config or ProbeConfig()
+    seen = model.confidence(batch)
+    unseen = (seen.off if enabled else seen.on) < 0.25  # nothing measured on that side near here
+    if not budget_allows(ledger, now_s, config, urgent=unseen):
+        return ProbePlan(False, current_length if enabled else 0, "probe budget or spacing")
+    if not enabled:
+        best_g, _best_s = model.best_length(alpha, batch, bounds)
+        length = best_g if best_g > 0 else max(1, bounds[0])
+        if seen.on < config.min_samples:
+            return ProbePlan(True, length, f"only {seen.on:.1f} samples on near batch {batch:.0f}")
+        closest = max_speedup(model, alpha, batch, bounds)
+        if abs(closest - 1.0) < config.near_break_even:
+            return ProbePlan(True, length, f"predicted {closest:.2f}x is near break-even")
+        return ProbePlan(False, 0, "the model is sure speculation does not pay here")
+    stale = ledger.last_probe_end_s is None or now_s - ledger.last_probe_end_s >= config.refresh_off_after_s
+    if seen.off < config.min_samples:
+        return ProbePlan(True, 0, f"only {seen.off:.1f} samples off near batch {batch:.0f}")
+    if stale:
+        return ProbePlan(True, 0, "plain speed not re-measured recently")
+    return ProbePlan(False, current_length, "plain speed here is known")
+
+
+def start_probe(ledger: ProbeLedger, now_s: float, config: ProbeConfig | None = None) -> ProbeLedger:
+    """The ledger with a probe running from now for one probe duration."""
+    config = config or ProbeConfig()
+    return replace(ledger, probing_until_s=now_s + config.probe_duration_s, probes=ledger.probes + 1)
+
+
+def max_speedup(model: CalibratedModel, alpha: float, batch: float, bounds: tuple[int, int]) -> float:
+    """The highest predicted speedup of any length in bounds, below 1 too (how far from paying)."""
+    lo, hi = max(1, bounds[0]), max(1, bounds[1])
+    return max(model.predict_speedup(alpha, g, batch) for g in range(lo, hi + 1))
+
+
+# --------------------------------------------------------------------- linear algebra
+
+
+def _reference_seconds(setup: ModelSetup) -> float:
+    """T1: the roofline's plain step at batch 1 without context; features and targets are in its units."""
+    return target_step_time(setup.with_context(0.0), 1.0)
+
+
+def _features(setup: ModelSetup, draft_length: int, batch: float) -> tuple[float, ...]:
+    scale = _reference_seconds(setup)
+    b = max(1.0, batch)
+    if draft_length <= 0:
+        return (target_step_time(setup, b) / scale, 1.0, b, 0.0, 0.0, 0.0)
+    g = float(draft_length)
+    return (speculative_step_time(setup, b, draft_length) / scale, 1.0, b, 1.0, g, g * b)
+
+
+def _unpack(upper: Sequence[float]) -> list[list[float]]:
+    a = [[0.0] * N_PARAMS for _ in range(N_PARAMS)]
+    index = 0
+    for i in range(N_PARAMS):
+        for j in range(i, N_PARAMS):
+            a[i][j] = a[j][i] = upper[index]
+            index += 1
+    return a
+
+
+def _posterior_mean(state: CalibrationState, prior_sds: Sequence[float]) -> tuple[float, ...]:
+    """Solve (P + X'WX) theta = P mu + X'Wy, P = diag(1 / sd^2), mu = (1, 0, ..., 0)."""
+    a = _unpack(state.xtx)
+    b = list(state.xty)
+    prior_mean = (1.0,) + (0.0,) * (N_PARAMS - 1)
+    for i, sd in enumerate(prior_sds):
+        precision = 1.0 / (sd * sd)
+        a[i][i] += precision
+        b[i] += precision * prior_mean[i]
+    return tuple(_solve_spd(a, b))
+
+
+def _solve_spd(a: list[list[float]], b: list[float]) -> list[float]:
+    """Cholesky solve of a symmetric positive definite system (small: 6 x 6)."""
+    n = len(b)
+    lower = [[0.0] * n for _ in range(n)]
+    for i in range(n):
+        for j in range(i + 1):
+            total = a[i][j] - sum(lower[i][k] * lower[j][k] for k in range(j))
+            if i == j:
+                lower[i][i] = math.sqrt(max(total, 1e-300))
+            else:
+                lower[i][j] = total / lower[j][j]
+    y = [0.0] * n
+    for i in range(n):
+        y[i] = (b[i] - sum(lower[i][k] * y[k] for k in range(i))) / lower[i][i]
+    x = [0.0] * n
+    for i in reversed(range(n)):
+        x[i] = (y[i] - sum(lower[k][i] * x[k] for k in range(i + 1, n))) / lower[i][i]
+    return x

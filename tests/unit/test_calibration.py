@@ -1,0 +1,218 @@
+"""Online calibration: the roofline prior corrected by a deployment's own step-time samples."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import random
+from dataclasses import replace
+
+import pytest
+
+from specops import profiles
+from specops.domain.calibration import (
+    CalibratedModel,
+    CalibrationConfig,
+    CalibrationState,
+    ProbeConfig,
+    ProbeLedger,
+    StepSample,
+    account,
+    bucket_of,
+    decay,
+    plan_probe,
+    start_probe,
+    update,
+)
+from specops.domain.perf import GPUS, ModelSetup, best_length_break_even_batch, speedup
+from specops.domain.profile import ServingProfile
+
+PRIOR = ModelSetup(GPUS["H100"], 70e9, 7e9)
+BATCHES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+AN_HOUR_IN = ProbeLedger(started_at_s=0.0, elapsed_s=3600.0)  # an hour without probes: budget available
+
+
+def sample_world(
+    profile: ServingProfile,
+    n: int,
+    seed: int,
+    *,
+    batches: tuple[float, ...] = BATCHES,
+    lengths: tuple[int, ...] = tuple(range(9)),
+    start_s: float = 0.0,
+    state: CalibrationState | None = None,
+    interval_s: float = 15.0,
+    config: CalibrationConfig | None = None,
+) -> CalibrationState:
+    """n observations as the operator gets them: TPOT x (1 + N(0, 0.03)), alpha + N(0, 0.02)."""
+    rng = random.Random(seed)
+    alpha = profile.alpha or 0.7
+    state = state or CalibrationState()
+    for i in range(n):
+        batch = rng.choice(batches) * rng.uniform(0.85, 1.15)
+        g = rng.choice(lengths)
+        tpot = profile.per_token_ms(alpha, g, batch) / 1e3 * (1 + rng.gauss(0, 0.03))
+        measured_alpha = alpha + rng.gauss(0, 0.02) if g else None
+        state = update(
+            state, StepSample(batch, g, tpot, measured_alpha), PRIOR, start_s + i * interval_s, config
+        )
+    return state
+
+
+def test_with_no_data_the_prediction_is_the_roofline_prior() -> None:
+    model = CalibratedModel(PRIOR)
+    assert not model.calibrated
+    for batch in (1, 16, 200, 700):
+        for g in (1, 4, 8):
+            assert model.predict_speedup(0.8, g, batch) == pytest.approx(
+                speedup(PRIOR, 0.8, batch, g), rel=1e-9
+            )
+    assert model.break_even_batch(0.8, (1, 8)) == best_length_break_even_batch(PRIOR, 0.8, 8)
+    assert model.relative_fit_error() is None
+    assert model.confidence(32).on == model.confidence(32).off == 0.0
+
+
+@pytest.mark.parametrize("name", profiles.list_builtin())
+def test_fitting_recovers_each_shipped_profile_from_noisy_samples(name: str) -> None:
+    profile = profiles.load_builtin(name)
+    alpha = profile.alpha
+    assert alpha is not None
+    model = CalibratedModel(PRIOR, sample_world(profile, 400, seed=3))
+    for batch in (1, 3, 10, 40, 100, 300):
+        for g in (0, 1, 2, 4, 8):
+            assert model.step_s(g, batch) == pytest.approx(profile.round_ms_at(g, batch) / 1e3, rel=0.08)
+    truth = profile.break_even_batch(alpha)
+    learned = model.break_even_batch(alpha, (1, 8))
+    if truth is None or truth == 1:
+        assert learned == truth
+    else:
+        assert learned is not None and abs(learned - truth) <= 0.3 * truth
+    assert model.relative_fit_error() == pytest.approx(0.05, abs=0.03)
+
+
+def test_measurements_override_the_prior_only_where_they_were_taken() -> None:
+    profile = profiles.load_builtin("llama8b-1b-draft-floor-h100")
+    # only low batches measured, plain and at 2 tokens
+    model = CalibratedModel(PRIOR, sample_world(profile, 60, seed=5, batches=(2, 4, 8), lengths=(0, 2)))
+    assert model.predict_speedup(0.72, 2, 4) == pytest.approx(profile.speedup(0.72, 2, 4), rel=0.05)
+    assert model.confidence(4).on > 5 and model.confidence(4).off > 5
+    assert model.confidence(256).on == 0.0
+
+
+def test_a_sample_loses_half_its_weight_per_half_life() -> None:
+    config = CalibrationConfig(half_life_s=600.0)
+    state = update(CalibrationState(), StepSample(16, 0, 0.02), PRIOR, 0.0, config)
+    assert sum(state.off_counts) == 1.0
+    later = decay(state, 600.0, config)
+    assert sum(later.off_counts) == pytest.approx(0.5)
+    assert later.weight == pytest.approx(state.weight / 2)
+    assert sum(decay(state, 1800.0, config).off_counts) == pytest.approx(0.125)
+
+
+def test_after_the_engine_changes_recent_samples_win_within_a_few_half_lives() -> None:
+    config = CalibrationConfig(half_life_s=600.0)
+    before = profiles.load_builtin("qwen3-32b-eagle3-2xh200")
+    # an engine upgrade: speculative rounds 35 % cheaper, plain steps unchanged
+    after = replace(before, round_ms={g: tuple(0.65 * t for t in ts) for g, ts in before.round_ms.items()})
+    state = sample_world(before, 200, seed=1, config=config)  # 50 minutes of the old engine
+    old = CalibratedModel(PRIOR, state, config)
+    assert old.predict_speedup(0.65, 3, 64) == pytest.approx(before.speedup(0.65, 3, 64), rel=0.05)
+    state = sample_world(after, 160, seed=2, start_s=3000.0, state=state, config=config)
+    model = CalibratedModel(PRIOR, state, config)  # after 40 minutes (4 half-lives) of the new engine
+    assert model.predict_speedup(0.65, 3, 64) == pytest.approx(after.speedup(0.65, 3, 64), rel=0.05)
+    assert after.speedup(0.65, 3, 64) > 1.4 * before.speedup(0.65, 3, 64)
+
+
+def test_state_is_bounded_and_round_trips_through_json() -> None:
+    state = sample_world(profiles.load_builtin("qwen3-32b-eagle3-2xh200"), 500, seed=4)
+    text = json.dumps(state.to_dict())
+    again = CalibrationState.from_dict(json.loads(text))
+    assert again == state
+    assert len(text) < 2000  # 500 samples or 5 million: the same few numbers
+    assert CalibratedModel(PRIOR, again).theta == CalibratedModel(PRIOR, state).theta
+
+
+@pytest.mark.parametrize(
+    ("batch", "bucket"), [(0.5, 0), (1, 0), (1.5, 1), (2, 1), (3, 2), (64, 6), (65, 7), (5000, 10)]
+)
+def test_batch_octaves(batch: float, bucket: int) -> None:
+    assert bucket_of(batch) == bucket
+
+
+def run_probe_schedule(
+    model: CalibratedModel, *, enabled: bool, hours: float, interval_s: float, config: ProbeConfig
+) -> tuple[ProbeLedger, list[float]]:
+    """Plan every interval as a control loop would; returns the ledger and probe start times."""
+    ledger = ProbeLedger()
+    starts: list[float] = []
+    now = 0.0
+    probing = False
+    while now < hours * 3600:
+        plan = plan_probe(
+            model, ledger, now, enabled=enabled, alpha=0.72, batch=16, bounds=(1, 8),
+            current_length=3 if enabled else 0, config=config,
+        )  # fmt: skip
+        if plan.probe:
+            ledger = start_probe(ledger, now, config)
+            starts.append(now)
+        probing = ledger.probing_until_s is not None
+        now += interval_s
+        ledger = account(ledger, now, interval_s, probing)
+    return ledger, starts
+
+
+@pytest.mark.parametrize("enabled", [False, True])
+@pytest.mark.parametrize(
+    "config",
+    [
+        ProbeConfig(),
+        ProbeConfig(max_fraction=0.05, min_spacing_s=120.0, probe_duration_s=15.0),
+        ProbeConfig(max_fraction=0.01, min_spacing_s=60.0, probe_duration_s=30.0),
+    ],
+)
+def test_probes_stay_within_their_share_of_time_and_spacing(enabled: bool, config: ProbeConfig) -> None:
+    # Samples on both sides near batch 16, so no probe is urgent; near break-even, so it wants them.
+    floor = profiles.load_builtin("llama8b-1b-draft-floor-h100")
+    model = CalibratedModel(PRIOR, sample_world(floor, 200, seed=8, batches=(12, 16, 20)))
+    ledger, starts = run_probe_schedule(model, enabled=enabled, hours=6, interval_s=15.0, config=config)
+    assert len(starts) >= 2
+    assert ledger.cost_fraction <= config.max_fraction + 1e-9
+    gaps = [b - a for a, b in itertools.pairwise(starts)]
+    assert min(gaps) >= config.min_spacing_s + config.probe_duration_s - 1e-9
+
+
+@pytest.mark.parametrize("enabled", [False, True])
+def test_urgent_probes_where_nothing_was_measured_still_keep_the_budget(enabled: bool) -> None:
+    # An empty model has measured nothing anywhere: every probe is urgent and skips the spacing.
+    config = ProbeConfig()
+    ledger, starts = run_probe_schedule(
+        CalibratedModel(PRIOR), enabled=enabled, hours=6, interval_s=15.0, config=config
+    )
+    assert starts
+    assert ledger.cost_fraction <= config.max_fraction + 1e-9
+    gaps = [b - a for a, b in itertools.pairwise(starts)]
+    assert min(gaps) >= 2 * config.probe_duration_s - 1e-9
+
+
+def test_a_model_sure_that_speculation_does_not_pay_does_not_probe_on() -> None:
+    never = profiles.load_builtin("qwen3-30b-a3b-moe-eagle3-h100")
+    model = CalibratedModel(PRIOR, sample_world(never, 300, seed=6, batches=(8, 16, 32)))
+    plan = plan_probe(
+        model, AN_HOUR_IN, 3600.0, enabled=False, alpha=0.55, batch=16, bounds=(1, 8), current_length=0
+    )
+    assert not plan.probe
+    # ... but while on it keeps plain speed known: a probe off once the last one is old
+    plan = plan_probe(
+        model, AN_HOUR_IN, 3600.0, enabled=True, alpha=0.55, batch=16, bounds=(1, 8), current_length=3
+    )
+    assert plan.probe and plan.draft_length == 0
+
+
+def test_near_break_even_the_model_probes_on_even_when_it_has_samples() -> None:
+    floor = profiles.load_builtin("llama8b-1b-draft-floor-h100")
+    model = CalibratedModel(PRIOR, sample_world(floor, 300, seed=7, batches=(8, 12, 16)))
+    plan = plan_probe(
+        model, AN_HOUR_IN, 3600.0, enabled=False, alpha=0.72, batch=12, bounds=(1, 8), current_length=0
+    )
+    assert plan.probe and plan.draft_length >= 1
+    assert "break-even" in plan.reason
