@@ -38,8 +38,8 @@ fmt: $(STAMP) ## format and autofix
 	$(VENV)/bin/ruff format operator tests
 	$(VENV)/bin/ruff check --fix operator tests
 
-crds: $(STAMP) ## regenerate crds/ from the pydantic models
-	$(PY) -m specops.api.crd crds/specops.dev_speculativedeployments.yaml
+crds: $(STAMP) ## regenerate crds/ (and the chart's copy) from the pydantic models
+	$(PY) -m specops.api.crd crds/specops.dev_speculativedeployments.yaml charts/specops/crds/specops.dev_speculativedeployments.yaml
 
 demo: install ## local demo: emulated cluster, simulated Triton pods, real Prometheus, the real operator
 	$(PY) -m tests.demo
