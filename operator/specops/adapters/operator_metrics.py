@@ -26,7 +26,9 @@ from specops.api.units import parse_duration
 
 DEFAULT_PORT = 8081
 PHASES: tuple[str, ...] = tuple(
-    value for value in get_args(SpeculativeDeploymentStatus.model_fields["phase"].annotation) if value
+    phase
+    for member in get_args(SpeculativeDeploymentStatus.model_fields["phase"].annotation)
+    for phase in get_args(member)
 )
 """Every lifecycle phase: ``specops_phase`` is 1 for the current one and 0 for the others."""
 CONDITION_STATUSES = ("True", "False", "Unknown")
