@@ -16,8 +16,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from specops.adapters.kube import PLURALS
 from specops import rbac
+from specops.adapters.kube import PLURALS
 from specops.domain import retraining
 from specops.services.reconciler import MANAGED_KINDS
 
