@@ -11,10 +11,10 @@ import helm_python as helm
 import yaml
 
 from tests.harness.admission import CrdAdmission
+from tests.harness.upstream_crds import upstream_crd
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "specops"
-UPSTREAM_CRDS = ROOT / "tests" / "data" / "upstream-crds"
 RELEASE, NAMESPACE = "specops", "specops-system"
 
 MONITORING_ON: dict[str, Any] = {
@@ -60,9 +60,5 @@ def rule_groups(values: dict[str, Any] | None = None) -> list[dict[str, Any]]:
 
 @cache
 def upstream_admission(group: str, kind: str) -> CrdAdmission:
-    """The upstream CRD of (group, kind), from tests/data/upstream-crds/ (see its README)."""
-    for path in sorted(UPSTREAM_CRDS.glob("*.yaml")):
-        crd = yaml.safe_load(path.read_text())
-        if crd["spec"]["group"] == group and crd["spec"]["names"]["kind"] == kind:
-            return CrdAdmission(crd)
-    raise AssertionError(f"no upstream CRD for {kind}.{group} in {UPSTREAM_CRDS}")
+    """Admission through the upstream CRD of (group, kind), from tests/data/upstream-crds/."""
+    return CrdAdmission(upstream_crd(group, kind))
