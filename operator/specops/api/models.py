@@ -9,10 +9,11 @@ clear `InvalidSpec` condition instead of a crash.
 
 from __future__ import annotations
 
+import re
 from itertools import pairwise
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
 
 from specops.api.units import DURATION_PATTERN, PARAMETERS_PATTERN, parse_duration, parse_parameters
@@ -154,6 +155,79 @@ class GpuSpec(ApiModel):
     count: int = Field(default=1, ge=1, le=16, description="GPUs per replica (nvidia.com/gpu request).")
 
 
+QUANTITY_PATTERN = r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
+"""Kubernetes' resource.Quantity, as its own CRDs spell it."""
+
+
+def _quantity(value: int | str) -> int | str:
+    if isinstance(value, str) and not re.fullmatch(QUANTITY_PATTERN, value):
+        raise ValueError(f"{value!r} is not a quantity (e.g. 500m, 4, 16Gi)")
+    return value
+
+
+GPU_RESOURCE_NAME = "nvidia.com/gpu"
+
+Quantity = Annotated[
+    int | str,
+    AfterValidator(_quantity),
+    Field(json_schema_extra={"x-kubernetes-int-or-string": True, "pattern": QUANTITY_PATTERN}),
+]
+
+
+class ServingResources(ApiModel):
+    """core/v1 ResourceRequirements without GPUs (serving.gpu.count sets nvidia.com/gpu)."""
+
+    model_config = ApiModel.model_config | ConfigDict(
+        json_schema_extra=_rules(
+            (
+                "!has(self.requests) || !('nvidia.com/gpu' in self.requests)",
+                "set GPUs with serving.gpu.count, not serving.resources",
+                ".requests",
+            ),
+            (
+                "!has(self.limits) || !('nvidia.com/gpu' in self.limits)",
+                "set GPUs with serving.gpu.count, not serving.resources",
+                ".limits",
+            ),
+        )
+    )
+
+    requests: dict[str, Quantity] | None = Field(
+        default=None,
+        max_length=16,
+        description='Requests of the Triton container besides GPUs, e.g. {cpu: "8", memory: 64Gi}.',
+    )
+    limits: dict[str, Quantity] | None = Field(
+        default=None, max_length=16, description="Limits of the Triton container besides GPUs."
+    )
+
+    @model_validator(mode="after")
+    def _no_gpus(self) -> ServingResources:
+        if GPU_RESOURCE_NAME in (self.requests or {}) or GPU_RESOURCE_NAME in (self.limits or {}):
+            raise ValueError("serving.resources: set GPUs with serving.gpu.count, not serving.resources")
+        return self
+
+
+class Toleration(ApiModel):
+    """core/v1 Toleration."""
+
+    key: str | None = Field(
+        default=None, max_length=317, description="Taint key; empty with Exists: all taints."
+    )
+    operator: Literal["Exists", "Equal"] = Field(default="Equal", description="Exists or Equal.")
+    value: str | None = Field(default=None, max_length=63, description="Taint value (Equal).")
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = Field(
+        default=None, description="Taint effect; empty: every effect."
+    )
+    toleration_seconds: int | None = Field(
+        default=None, description="NoExecute only: how long the pod stays bound after the taint appears."
+    )
+
+
+class LocalObjectReference(ApiModel):
+    name: str = Field(pattern=DNS_LABEL_PATTERN, max_length=253, description="Name of the Secret.")
+
+
 class ServingSpec(ApiModel):
     model_config = ApiModel.model_config | ConfigDict(
         json_schema_extra=_rules(
@@ -191,6 +265,42 @@ class ServingSpec(ApiModel):
         pattern=DNS_LABEL_PATTERN,
         max_length=63,
         description="Service account of the serving pods (e.g. for object-store credentials).",
+    )
+    resources: ServingResources | None = Field(
+        default=None, description="CPU, memory and other resources of the Triton container, besides GPUs."
+    )
+    node_selector: dict[str, str] | None = Field(
+        default=None, max_length=32, description="Node labels the serving pods (stable and canary) require."
+    )
+    tolerations: list[Toleration] = Field(
+        default_factory=list,
+        max_length=32,
+        description="Tolerations added to the serving pods' own nvidia.com/gpu:NoSchedule toleration.",
+    )
+    affinity: dict[str, Any] | None = Field(
+        default=None,
+        description="core/v1 Affinity of the serving pods (nodeAffinity, podAffinity, podAntiAffinity).",
+        json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
+    )
+    topology_spread_constraints: list[dict[str, Any]] = Field(
+        default_factory=list,
+        max_length=8,
+        description="core/v1 TopologySpreadConstraints of the serving pods.",
+    )
+    image_pull_secrets: list[LocalObjectReference] = Field(
+        default_factory=list, max_length=8, description="Secrets to pull the serving image with."
+    )
+    priority_class_name: str | None = Field(
+        default=None,
+        pattern=DNS_LABEL_PATTERN,
+        max_length=253,
+        description="PriorityClass of the serving pods.",
+    )
+    pod_labels: dict[str, str] | None = Field(
+        default=None, max_length=32, description="Extra labels on the serving pods (specops' own labels win)."
+    )
+    pod_annotations: dict[str, str] | None = Field(
+        default=None, max_length=32, description="Extra annotations on the serving pods (specops' own win)."
     )
 
 
