@@ -59,7 +59,9 @@ async def test_metrics_events_and_no_secret_in_sight(
     assert (METRICS.registry.get_sample_value("specops_control_tick_duration_seconds_count") or 0) > 0
     # (the example's Prometheus URL is unreachable: measured as such, and counted)
     assert (
-        METRICS.registry.get_sample_value("specops_errors_total", {"component": "prometheus", "kind": "Unreachable"})
+        METRICS.registry.get_sample_value(
+            "specops_errors_total", {"component": "prometheus", "kind": "Unreachable"}
+        )
         or 0
     ) > 0
 
