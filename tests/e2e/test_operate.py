@@ -43,6 +43,9 @@ async def test_metrics_events_and_no_secret_in_sight(
     )
     body = example()
     body["spec"]["serving"]["imagePullSecrets"] = [{"name": "registry-credentials"}]
+    body["spec"]["serving"]["env"] = [
+        {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "registry-credentials", "key": "token"}}}
+    ]
     await kube.create(body)
     await eventually(lambda: kube.get("apps/v1", "Deployment", NAMESPACE, NAME), what="serving Deployment")
     await make_serving_ready(cluster, NAME, 2)
@@ -72,7 +75,12 @@ async def test_metrics_events_and_no_secret_in_sight(
 
     # And the Secret's value is nowhere: not in the pods, the status, the Events or the logs
     deployment = await kube.get("apps/v1", "Deployment", NAMESPACE, NAME)
-    assert deployment["spec"]["template"]["spec"]["imagePullSecrets"] == [{"name": "registry-credentials"}]
+    pod = deployment["spec"]["template"]["spec"]
+    assert pod["imagePullSecrets"] == [{"name": "registry-credentials"}]
+    assert {
+        "name": "HF_TOKEN",
+        "valueFrom": {"secretKeyRef": {"name": "registry-credentials", "key": "token"}},
+    } in (pod["containers"][0]["env"])
     status = (await resource(kube, NAME) or {}).get("status")
     for where, text in {
         "Deployment": json.dumps(deployment),

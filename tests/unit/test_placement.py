@@ -14,7 +14,7 @@ import yaml
 from pydantic import ValidationError
 
 from specops.api.models import DraftSpec, SpeculativeDeployment
-from specops.domain.render import CANARY, RenderOptions, render_children
+from specops.domain.render import CANARY, RenderError, RenderOptions, render_children
 from tests.harness.admission import AdmissionError, CrdAdmission
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -146,3 +146,92 @@ def test_the_crd_and_the_models_refuse_bad_placement(serving: dict[str, Any], fi
     # and a resource that got past an older CRD is refused by the models as well
     with pytest.raises(ValidationError):
         SpeculativeDeployment.model_validate(body(**serving))
+
+
+EXTRAS: dict[str, Any] = {
+    "env": [
+        {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hub-token", "key": "token"}}},
+        {"name": "NCCL_DEBUG", "value": "WARN"},
+        {"name": "HOME", "value": "/somewhere/else"},  # specops' own: ignored
+    ],
+    "volumes": [
+        {
+            "name": "cache",
+            "ephemeral": {
+                "volumeClaimTemplate": {
+                    "spec": {
+                        "accessModes": ["ReadWriteOnce"],
+                        "resources": {"requests": {"storage": "100Gi"}},
+                    }
+                }
+            },
+        }
+    ],
+    "volumeMounts": [{"name": "cache", "mountPath": "/cache"}],
+}
+
+
+def test_extra_env_and_volumes_reach_the_triton_container() -> None:
+    objects = render_children(SpeculativeDeployment.model_validate(body(**EXTRAS)), OPTIONS)
+    pod = pod_template(objects)["spec"]
+    (container,) = pod["containers"]
+    env = {item["name"]: item for item in container["env"]}
+    # a Secret is referenced by name and key, never read: its value is not in the pod spec
+    assert env["HF_TOKEN"] == {
+        "name": "HF_TOKEN",
+        "valueFrom": {"secretKeyRef": {"name": "hub-token", "key": "token"}},
+    }
+    assert env["NCCL_DEBUG"]["value"] == "WARN"
+    assert env["HOME"]["value"] == "/home/triton-server" and len(container["env"]) == len(env)
+    assert pod["volumes"][-1] == EXTRAS["volumes"][0]
+    assert container["volumeMounts"][-1] == {"name": "cache", "mountPath": "/cache"}
+    (deployment,) = [obj for obj in objects if obj["kind"] == "Deployment"]
+    kubernetes_validate.validate(deployment, kubernetes_validate.latest_version(), strict=True)
+
+
+@pytest.mark.parametrize(
+    ("serving", "field"),
+    [
+        ({"volumes": [{"name": "tmp", "emptyDir": {}}]}, "spec.serving.volumes[0].name"),
+        (
+            {"volumes": [{"name": "x", "emptyDir": {}}], "volumeMounts": [{"name": "y", "mountPath": "/y"}]},
+            "spec.serving.volumeMounts[0].name",
+        ),
+        (
+            {
+                "volumes": [{"name": "x", "emptyDir": {}}],
+                "volumeMounts": [{"name": "x", "mountPath": "/tmp/x"}],
+            },
+            "spec.serving.volumeMounts[0].mountPath",
+        ),
+    ],
+)
+def test_extra_volumes_cannot_shadow_what_specops_mounts(serving: dict[str, Any], field: str) -> None:
+    with pytest.raises(RenderError) as refused:
+        render_children(SpeculativeDeployment.model_validate(body(**serving)), OPTIONS)
+    assert refused.value.field == field
+
+
+def test_an_env_var_with_both_a_value_and_a_source_is_refused() -> None:
+    both = {"env": [{"name": "X", "value": "1", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}]}
+    with pytest.raises(AdmissionError) as refused:
+        CrdAdmission(CRD)("CREATE", body(**both), None)
+    assert "set value or valueFrom, not both" in str(refused.value)
+    with pytest.raises(ValidationError):
+        SpeculativeDeployment.model_validate(body(**both))
+    two_sources = {
+        "env": [
+            {
+                "name": "X",
+                "valueFrom": {
+                    "fieldRef": {"fieldPath": "status.podIP"},
+                    "configMapKeyRef": {"name": "c", "key": "k"},
+                },
+            }
+        ]
+    }
+    with pytest.raises(AdmissionError) as refused:
+        CrdAdmission(CRD)("CREATE", body(**two_sources), None)
+    assert "exactly one of" in str(refused.value)
+    with pytest.raises(ValidationError):
+        SpeculativeDeployment.model_validate(body(**two_sources))

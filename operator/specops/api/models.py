@@ -224,6 +224,89 @@ class Toleration(ApiModel):
     )
 
 
+ENV_NAME_PATTERN = r"^[-._a-zA-Z][-._a-zA-Z0-9]*$"
+
+
+class KeySelector(ApiModel):
+    """core/v1 SecretKeySelector / ConfigMapKeySelector."""
+
+    name: str = Field(
+        pattern=DNS_LABEL_PATTERN, max_length=253, description="Name of the Secret or ConfigMap."
+    )
+    key: str = Field(min_length=1, max_length=253, description="The key to read.")
+    optional: bool | None = Field(
+        default=None, description="Whether the Secret/ConfigMap or key may be absent."
+    )
+
+
+class FieldSelector(ApiModel):
+    field_path: str = Field(min_length=1, max_length=256, description="Pod field, e.g. status.podIP.")
+
+
+class EnvVarSource(ApiModel):
+    """core/v1 EnvVarSource: exactly one of its fields."""
+
+    model_config = ApiModel.model_config | ConfigDict(
+        json_schema_extra=_rules(
+            (
+                "(has(self.secretKeyRef) ? 1 : 0) + (has(self.configMapKeyRef) ? 1 : 0)"
+                " + (has(self.fieldRef) ? 1 : 0) == 1",
+                "set exactly one of secretKeyRef, configMapKeyRef, fieldRef",
+            ),
+        )
+    )
+
+    secret_key_ref: KeySelector | None = Field(
+        default=None, description="A key of a Secret (never read by specops)."
+    )
+    config_map_key_ref: KeySelector | None = Field(default=None, description="A key of a ConfigMap.")
+    field_ref: FieldSelector | None = Field(default=None, description="A field of the pod.")
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> EnvVarSource:
+        if (
+            sum(ref is not None for ref in (self.secret_key_ref, self.config_map_key_ref, self.field_ref))
+            != 1
+        ):
+            raise ValueError("valueFrom: set exactly one of secretKeyRef, configMapKeyRef, fieldRef")
+        return self
+
+
+class EnvVar(ApiModel):
+    """core/v1 EnvVar."""
+
+    model_config = ApiModel.model_config | ConfigDict(
+        json_schema_extra=_rules(
+            ("!(has(self.value) && has(self.valueFrom))", "set value or valueFrom, not both"),
+        )
+    )
+
+    name: str = Field(pattern=ENV_NAME_PATTERN, max_length=253, description="Variable name.")
+    value: str | None = Field(default=None, max_length=32768, description="Literal value.")
+    value_from: EnvVarSource | None = Field(
+        default=None, description="Value from a Secret, ConfigMap or pod field."
+    )
+
+    @model_validator(mode="after")
+    def _value_or_source(self) -> EnvVar:
+        if self.value is not None and self.value_from is not None:
+            raise ValueError(f"env {self.name}: set value or valueFrom, not both")
+        return self
+
+
+class VolumeMount(ApiModel):
+    """core/v1 VolumeMount (the common fields)."""
+
+    name: str = Field(
+        pattern=DNS_LABEL_PATTERN, max_length=63, description="Name of a volume in serving.volumes."
+    )
+    mount_path: str = Field(
+        pattern=r"^/.*$", max_length=4096, description="Where to mount it in the container."
+    )
+    sub_path: str | None = Field(default=None, max_length=4096, description="Path inside the volume.")
+    read_only: bool | None = Field(default=None, description="Mount read-only.")
+
+
 class LocalObjectReference(ApiModel):
     name: str = Field(pattern=DNS_LABEL_PATTERN, max_length=253, description="Name of the Secret.")
 
@@ -298,6 +381,19 @@ class ServingSpec(ApiModel):
     )
     pod_labels: dict[str, str] | None = Field(
         default=None, max_length=32, description="Extra labels on the serving pods (specops' own labels win)."
+    )
+    env: list[EnvVar] = Field(
+        default_factory=list,
+        max_length=64,
+        description="Extra environment of the Triton container (specops' own variables win).",
+    )
+    volumes: list[dict[str, Any]] = Field(
+        default_factory=list,
+        max_length=16,
+        description="Extra core/v1 Volumes of the serving pods (names must differ from specops' own).",
+    )
+    volume_mounts: list[VolumeMount] = Field(
+        default_factory=list, max_length=16, description="Mounts of serving.volumes in the Triton container."
     )
     pod_annotations: dict[str, str] | None = Field(
         default=None, max_length=32, description="Extra annotations on the serving pods (specops' own win)."

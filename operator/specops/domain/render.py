@@ -416,7 +416,53 @@ def _pod_spec(
     if serving.service_account_name:
         pod["serviceAccountName"] = serving.service_account_name
     pod.update(_placement(serving))
+    _add_user_volumes(serving, pod, container)
     return pod
+
+
+def _add_user_volumes(serving: ServingSpec, pod: dict[str, Any], container: dict[str, Any]) -> None:
+    """serving.env, .volumes and .volumeMounts, refused where they would shadow what specops mounts."""
+    own_env = {item["name"] for item in container["env"]}
+    container["env"] = [
+        *(
+            item.model_dump(by_alias=True, exclude_none=True)
+            for item in serving.env
+            if item.name not in own_env
+        ),
+        *container["env"],
+    ]
+    own_volumes = {volume["name"] for volume in pod["volumes"]}
+    own_paths = {mount["mountPath"].rstrip("/") for mount in container["volumeMounts"]}
+    names = set()
+    for index, volume in enumerate(serving.volumes):
+        name = volume.get("name")
+        if not isinstance(name, str) or not name:
+            raise RenderError(f"spec.serving.volumes[{index}].name", "every volume needs a name")
+        if name in own_volumes or name in names:
+            raise RenderError(
+                f"spec.serving.volumes[{index}].name",
+                f"{name!r} is taken ({sorted(own_volumes)} are specops')",
+            )
+        names.add(name)
+    for index, mount in enumerate(serving.volume_mounts):
+        if mount.name not in names:
+            raise RenderError(
+                f"spec.serving.volumeMounts[{index}].name",
+                f"no volume {mount.name!r} in spec.serving.volumes",
+            )
+        path = mount.mount_path.rstrip("/")
+        if any(path == own or path.startswith(own + "/") or own.startswith(path + "/") for own in own_paths):
+            raise RenderError(
+                f"spec.serving.volumeMounts[{index}].mountPath",
+                f"{mount.mount_path} overlaps a path specops mounts",
+            )
+    if serving.volumes:
+        pod["volumes"] = [*pod["volumes"], *(dict(volume) for volume in serving.volumes)]
+    if serving.volume_mounts:
+        container["volumeMounts"] = [
+            *container["volumeMounts"],
+            *(mount.model_dump(by_alias=True, exclude_none=True) for mount in serving.volume_mounts),
+        ]
 
 
 def _container_resources(resources: ServingResources | None, gpus: str) -> dict[str, Any]:
