@@ -307,3 +307,17 @@ def test_bad_values_are_refused_with_a_message_naming_them(
         render(values)
     message = str(refused.value)
     assert path in message and named in message, message
+
+
+def test_alerts_without_a_scrape_of_the_operator_are_flagged_at_install() -> None:
+    rules_only = {"monitoring": {"prometheusRule": {"enabled": True}}}
+    assert "nothing scrapes them" in notes(rules_only)
+    assert "nothing scrapes them" not in notes(MONITORING_ON)
+    # With the user's own scrape job named, the absence alert watches that job
+    own_job = {"monitoring": {"prometheusRule": {"enabled": True, "operatorJob": "kubernetes-pods"}}}
+    assert "nothing scrapes them" not in notes(own_job)
+    rules = [
+        rule for group in one(render(own_job), "PrometheusRule")["spec"]["groups"] for rule in group["rules"]
+    ]
+    (absent,) = [rule for rule in rules if rule["alert"] == "SpecopsOperatorAbsent"]
+    assert absent["expr"] == 'absent(up{job="kubernetes-pods"} == 1)'
