@@ -6,7 +6,7 @@ PY      := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed
 
 .DEFAULT_GOAL := help
-.PHONY: help install prometheus test test-cluster lint fmt crds demo bench clean
+.PHONY: help install prometheus test test-cluster lint fmt crds demo bench image clean
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -38,8 +38,8 @@ fmt: $(STAMP) ## format and autofix
 	$(VENV)/bin/ruff format operator tests
 	$(VENV)/bin/ruff check --fix operator tests
 
-crds: $(STAMP) ## regenerate crds/ from the pydantic models
-	$(PY) -m specops.api.crd crds/specops.dev_speculativedeployments.yaml
+crds: $(STAMP) ## regenerate crds/ (and the chart's copy) from the pydantic models
+	$(PY) -m specops.api.crd crds/specops.dev_speculativedeployments.yaml charts/specops/crds/specops.dev_speculativedeployments.yaml
 
 demo: install ## local demo: emulated cluster, simulated Triton pods, real Prometheus, the real operator
 	$(PY) -m tests.demo
@@ -47,6 +47,11 @@ demo: install ## local demo: emulated cluster, simulated Triton pods, real Prome
 bench: install ## benchmarks: print tables and write JSON under bench-results/
 	$(PY) -m specops.bench all --out bench-results
 	$(PY) -m tests.bench.reaction --json bench-results/reaction.json
+
+IMAGE ?= specops:0.1.0
+image: ## build the operator image $(IMAGE) from Dockerfile (needs docker or podman)
+	@builder=$$(command -v docker || command -v podman) || { echo "error: make image needs docker or podman" >&2; exit 1; }; \
+	  echo "$$builder build -t $(IMAGE) ."; $$builder build -t $(IMAGE) .
 
 clean: ## remove the venv and caches
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache bench-results

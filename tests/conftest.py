@@ -58,8 +58,9 @@ async def cluster(
         yield None
         return
     from tests.harness.cluster import emulated_cluster
+    from tests.harness.upstream_crds import upstream_crds
 
-    async with emulated_cluster([CRD_PATH], tmp_path) as emulated:
+    async with emulated_cluster([CRD_PATH], tmp_path, crds=upstream_crds()) as emulated:
         monkeypatch.setenv("KUBECONFIG", str(emulated.kubeconfig_path))
         yield emulated
 

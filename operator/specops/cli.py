@@ -21,17 +21,30 @@ def _run(argv: list[str]) -> int:
     parser.add_argument(
         "--peering", action="store_true", help="use Kopf peering (several replicas); default: standalone"
     )
-    parser.add_argument("-v", "--verbose", action="store_true")
+    parser.add_argument(
+        "--metrics-port",
+        type=int,
+        default=8081,
+        help="serve the operator's Prometheus metrics on /metrics at this port (0: off; default 8081)",
+    )
+    parser.add_argument(
+        "--metrics-address", default="0.0.0.0", help="address the metrics server binds (default 0.0.0.0)"
+    )
+    parser.add_argument(
+        "--log-level", choices=["debug", "info", "warning", "error"], default=None, help="default: info"
+    )
+    parser.add_argument("--log-format", choices=["text", "json"], default="text", help="default: text")
+    parser.add_argument("-v", "--verbose", action="store_true", help="same as --log-level debug")
     args = parser.parse_args(argv)
-
-    import logging
 
     import kopf
 
     import specops.handlers  # noqa: F401  (registers the handlers)
+    from specops.adapters import operator_metrics
 
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO)
-    kopf.configure(verbose=args.verbose)
+    configure_logging("debug" if args.verbose else (args.log_level or "info"), args.log_format)
+    if args.metrics_port:
+        operator_metrics.serve(args.metrics_port, args.metrics_address)
     kopf.run(
         clusterwide=not args.namespace,
         namespaces=args.namespace or (),
@@ -39,6 +52,25 @@ def _run(argv: list[str]) -> int:
         liveness_endpoint=args.liveness,
     )
     return 0
+
+
+QUIET_LOGGERS = ("httpx", "httpcore", "aiohttp.access")
+"""Request-level loggers: one INFO line per HTTP call would drown the operator's own lines."""
+
+
+def configure_logging(level: str, log_format: str) -> None:
+    """Kopf's formatter (text or one JSON object per line) at ``level``; request lines only at debug."""
+    import logging
+
+    import kopf
+
+    debug = level == "debug"
+    kopf.configure(
+        debug=debug, log_format=kopf.LogFormat.JSON if log_format == "json" else kopf.LogFormat.FULL
+    )
+    logging.getLogger().setLevel(level.upper())
+    for name in QUIET_LOGGERS:
+        logging.getLogger(name).setLevel(logging.DEBUG if debug else logging.WARNING)
 
 
 def _crd(argv: list[str]) -> int:

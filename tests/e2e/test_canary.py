@@ -44,6 +44,10 @@ def draft_behaviours() -> dict[str, DraftBehaviour]:
     return DRAFTS
 
 
+# The HTTPRoute CRD defaults group and kind (tests/harness/upstream_crds.py registers the real one)
+STABLE_BACKEND_AT_100 = {"group": "", "kind": "Service", "name": STABLE_SERVICE, "port": 8000, "weight": 100}
+
+
 @pytest.fixture
 def route(cluster: Any) -> dict[str, Any]:
     """The user's HTTPRoute: their Gateway, one rule sending everything to the stable variant."""
@@ -154,8 +158,11 @@ async def test_a_better_draft_is_promoted_through_real_route_weights(
     assert stable["spec"]["template"]["metadata"]["labels"]["specops.dev/draft-version"] == "v4"
     assert await canary_deployments(kube) == []
     live = await kube.get("gateway.networking.k8s.io/v1", "HTTPRoute", NAMESPACE, ROUTE)
-    assert live["spec"]["rules"][0]["backendRefs"] == [{"name": STABLE_SERVICE, "port": 8000, "weight": 100}]
-    assert live["spec"]["parentRefs"] == [{"name": "inference-gateway"}]  # the user's parts untouched
+    assert live["spec"]["rules"][0]["backendRefs"] == [STABLE_BACKEND_AT_100]
+    # the user's parts untouched (as defaulted by the CRD)
+    assert live["spec"]["parentRefs"] == [
+        {"group": "gateway.networking.k8s.io", "kind": "Gateway", "name": "inference-gateway"}
+    ]
     reasons = [e["reason"] for e in await events_for(kube, NAME)]
     for reason in ("CanaryStarted", "LosslessCheckPassed", "CanaryStepStarted", "CanaryPromoted"):
         assert reason in reasons
@@ -181,7 +188,7 @@ async def test_a_worse_draft_is_rolled_back_with_its_evidence(
     assert body["status"]["rejectedDraft"].startswith("v5@")
     assert await canary_deployments(kube) == []
     live = await kube.get("gateway.networking.k8s.io/v1", "HTTPRoute", NAMESPACE, ROUTE)
-    assert live["spec"]["rules"][0]["backendRefs"] == [{"name": STABLE_SERVICE, "port": 8000, "weight": 100}]
+    assert live["spec"]["rules"][0]["backendRefs"] == [STABLE_BACKEND_AT_100]
     # And the rejected draft is not retried while spec.draft still names it
     await asyncio.sleep(3)
     assert (await resource(kube, NAME))["status"].get("canary") is None

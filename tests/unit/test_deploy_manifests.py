@@ -1,6 +1,6 @@
 """The install manifests in deploy/: valid for a current API server, restricted, least privilege.
 
-The operator's ClusterRole is checked against the code: every kind the Kubernetes client can
+The operator rules (specops/rbac.py, which the ClusterRole must equal) are checked against the code: every kind the Kubernetes client can
 address (adapters/kube.py PLURALS) and every training kind retraining can create must be
 granted exactly the verbs their call sites use, plus what Kopf itself needs; nothing else.
 """
@@ -16,6 +16,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from specops import rbac
 from specops.adapters.kube import PLURALS
 from specops.domain import retraining
 from specops.services.reconciler import MANAGED_KINDS
@@ -28,36 +29,9 @@ OPERATOR = "specops-operator"
 
 Grant = tuple[str, str]  # (apiGroup, resource)
 
-# What the operator does with each resource, and where. The ClusterRole must match this exactly.
-USED_BY_CODE: dict[Grant, set[str]] = {
-    # Kopf: list/watch, finalizer and bookkeeping annotations (patch); services: get before every
-    # write; canary: clears specops.dev/canary-action (patch).
-    ("specops.dev", "speculativedeployments"): {"get", "list", "watch", "patch"},
-    # KubeClient.update_status: optimistic merge patch of /status.
-    ("specops.dev", "speculativedeployments/status"): {"patch"},
-    # Reconciler.apply/prune/cleanup; CanaryService._delete_canary; Kopf watches Deployments
-    # (serving_deployment_changed) so readiness reaches status without waiting for a tick.
-    ("apps", "deployments"): {"get", "list", "watch", "create", "patch", "delete"},
-    ("", "services"): {"get", "list", "create", "patch", "delete"},
-    # Also the golden prompts ConfigMap (get).
-    ("", "configmaps"): {"get", "list", "create", "patch", "delete"},
-    ("monitoring.coreos.com", "podmonitors"): {"get", "list", "create", "patch", "delete"},
-    # Control loop and lossless check (serving pods), retraining (training pods' messages).
-    ("", "pods"): {"list"},
-    # GatewayApiRouter.set_weight.
-    ("gateway.networking.k8s.io", "httproutes"): {"get", "patch"},
-    # RetrainingService: create once, then read the object's conditions and result annotation.
-    ("batch", "jobs"): {"get", "create"},
-    ("jobset.x-k8s.io", "jobsets"): {"get", "create"},
-    ("trainer.kubeflow.org", "trainjobs"): {"get", "create"},
-    ("kubeflow.org", "pytorchjobs"): {"get", "create"},
-}
-USED_BY_KOPF: dict[Grant, set[str]] = {
-    # kopf.event() posts core v1 Events.
-    ("", "events"): {"create"},
-    # Kopf's resource observer re-scans when CRDs change.
-    ("apiextensions.k8s.io", "customresourcedefinitions"): {"list", "watch"},
-}
+# What the code and Kopf use, per resource: specops/rbac.py is the one list the manifests and the
+# chart grant; the tests below check that list against the code and deploy/ against the list.
+USED: dict[Grant, set[str]] = rbac.grants()
 
 
 def _objects() -> Iterator[tuple[str, dict[str, Any]]]:
@@ -217,9 +191,9 @@ def test_the_service_account_is_bound_to_the_operator_role() -> None:
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": OPERATOR, "namespace": NAMESPACE}]
 
 
-def test_the_operator_role_grants_exactly_what_the_code_and_kopf_use() -> None:
+def test_the_operator_role_grants_exactly_the_operator_rules() -> None:
     granted = _granted(_one("ClusterRole", OPERATOR))
-    assert granted == {**USED_BY_CODE, **USED_BY_KOPF}
+    assert granted == USED
 
 
 def test_no_role_uses_wildcards() -> None:
@@ -232,8 +206,8 @@ def test_no_role_uses_wildcards() -> None:
 
 
 def test_every_kind_the_client_can_address_is_granted_or_unused() -> None:
-    """A kind added to PLURALS fails here until the ClusterRole (and this table) say what it needs."""
-    granted = _granted(_one("ClusterRole", OPERATOR))
+    """A kind added to PLURALS fails here until specops/rbac.py (and so the ClusterRole) says what it needs."""
+    granted = USED
     kube_client = SOURCE / "adapters" / "kube.py"
     sources = [path for path in SOURCE.rglob("*.py") if path != kube_client]
     for (api_version, kind), plural in PLURALS.items():
@@ -245,14 +219,14 @@ def test_every_kind_the_client_can_address_is_granted_or_unused() -> None:
 
 
 def test_the_serving_objects_the_reconciler_prunes_are_fully_granted() -> None:
-    granted = _granted(_one("ClusterRole", OPERATOR))
+    granted = USED
     for api_version, kind in MANAGED_KINDS:
         grant = (_group(api_version), PLURALS[(api_version, kind)])
         assert {"get", "list", "create", "patch", "delete"} <= granted[grant], kind
 
 
 def test_every_training_kind_retraining_supports_can_be_created_and_followed() -> None:
-    granted = _granted(_one("ClusterRole", OPERATOR))
+    granted = USED
     for training in retraining.SUPPORTED_KINDS:
         grant = (_group(training.api_version), f"{training.kind.lower()}s")
         assert {"get", "create"} <= granted.get(grant, set()), training.kind

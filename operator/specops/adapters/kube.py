@@ -23,6 +23,8 @@ from specops.ports import JSON_PATCH, MERGE_PATCH, KubeApiError
 
 __all__ = ["JSON_PATCH", "MERGE_PATCH", "KubeApiError", "KubeClient", "load_connection_settings"]
 
+from specops.adapters import operator_metrics
+
 SERVICE_ACCOUNT_TOKEN = "/var/run/secrets/kubernetes.io/serviceaccount/token"
 
 # Plural names of the kinds specops reads or writes: (apiVersion, kind) -> plural.
@@ -41,6 +43,10 @@ PLURALS: dict[tuple[str, str], str] = {
     ("kubeflow.org/v1", "PyTorchJob"): "pytorchjobs",
     ("specops.dev/v1alpha1", "SpeculativeDeployment"): "speculativedeployments",
 }
+
+
+EXPECTED_STATUSES = (404, 409)
+"""Answers the callers expect and handle (absent object, optimistic-write conflict): not counted as errors."""
 
 
 @dataclass(frozen=True)
@@ -149,6 +155,7 @@ class KubeClient:
                 response = await self._http.request(method, path, json=json, params=params, headers=headers)
         except httpx.HTTPError as error:
             # An unreachable API server is an error like any other answer: callers retry with backoff.
+            operator_metrics.count_error("kubernetes", "Unreachable")
             raise KubeApiError(
                 0, "Unreachable", f"{method} {path}: {type(error).__name__}: {error}"
             ) from error
@@ -158,6 +165,8 @@ class KubeClient:
                 reason, message = str(body.get("reason", "")), str(body.get("message", response.text))
             except ValueError:
                 reason, message = response.reason_phrase, response.text[:500]
+            if response.status_code not in EXPECTED_STATUSES:
+                operator_metrics.count_error("kubernetes", reason or str(response.status_code))
             raise KubeApiError(response.status_code, reason, message)
         if not response.content:
             return {}

@@ -18,6 +18,7 @@ from typing import Any
 
 import httpx
 
+from specops.adapters import operator_metrics
 from specops.domain.metrics import (
     PROFILES,
     REASON_METRICS_UNAVAILABLE,
@@ -83,16 +84,20 @@ class PrometheusPoller:
         try:
             response = await self._client.get(f"{self.url}/api/v1/query", params={"query": promql})
         except httpx.TimeoutException:
+            operator_metrics.count_error("prometheus", "Timeout")
             raise QueryFailed(f"Prometheus at {self.url} timed out after {self.timeout_s:g}s") from None
         except httpx.HTTPError as exc:
+            operator_metrics.count_error("prometheus", "Unreachable")
             raise QueryFailed(f"cannot reach Prometheus at {self.url}: {exc!r}") from None
         try:
             body: Any = response.json()
         except ValueError:
             body = None
         if not isinstance(body, dict):
+            operator_metrics.count_error("prometheus", "BadResponse")
             raise QueryFailed(f"Prometheus at {self.url} answered HTTP {response.status_code} without JSON")
         if body.get("status") != "success":
+            operator_metrics.count_error("prometheus", str(body.get("errorType") or "Error"))
             raise QueryFailed(
                 f"Prometheus at {self.url} answered HTTP {response.status_code} "
                 f"{body.get('errorType', 'error')}: {body.get('error', '')} (query: {promql})"

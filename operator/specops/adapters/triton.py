@@ -18,6 +18,7 @@ import httpx
 from tritonclient.http.aio import InferenceServerClient
 from tritonclient.utils import InferenceServerException
 
+from specops.adapters import operator_metrics
 from specops.domain.discovery import PodEndpoint
 from specops.domain.triton_repo import (
     BLS_MODEL,
@@ -103,6 +104,7 @@ class TritonModelControl:
             async with self._client(endpoint, timeout_s) as client:
                 return await action(client)
         except _TRANSPORT_ERRORS as exc:
+            operator_metrics.count_error("triton", type(exc).__name__)
             return ApplyResult(pod=endpoint.name, ok=False, message=_describe(exc))
 
     async def read_bls_settings(self, endpoint: PodEndpoint) -> ApplyResult:
@@ -219,6 +221,7 @@ class TritonModelControl:
                 )
             text = response.json().get("text_output")
         except (*_TRANSPORT_ERRORS, ValueError) as exc:
+            operator_metrics.count_error("triton", type(exc).__name__)
             return GenerateResult(pod=endpoint.name, ok=False, message=_describe(exc))
         if not isinstance(text, str):
             return GenerateResult(pod=endpoint.name, ok=False, message="answer has no text_output")

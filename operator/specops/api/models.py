@@ -9,10 +9,11 @@ clear `InvalidSpec` condition instead of a crash.
 
 from __future__ import annotations
 
+import re
 from itertools import pairwise
 from typing import Annotated, Any, Literal
 
-from pydantic import ConfigDict, Field, model_validator
+from pydantic import AfterValidator, ConfigDict, Field, model_validator
 
 from specops.api.base import ApiModel, cel_rules, immutable
 from specops.api.status import SpeculativeDeploymentStatus
@@ -132,6 +133,162 @@ class GpuSpec(ApiModel):
     count: int = Field(default=1, ge=1, le=16, description="GPUs per replica (nvidia.com/gpu request).")
 
 
+QUANTITY_PATTERN = r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
+"""Kubernetes' resource.Quantity, as its own CRDs spell it."""
+
+
+def _quantity(value: int | str) -> int | str:
+    if isinstance(value, str) and not re.fullmatch(QUANTITY_PATTERN, value):
+        raise ValueError(f"{value!r} is not a quantity (e.g. 500m, 4, 16Gi)")
+    return value
+
+
+GPU_RESOURCE_NAME = "nvidia.com/gpu"
+
+Quantity = Annotated[
+    int | str,
+    AfterValidator(_quantity),
+    Field(json_schema_extra={"x-kubernetes-int-or-string": True, "pattern": QUANTITY_PATTERN}),
+]
+
+
+class ServingResources(ApiModel):
+    """core/v1 ResourceRequirements without GPUs (serving.gpu.count sets nvidia.com/gpu)."""
+
+    model_config = ApiModel.model_config | ConfigDict(
+        json_schema_extra=cel_rules(
+            (
+                "!has(self.requests) || !('nvidia.com/gpu' in self.requests)",
+                "set GPUs with serving.gpu.count, not serving.resources",
+                ".requests",
+            ),
+            (
+                "!has(self.limits) || !('nvidia.com/gpu' in self.limits)",
+                "set GPUs with serving.gpu.count, not serving.resources",
+                ".limits",
+            ),
+        )
+    )
+
+    requests: dict[str, Quantity] | None = Field(
+        default=None,
+        max_length=16,
+        description='Requests of the Triton container besides GPUs, e.g. {cpu: "8", memory: 64Gi}.',
+    )
+    limits: dict[str, Quantity] | None = Field(
+        default=None, max_length=16, description="Limits of the Triton container besides GPUs."
+    )
+
+    @model_validator(mode="after")
+    def _no_gpus(self) -> ServingResources:
+        if GPU_RESOURCE_NAME in (self.requests or {}) or GPU_RESOURCE_NAME in (self.limits or {}):
+            raise ValueError("serving.resources: set GPUs with serving.gpu.count, not serving.resources")
+        return self
+
+
+class Toleration(ApiModel):
+    """core/v1 Toleration."""
+
+    key: str | None = Field(
+        default=None, max_length=317, description="Taint key; empty with Exists: all taints."
+    )
+    operator: Literal["Exists", "Equal"] = Field(default="Equal", description="Exists or Equal.")
+    value: str | None = Field(default=None, max_length=63, description="Taint value (Equal).")
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = Field(
+        default=None, description="Taint effect; empty: every effect."
+    )
+    toleration_seconds: int | None = Field(
+        default=None, description="NoExecute only: how long the pod stays bound after the taint appears."
+    )
+
+
+ENV_NAME_PATTERN = r"^[-._a-zA-Z][-._a-zA-Z0-9]*$"
+
+
+class KeySelector(ApiModel):
+    """core/v1 SecretKeySelector / ConfigMapKeySelector."""
+
+    name: str = Field(
+        pattern=DNS_LABEL_PATTERN, max_length=253, description="Name of the Secret or ConfigMap."
+    )
+    key: str = Field(min_length=1, max_length=253, description="The key to read.")
+    optional: bool | None = Field(
+        default=None, description="Whether the Secret/ConfigMap or key may be absent."
+    )
+
+
+class FieldSelector(ApiModel):
+    field_path: str = Field(min_length=1, max_length=256, description="Pod field, e.g. status.podIP.")
+
+
+class EnvVarSource(ApiModel):
+    """core/v1 EnvVarSource: exactly one of its fields."""
+
+    model_config = ApiModel.model_config | ConfigDict(
+        json_schema_extra=cel_rules(
+            (
+                "(has(self.secretKeyRef) ? 1 : 0) + (has(self.configMapKeyRef) ? 1 : 0)"
+                " + (has(self.fieldRef) ? 1 : 0) == 1",
+                "set exactly one of secretKeyRef, configMapKeyRef, fieldRef",
+            ),
+        )
+    )
+
+    secret_key_ref: KeySelector | None = Field(
+        default=None, description="A key of a Secret (never read by specops)."
+    )
+    config_map_key_ref: KeySelector | None = Field(default=None, description="A key of a ConfigMap.")
+    field_ref: FieldSelector | None = Field(default=None, description="A field of the pod.")
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> EnvVarSource:
+        if (
+            sum(ref is not None for ref in (self.secret_key_ref, self.config_map_key_ref, self.field_ref))
+            != 1
+        ):
+            raise ValueError("valueFrom: set exactly one of secretKeyRef, configMapKeyRef, fieldRef")
+        return self
+
+
+class EnvVar(ApiModel):
+    """core/v1 EnvVar."""
+
+    model_config = ApiModel.model_config | ConfigDict(
+        json_schema_extra=cel_rules(
+            ("!(has(self.value) && has(self.valueFrom))", "set value or valueFrom, not both"),
+        )
+    )
+
+    name: str = Field(pattern=ENV_NAME_PATTERN, max_length=253, description="Variable name.")
+    value: str | None = Field(default=None, max_length=32768, description="Literal value.")
+    value_from: EnvVarSource | None = Field(
+        default=None, description="Value from a Secret, ConfigMap or pod field."
+    )
+
+    @model_validator(mode="after")
+    def _value_or_source(self) -> EnvVar:
+        if self.value is not None and self.value_from is not None:
+            raise ValueError(f"env {self.name}: set value or valueFrom, not both")
+        return self
+
+
+class VolumeMount(ApiModel):
+    """core/v1 VolumeMount (the common fields)."""
+
+    name: str = Field(
+        pattern=DNS_LABEL_PATTERN, max_length=63, description="Name of a volume in serving.volumes."
+    )
+    mount_path: str = Field(
+        pattern=r"^/.*$", max_length=4096, description="Where to mount it in the container."
+    )
+    sub_path: str | None = Field(default=None, max_length=4096, description="Path inside the volume.")
+    read_only: bool | None = Field(default=None, description="Mount read-only.")
+
+
+class LocalObjectReference(ApiModel):
+    name: str = Field(pattern=DNS_LABEL_PATTERN, max_length=253, description="Name of the Secret.")
+
+
 class ServingSpec(ApiModel):
     model_config = ApiModel.model_config | ConfigDict(
         json_schema_extra=cel_rules(
@@ -169,6 +326,55 @@ class ServingSpec(ApiModel):
         pattern=DNS_LABEL_PATTERN,
         max_length=63,
         description="Service account of the serving pods (e.g. for object-store credentials).",
+    )
+    resources: ServingResources | None = Field(
+        default=None, description="CPU, memory and other resources of the Triton container, besides GPUs."
+    )
+    node_selector: dict[str, str] | None = Field(
+        default=None, max_length=32, description="Node labels the serving pods (stable and canary) require."
+    )
+    tolerations: list[Toleration] = Field(
+        default_factory=list,
+        max_length=32,
+        description="Tolerations added to the serving pods' own nvidia.com/gpu:NoSchedule toleration.",
+    )
+    affinity: dict[str, Any] | None = Field(
+        default=None,
+        description="core/v1 Affinity of the serving pods (nodeAffinity, podAffinity, podAntiAffinity).",
+        json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
+    )
+    topology_spread_constraints: list[dict[str, Any]] = Field(
+        default_factory=list,
+        max_length=8,
+        description="core/v1 TopologySpreadConstraints of the serving pods.",
+    )
+    image_pull_secrets: list[LocalObjectReference] = Field(
+        default_factory=list, max_length=8, description="Secrets to pull the serving image with."
+    )
+    priority_class_name: str | None = Field(
+        default=None,
+        pattern=DNS_LABEL_PATTERN,
+        max_length=253,
+        description="PriorityClass of the serving pods.",
+    )
+    pod_labels: dict[str, str] | None = Field(
+        default=None, max_length=32, description="Extra labels on the serving pods (specops' own labels win)."
+    )
+    env: list[EnvVar] = Field(
+        default_factory=list,
+        max_length=64,
+        description="Extra environment of the Triton container (specops' own variables win).",
+    )
+    volumes: list[dict[str, Any]] = Field(
+        default_factory=list,
+        max_length=16,
+        description="Extra core/v1 Volumes of the serving pods (names must differ from specops' own).",
+    )
+    volume_mounts: list[VolumeMount] = Field(
+        default_factory=list, max_length=16, description="Mounts of serving.volumes in the Triton container."
+    )
+    pod_annotations: dict[str, str] | None = Field(
+        default=None, max_length=32, description="Extra annotations on the serving pods (specops' own win)."
     )
 
 

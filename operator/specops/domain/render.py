@@ -28,7 +28,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from specops.api.models import DraftSpec, SpeculativeDeployment
+from specops.api.models import (
+    DraftSpec,
+    ServingResources,
+    ServingSpec,
+    SpeculativeDeployment,
+)
 from specops.api.units import parse_duration
 from specops.domain import triton_repo
 from specops.domain.names import (
@@ -289,7 +294,7 @@ def _pod_spec(
             {"name": "grpc", "containerPort": GRPC_PORT, "protocol": "TCP"},
             {"name": "metrics", "containerPort": METRICS_PORT, "protocol": "TCP"},
         ],
-        "resources": {"limits": {GPU_RESOURCE: gpus}, "requests": {GPU_RESOURCE: gpus}},
+        "resources": _container_resources(serving.resources, gpus),
         # Engines take minutes to load: up to 30 min before liveness applies.
         "startupProbe": _probe("/v2/health/live", 10, 180),
         "readinessProbe": _probe("/v2/health/ready", 10, 3),
@@ -329,7 +334,10 @@ def _pod_spec(
             "seccompProfile": {"type": "RuntimeDefault"},
         },
         "terminationGracePeriodSeconds": 60,
-        "tolerations": [{"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}],
+        "tolerations": [
+            {"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"},
+            *(toleration.model_dump(by_alias=True, exclude_none=True) for toleration in serving.tolerations),
+        ],
         "containers": [container],
         "volumes": volumes,
     }
@@ -337,7 +345,77 @@ def _pod_spec(
         pod["initContainers"] = init_containers
     if serving.service_account_name:
         pod["serviceAccountName"] = serving.service_account_name
+    pod.update(_placement(serving))
+    _add_user_volumes(serving, pod, container)
     return pod
+
+
+def _add_user_volumes(serving: ServingSpec, pod: dict[str, Any], container: dict[str, Any]) -> None:
+    """serving.env, .volumes and .volumeMounts, refused where they would shadow what specops mounts."""
+    own_env = {item["name"] for item in container["env"]}
+    container["env"] = [
+        *(
+            item.model_dump(by_alias=True, exclude_none=True)
+            for item in serving.env
+            if item.name not in own_env
+        ),
+        *container["env"],
+    ]
+    own_volumes = {volume["name"] for volume in pod["volumes"]}
+    own_paths = {mount["mountPath"].rstrip("/") for mount in container["volumeMounts"]}
+    names = set()
+    for index, volume in enumerate(serving.volumes):
+        name = volume.get("name")
+        if not isinstance(name, str) or not name:
+            raise RenderError(f"spec.serving.volumes[{index}].name", "every volume needs a name")
+        if name in own_volumes or name in names:
+            raise RenderError(
+                f"spec.serving.volumes[{index}].name",
+                f"{name!r} is taken ({sorted(own_volumes)} are specops')",
+            )
+        names.add(name)
+    for index, mount in enumerate(serving.volume_mounts):
+        if mount.name not in names:
+            raise RenderError(
+                f"spec.serving.volumeMounts[{index}].name",
+                f"no volume {mount.name!r} in spec.serving.volumes",
+            )
+        path = mount.mount_path.rstrip("/")
+        if any(path == own or path.startswith(own + "/") or own.startswith(path + "/") for own in own_paths):
+            raise RenderError(
+                f"spec.serving.volumeMounts[{index}].mountPath",
+                f"{mount.mount_path} overlaps a path specops mounts",
+            )
+    if serving.volumes:
+        pod["volumes"] = [*pod["volumes"], *(dict(volume) for volume in serving.volumes)]
+    if serving.volume_mounts:
+        container["volumeMounts"] = [
+            *container["volumeMounts"],
+            *(mount.model_dump(by_alias=True, exclude_none=True) for mount in serving.volume_mounts),
+        ]
+
+
+def _container_resources(resources: ServingResources | None, gpus: str) -> dict[str, Any]:
+    """GPUs from serving.gpu.count, everything else from serving.resources (which may not name GPUs)."""
+    requests = {**((resources.requests if resources else None) or {}), GPU_RESOURCE: gpus}
+    limits = {**((resources.limits if resources else None) or {}), GPU_RESOURCE: gpus}
+    return {"limits": dict(sorted(limits.items())), "requests": dict(sorted(requests.items()))}
+
+
+def _placement(serving: ServingSpec) -> dict[str, Any]:
+    """Where the serving pods (stable and canary alike) may run, and with what priority."""
+    placement: dict[str, Any] = {}
+    if serving.node_selector:
+        placement["nodeSelector"] = dict(serving.node_selector)
+    if serving.affinity:
+        placement["affinity"] = dict(serving.affinity)
+    if serving.topology_spread_constraints:
+        placement["topologySpreadConstraints"] = [dict(item) for item in serving.topology_spread_constraints]
+    if serving.image_pull_secrets:
+        placement["imagePullSecrets"] = [{"name": secret.name} for secret in serving.image_pull_secrets]
+    if serving.priority_class_name:
+        placement["priorityClassName"] = serving.priority_class_name
+    return placement
 
 
 def _deployment(
@@ -352,6 +430,7 @@ def _deployment(
     receives_traffic: bool = True,
 ) -> dict[str, Any]:
     name, namespace, _ = _metadata(resource)
+    serving = resource.spec.serving
     traffic = TRAFFIC_SERVE if receives_traffic else TRAFFIC_HOLD
     pod_labels = dict(
         sorted(
@@ -377,11 +456,17 @@ def _deployment(
             "progressDeadlineSeconds": 3600,
             "template": {
                 "metadata": {
-                    "labels": pod_labels,
-                    "annotations": {
-                        ANNOTATION_CONFIG_HASH: config_hash(configmap["data"]),
-                        "kubectl.kubernetes.io/default-container": CONTAINER_NAME,
-                    },
+                    # The user's extra labels and annotations first: specops' own always win.
+                    "labels": dict(sorted({**(serving.pod_labels or {}), **pod_labels}.items())),
+                    "annotations": dict(
+                        sorted(
+                            {
+                                **(serving.pod_annotations or {}),
+                                ANNOTATION_CONFIG_HASH: config_hash(configmap["data"]),
+                                "kubectl.kubernetes.io/default-container": CONTAINER_NAME,
+                            }.items()
+                        )
+                    ),
                 },
                 "spec": _pod_spec(resource, variant, draft, image, configmap["metadata"]["name"], files),
             },

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import logging
+import os
 from datetime import UTC, datetime
 from typing import Any
 
 import kopf
 
+from specops.adapters import operator_metrics
 from specops.adapters.kube import load_connection_settings
 from specops.api.models import GROUP, PLURAL, VERSION
 from specops.domain.lifecycle import EventRecord
@@ -33,6 +35,8 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="specops.dev")
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix="specops.dev")
     settings.posting.level = logging.WARNING  # Events come from kopf.event() calls, not from log lines
+    settings.posting.reporting_component = "specops"  # `kubectl describe` shows Events "From" specops
+    settings.posting.reporting_instance = os.environ.get("HOSTNAME", "specops")
     settings.watching.server_timeout = 300
     settings.watching.client_timeout = 330
     settings.queueing.error_delays = [1, 2, 5, 10, 30, 60]
@@ -67,7 +71,8 @@ def login(**_: Any) -> kopf.ConnectionInfo:
 async def reconcile(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     services: Services = memo.services
     try:
-        events = await services.reconciler.reconcile(body, now())
+        with operator_metrics.time_reconcile():
+            events = await services.reconciler.reconcile(body, now())
     except KubeApiError as error:
         raise kopf.TemporaryError(f"Kubernetes API: {error}", delay=RETRY_DELAY_S) from error
     post_events(body, events)

@@ -1,0 +1,383 @@
+"""The operator's own metrics, served on ``/metrics`` for Prometheus (docs/metrics.md).
+
+Per resource, every gauge is set from the status the operator just wrote
+(``observe_status``), so what Prometheus sees is what ``kubectl get -o yaml`` shows;
+decisions, toggles and canary rollbacks are counted when the status shows a new one.
+Durations and errors are recorded where they happen (handlers, adapters).
+
+Names follow Prometheus' conventions: ``specops_`` prefix, base units (seconds,
+ratios), ``_total`` on counters. Every per-resource series carries ``namespace`` and
+``name`` labels and is removed by ``forget`` when the resource goes away.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Iterator, Mapping
+from typing import Any, get_args
+from wsgiref.simple_server import WSGIServer
+
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+from specops.api.models import SpeculativeDeploymentStatus
+from specops.api.units import parse_duration
+
+DEFAULT_PORT = 8081
+PHASES: tuple[str, ...] = tuple(
+    phase
+    for member in get_args(SpeculativeDeploymentStatus.model_fields["phase"].annotation)
+    for phase in get_args(member)
+)
+"""Every lifecycle phase: ``specops_phase`` is 1 for the current one and 0 for the others."""
+CONDITION_STATUSES = ("True", "False", "Unknown")
+RESOURCE = ("namespace", "name")
+DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value)
+
+
+def _seconds(value: Any) -> float | None:
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        return parse_duration(value)
+    except ValueError:
+        return None
+
+
+class OperatorMetrics:
+    """All of specops' metrics in one registry (the process default in the operator, a fresh one in tests)."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        r = self.registry
+        self._lock = threading.Lock()
+        # What each resource last showed: to count new decisions/toggles/rollbacks and drop old label sets.
+        self._seen: dict[tuple[str, str], dict[str, Any]] = {}
+
+        def gauge(name: str, doc: str, *extra: str) -> Gauge:
+            return Gauge(name, doc, [*RESOURCE, *extra], registry=r)
+
+        self.phase = gauge(
+            "specops_phase", "1 for the resource's current lifecycle phase, 0 for the others.", "phase"
+        )
+        self.speculation_enabled = gauge(
+            "specops_speculation_enabled", "1 while serving pods speculate, 0 when off."
+        )
+        self.draft_length = gauge("specops_draft_length", "Draft tokens per step the pods run (0 = off).")
+        self.tuned_draft_length = gauge(
+            "specops_tuned_draft_length", "Draft length kept while speculation is off."
+        )
+        self.alpha = gauge("specops_acceptance_alpha", "Measured per-token acceptance alpha.")
+        self.smoothed_alpha = gauge(
+            "specops_smoothed_acceptance_alpha", "Smoothed alpha the control loop used."
+        )
+        self.acceptance_rate = gauge("specops_acceptance_rate_ratio", "Accepted / drafted tokens.")
+        self.batch = gauge("specops_running_requests_per_pod", "Running requests (batch) per serving pod.")
+        self.request_rate = gauge("specops_request_rate_per_second", "Completed requests per second.")
+        self.tpot_p99 = gauge("specops_per_token_latency_p99_seconds", "Measured per-token latency p99.")
+        self.baseline_tpot_p50 = gauge(
+            "specops_baseline_per_token_latency_p50_seconds", "Per-token latency p50 without speculation."
+        )
+        self.baseline_tpot_p99 = gauge(
+            "specops_baseline_per_token_latency_p99_seconds", "Per-token latency p99 without speculation."
+        )
+        self.predicted_speedup = gauge(
+            "specops_predicted_speedup_ratio", "Modelled speedup of the last decision."
+        )
+        self.measured_speedup = gauge(
+            "specops_measured_speedup_ratio", "Baseline p50 per-token latency / current p50 (while on)."
+        )
+        self.pods_desired = gauge("specops_pods_desired", "Ready serving pods that should run the setting.")
+        self.pods_applied = gauge("specops_pods_applied", "Serving pods confirmed to run the setting.")
+        self.canary_active = gauge("specops_canary_active", "1 while a canary of a new draft runs.")
+        self.canary_weight = gauge(
+            "specops_canary_weight_ratio", "Share of traffic the canary receives (0-1)."
+        )
+        self.canary_step = gauge(
+            "specops_canary_step", "Index of the canary step (-1 during the lossless check)."
+        )
+        self.retraining_round = gauge(
+            "specops_retraining_round", "Number of the latest draft retraining round."
+        )
+        self.retraining_running = gauge("specops_retraining_running", "1 while a retraining round runs.")
+        self.retraining_failures = gauge(
+            "specops_retraining_consecutive_failures", "Retraining rounds failed in a row."
+        )
+        self.condition = gauge(
+            "specops_condition",
+            "1 for each status condition's current status and reason, per condition type.",
+            "type",
+            "status",
+            "reason",
+        )
+        self.slo_min_acceptance = gauge("specops_slo_min_acceptance", "spec.slo.minAcceptance.")
+        self.slo_tpot_p99 = gauge(
+            "specops_slo_per_token_latency_p99_seconds", "spec.slo.perTokenLatencyP99, when set."
+        )
+        self.decisions = Counter(
+            "specops_decisions",
+            "Control-loop decisions, by action (enable, disable, lengthen, shorten, hold) and reason.",
+            [*RESOURCE, "action", "reason"],
+            registry=r,
+        )
+        self.toggles = Counter(
+            "specops_speculation_toggles", "Speculation switched on or off.", list(RESOURCE), registry=r
+        )
+        self.rollbacks = Counter(
+            "specops_canary_rollbacks", "Canaries of a new draft rolled back.", list(RESOURCE), registry=r
+        )
+        self.reconcile_duration = Histogram(
+            "specops_reconcile_duration_seconds",
+            "Time to reconcile a SpeculativeDeployment (create, update, resume).",
+            buckets=DURATION_BUCKETS,
+            registry=r,
+        )
+        self.reconcile_errors = Counter(
+            "specops_reconcile_errors",
+            "Reconciles that failed and will be retried, by error kind.",
+            ["kind"],
+            registry=r,
+        )
+        self.tick_duration = Histogram(
+            "specops_control_tick_duration_seconds",
+            "Time of one resource's periodic tick (control loop, canary, retraining).",
+            buckets=DURATION_BUCKETS,
+            registry=r,
+        )
+        self.errors = Counter(
+            "specops_errors",
+            "Errors talking to the Kubernetes API, Prometheus or Triton, by component and kind.",
+            ["component", "kind"],
+            registry=r,
+        )
+        # Labelled (namespace, name) only; phase, condition and decisions carry more labels.
+        self._per_resource: tuple[Gauge | Counter, ...] = (
+            self.speculation_enabled,
+            self.draft_length,
+            self.tuned_draft_length,
+            self.alpha,
+            self.smoothed_alpha,
+            self.acceptance_rate,
+            self.batch,
+            self.request_rate,
+            self.tpot_p99,
+            self.baseline_tpot_p50,
+            self.baseline_tpot_p99,
+            self.predicted_speedup,
+            self.measured_speedup,
+            self.pods_desired,
+            self.pods_applied,
+            self.canary_active,
+            self.canary_weight,
+            self.canary_step,
+            self.retraining_round,
+            self.retraining_running,
+            self.retraining_failures,
+            self.slo_min_acceptance,
+            self.slo_tpot_p99,
+            self.toggles,
+            self.rollbacks,
+        )
+
+    # ------------------------------------------------------------ per resource
+
+    def observe_status(
+        self, namespace: str, name: str, status: Mapping[str, Any], spec: Mapping[str, Any] | None = None
+    ) -> None:
+        """Set every per-resource gauge from a status as stored in the resource (camelCase JSON).
+
+        A field absent from the status removes its series rather than leaving a stale value.
+        ``spec`` (optional) adds the SLO gauges the alerts compare against.
+        """
+        key = (namespace, name)
+        with self._lock:
+            seen = self._seen.setdefault(key, {"labels": {}})
+            first = "speculation" not in seen
+            speculation = status.get("speculation") or {}
+            observed = status.get("observed") or {}
+            baseline = status.get("baseline") or {}
+            canary = status.get("canary") or None
+            retraining = status.get("retraining") or {}
+            pods = speculation.get("pods") or {}
+
+            phase = status.get("phase")
+            for known in PHASES:
+                self.phase.labels(namespace, name, known).set(1.0 if phase == known else 0.0)
+
+            state = speculation.get("state")
+            length = _number(speculation.get("draftLength"))
+            self._set(self.speculation_enabled, key, None if state is None else float(state == "on"))
+            self._set(self.draft_length, key, length)
+            self._set(self.tuned_draft_length, key, _number(speculation.get("tunedLength")))
+            self._set(self.smoothed_alpha, key, _number(speculation.get("smoothedAlpha")))
+            self._set(self.predicted_speedup, key, _number(speculation.get("predictedSpeedup")))
+            self._set(self.measured_speedup, key, _number(speculation.get("measuredSpeedup")))
+            self._set(self.pods_desired, key, _number(pods.get("desired")))
+            self._set(self.pods_applied, key, _number(pods.get("applied")))
+            self._set(self.alpha, key, _number(observed.get("alpha")))
+            self._set(self.acceptance_rate, key, _number(observed.get("acceptanceRate")))
+            self._set(self.batch, key, _number(observed.get("batch")))
+            self._set(self.request_rate, key, _number(observed.get("requestRate")))
+            self._set(self.tpot_p99, key, _seconds(observed.get("perTokenLatencyP99")))
+            self._set(self.baseline_tpot_p50, key, _seconds(baseline.get("perTokenLatencyP50")))
+            self._set(self.baseline_tpot_p99, key, _seconds(baseline.get("perTokenLatencyP99")))
+
+            self.canary_active.labels(namespace, name).set(1.0 if canary else 0.0)
+            weight = _number((canary or {}).get("weight"))
+            self._set(self.canary_weight, key, None if weight is None else weight / 100.0)
+            self._set(self.canary_step, key, _number((canary or {}).get("step")))
+
+            active = retraining.get("active") or None
+            round_number = _number((active or {}).get("round"))
+            if round_number is None:
+                round_number = _number(retraining.get("rounds"))
+            self._set(self.retraining_round, key, round_number)
+            self.retraining_running.labels(namespace, name).set(1.0 if active else 0.0)
+            self._set(self.retraining_failures, key, _number(retraining.get("consecutiveFailures")))
+
+            self._observe_conditions(key, seen, status.get("conditions") or [])
+            if spec is not None:
+                slo = spec.get("slo") or {}
+                self._set(self.slo_min_acceptance, key, _number(slo.get("minAcceptance")))
+                self._set(self.slo_tpot_p99, key, _seconds(slo.get("perTokenLatencyP99")))
+
+            # Counters start at 0 so that increase() sees the first event; the first status seen
+            # (e.g. after an operator restart) is a starting point, not an event.
+            self.toggles.labels(namespace, name)
+            self.rollbacks.labels(namespace, name)
+            previous = seen.get("speculation") or {}
+            if not first:
+                toggle = speculation.get("lastToggleTime")
+                if toggle and toggle != previous.get("lastToggleTime"):
+                    self.toggles.labels(namespace, name).inc()
+                decided = speculation.get("lastDecisionTime")
+                if decided and decided != previous.get("lastDecisionTime"):
+                    self._count_decision(key, seen, decision_action(previous, speculation), speculation)
+                last_canary = status.get("lastCanary") or None
+                if (
+                    last_canary
+                    and last_canary != seen.get("lastCanary")
+                    and last_canary.get("result") == "RolledBack"
+                ):
+                    self.rollbacks.labels(namespace, name).inc()
+            seen["speculation"] = dict(speculation)
+            seen["lastCanary"] = status.get("lastCanary") or None
+
+    def observe_decision(self, namespace: str, name: str, action: str, reason: str) -> None:
+        """Count one control-loop decision."""
+        with self._lock:
+            seen = self._seen.setdefault((namespace, name), {"labels": {}})
+            self._count_decision((namespace, name), seen, action, {"reason": reason})
+
+    def forget(self, namespace: str, name: str) -> None:
+        """Remove every series of a resource that is gone."""
+        key = (namespace, name)
+        with self._lock:
+            seen = self._seen.pop(key, {"labels": {}})
+            for metric in self._per_resource:
+                with contextlib.suppress(KeyError):
+                    metric.remove(namespace, name)
+            for known in PHASES:
+                with contextlib.suppress(KeyError):
+                    self.phase.remove(namespace, name, known)
+            for metric_name, label_sets in seen["labels"].items():
+                metric = getattr(self, metric_name)
+                for labels in label_sets:
+                    with contextlib.suppress(KeyError):
+                        metric.remove(namespace, name, *labels)
+
+    def _set(self, gauge: Gauge, key: tuple[str, str], value: float | None) -> None:
+        if value is None:
+            with contextlib.suppress(KeyError):
+                gauge.remove(*key)
+        else:
+            gauge.labels(*key).set(value)
+
+    def _observe_conditions(self, key: tuple[str, str], seen: dict[str, Any], conditions: list[Any]) -> None:
+        current: set[tuple[str, ...]] = set()
+        for condition in conditions:
+            if not isinstance(condition, Mapping) or not condition.get("type"):
+                continue
+            labels = (
+                str(condition["type"]),
+                str(condition.get("status", "Unknown")),
+                str(condition.get("reason", "")),
+            )
+            current.add(labels)
+            self.condition.labels(*key, *labels).set(1.0)
+        for labels in seen["labels"].get("condition", set()) - current:
+            with contextlib.suppress(KeyError):
+                self.condition.remove(*key, *labels)
+        seen["labels"]["condition"] = current
+
+    def _count_decision(
+        self, key: tuple[str, str], seen: dict[str, Any], action: str, speculation: Mapping[str, Any]
+    ) -> None:
+        labels = (action, str(speculation.get("reason") or "Unknown"))
+        self.decisions.labels(*key, *labels).inc()
+        seen["labels"].setdefault("decisions", set()).add(labels)
+
+    # ------------------------------------------------------------ operator-wide
+
+    @contextlib.contextmanager
+    def time_reconcile(self) -> Iterator[None]:
+        """Time a reconcile; an exception counts as a reconcile error (by its class) and propagates."""
+        start = time.perf_counter()
+        try:
+            yield
+        except Exception as error:
+            self.reconcile_errors.labels(type(error).__name__).inc()
+            raise
+        finally:
+            self.reconcile_duration.observe(time.perf_counter() - start)
+
+    @contextlib.contextmanager
+    def time_tick(self) -> Iterator[None]:
+        """Time one resource's periodic tick."""
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.tick_duration.observe(time.perf_counter() - start)
+
+    def count_error(self, component: str, kind: str) -> None:
+        """One failed call to ``component`` (kubernetes, prometheus, triton); ``kind`` says how it failed."""
+        self.errors.labels(component, kind).inc()
+
+    def serve(
+        self, port: int = DEFAULT_PORT, address: str = "0.0.0.0"
+    ) -> tuple[WSGIServer, threading.Thread]:
+        """Serve ``/metrics`` from a daemon thread; ``server.shutdown()`` stops it."""
+        return start_http_server(port, addr=address, registry=self.registry)
+
+
+def decision_action(previous: Mapping[str, Any], current: Mapping[str, Any]) -> str:
+    """What a decision did, from the speculation status before and after it."""
+    was_on, is_on = previous.get("state") == "on", current.get("state") == "on"
+    if is_on and not was_on:
+        return "enable"
+    if was_on and not is_on:
+        return "disable"
+    before, after = _number(previous.get("draftLength")), _number(current.get("draftLength"))
+    if is_on and before is not None and after is not None and after != before:
+        return "lengthen" if after > before else "shorten"
+    return "hold"
+
+
+METRICS = OperatorMetrics(REGISTRY)
+"""The operator's metrics, in the process-wide registry (so process_* metrics are served too)."""
+
+observe_status = METRICS.observe_status
+observe_decision = METRICS.observe_decision
+forget = METRICS.forget
+time_reconcile = METRICS.time_reconcile
+time_tick = METRICS.time_tick
+count_error = METRICS.count_error
+serve = METRICS.serve

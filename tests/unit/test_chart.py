@@ -1,0 +1,323 @@
+"""charts/specops: lints clean, renders valid objects for default and custom values, grants exactly
+the operator's rules (specops/rbac.py) in both modes, and refuses bad values naming them."""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+import helm_python as helm
+import kubernetes_validate
+import pytest
+
+from specops import rbac
+from specops.api.crd import render_yaml
+from tests.harness.admission import AdmissionError
+from tests.unit.chart import CHART, MONITORING_ON, NAMESPACE, ROOT, notes, one, render, upstream_admission
+from tests.unit.test_deploy_manifests import restricted_violations
+
+FULLNAME = "specops"
+NAMESPACED: dict[str, Any] = {"watch": {"mode": "namespaced", "namespaces": ["team-a", "team-b"]}}
+CUSTOM: dict[str, Any] = {
+    **MONITORING_ON,
+    **NAMESPACED,
+    "image": {"repository": "registry.example/specops", "tag": "0.1.0-rc1", "pullPolicy": "Always"},
+    "imagePullSecrets": [{"name": "pull"}],
+    "operator": {
+        "defaultServingImage": "tritonserver:25.01-trtllm-python-py3",
+        "scrapeIntervalSeconds": 30,
+        "log": {"level": "debug", "format": "json"},
+        "metricsPort": 9090,
+    },
+    "nodeSelector": {"kubernetes.io/os": "linux"},
+    "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "ops", "effect": "NoSchedule"}],
+    "affinity": {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [
+                    {"matchExpressions": [{"key": "pool", "operator": "In", "values": ["system"]}]}
+                ]
+            }
+        }
+    },
+    "priorityClassName": "system-cluster-critical",
+    "podLabels": {"team": "ml-platform"},
+    "serviceAccount": {"annotations": {"example.com/role": "specops"}},
+}
+VALUE_SETS = {"default": None, "custom": CUSTOM}
+MONITORING_KINDS = {"ServiceMonitor", "PodMonitor", "PrometheusRule"}
+
+
+def _granted(role: dict[str, Any]) -> dict[tuple[str, str], set[str]]:
+    granted: dict[tuple[str, str], set[str]] = {}
+    for rule in role["rules"]:
+        for group in rule["apiGroups"]:
+            for resource in rule["resources"]:
+                granted.setdefault((group, resource), set()).update(rule["verbs"])
+    return granted
+
+
+def _operator_container(objects: list[dict[str, Any]]) -> dict[str, Any]:
+    (container,) = one(objects, "Deployment", FULLNAME)["spec"]["template"]["spec"]["containers"]
+    return container
+
+
+def _env(container: dict[str, Any]) -> dict[str, str]:
+    return {env["name"]: env["value"] for env in container["env"]}
+
+
+# ---------------------------------------------------------------- lint, CRDs
+
+
+@pytest.mark.parametrize("values", VALUE_SETS.values(), ids=VALUE_SETS.keys())
+def test_the_chart_lints_clean_in_strict_mode(values: dict[str, Any] | None) -> None:
+    report = helm.lint(CHART, values, strict=True, namespace=NAMESPACE)
+    # Severity 2 is a warning, 3 an error; strict mode fails on both.
+    problems = [message for message in report["messages"] if message["severity"] >= 2]
+    assert report["errors"] == [] and problems == []
+
+
+def test_the_chart_crds_are_the_generated_crd_byte_for_byte() -> None:
+    generated = render_yaml()
+    chart_copy = CHART / "crds" / "specops.dev_speculativedeployments.yaml"
+    assert (ROOT / "crds" / "specops.dev_speculativedeployments.yaml").read_text() == generated
+    assert chart_copy.read_text() == generated, "run `make crds`: the chart's CRD has drifted"
+    with helm.Chart.load(CHART) as chart:
+        # and Helm installs exactly that file, unchanged
+        assert [crd["data"] for crd in chart.crds] == [generated]
+
+
+# ---------------------------------------------------------------- validity
+
+
+def _cases() -> list[Any]:
+    cases = []
+    for label, values in VALUE_SETS.items():
+        for obj in render(values):
+            ident = f"{label}:{obj['kind']}/{obj['metadata'].get('namespace', '-')}/{obj['metadata']['name']}"
+            cases.append(pytest.param(obj, id=ident))
+    return cases
+
+
+CASES = _cases()
+
+
+def test_default_values_render_the_operator_and_no_monitoring_objects() -> None:
+    kinds = sorted(obj["kind"] for obj in render())
+    assert kinds == [
+        "ClusterRole",
+        "ClusterRole",
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "Deployment",
+        "ServiceAccount",
+    ]
+
+
+def test_monitoring_values_add_each_monitoring_object() -> None:
+    kinds = {obj["kind"] for obj in render(MONITORING_ON)}
+    assert {*MONITORING_KINDS, "Service", "ConfigMap"} <= kinds
+
+
+@pytest.mark.parametrize("obj", [case for case in CASES if case.values[0]["kind"] not in MONITORING_KINDS])
+def test_every_built_in_object_passes_strict_schema_validation(obj: dict[str, Any]) -> None:
+    kubernetes_validate.validate(obj, kubernetes_validate.latest_version(), strict=True)
+
+
+@pytest.mark.parametrize("obj", [case for case in CASES if case.values[0]["kind"] in MONITORING_KINDS])
+def test_every_monitoring_object_passes_its_upstream_crd(obj: dict[str, Any]) -> None:
+    admission = upstream_admission(obj["apiVersion"].split("/")[0], obj["kind"])
+    admission("CREATE", obj, None)
+
+
+def test_the_upstream_crd_check_refuses_a_wrong_monitoring_object() -> None:
+    monitor = one(render(MONITORING_ON), "ServiceMonitor")
+    monitor["spec"]["endpoints"][0]["interval"] = "every now and then"
+    monitor["spec"]["endpoints"][0]["scheme"] = "gopher"
+    with pytest.raises(AdmissionError) as refused:
+        upstream_admission("monitoring.coreos.com", "ServiceMonitor")("CREATE", monitor, None)
+    assert "spec.endpoints[0].interval" in str(refused.value)
+    assert "spec.endpoints[0].scheme" in str(refused.value)
+
+
+# ---------------------------------------------------------------- the operator Deployment
+
+
+@pytest.mark.parametrize("values", VALUE_SETS.values(), ids=VALUE_SETS.keys())
+def test_the_operator_pod_meets_the_restricted_profile(values: dict[str, Any] | None) -> None:
+    pod = one(render(values), "Deployment", FULLNAME)["spec"]["template"]["spec"]
+    assert restricted_violations(pod) == []
+
+
+def test_one_operator_runs_probed_on_kopfs_health_endpoint_with_metrics_served() -> None:
+    objects = render()
+    deployment = one(objects, "Deployment", FULLNAME)
+    assert deployment["spec"]["replicas"] == 1
+    assert deployment["spec"]["strategy"]["type"] == "Recreate"
+    container = _operator_container(objects)
+    command = container["command"]
+    assert command[:4] == ["specops", "run", "--liveness", "http://0.0.0.0:8080/healthz"]
+    assert command[command.index("--metrics-port") + 1] == "8081"
+    assert command[-1] == "--all-namespaces"
+    ports = {port["name"]: port["containerPort"] for port in container["ports"]}
+    assert ports == {"health": 8080, "metrics": 8081}
+    for probe in ("livenessProbe", "readinessProbe"):
+        assert container[probe]["httpGet"] == {"path": "/healthz", "port": "health"}
+    assert {"cpu", "memory"} <= set(container["resources"]["requests"])
+    assert {"cpu", "memory"} <= set(container["resources"]["limits"])
+
+
+def test_every_operator_setting_the_operator_reads_is_set_by_the_chart() -> None:
+    read = set(re.findall(r"SPECOPS_[A-Z_]+", (ROOT / "operator/specops/services/config.py").read_text()))
+    set_here = {name for name in _env(_operator_container(render())) if name.startswith("SPECOPS_")}
+    assert set_here == read
+
+
+def test_custom_values_reach_the_operator() -> None:
+    objects = render(CUSTOM)
+    container = _operator_container(objects)
+    pod = one(objects, "Deployment", FULLNAME)["spec"]["template"]["spec"]
+    command = container["command"]
+    assert container["image"] == "registry.example/specops:0.1.0-rc1"
+    assert container["imagePullPolicy"] == "Always"
+    assert command[command.index("--log-level") + 1] == "debug"
+    assert command[command.index("--log-format") + 1] == "json"
+    assert command[command.index("--metrics-port") + 1] == "9090"
+    assert [command[i + 1] for i, arg in enumerate(command) if arg == "--namespace"] == ["team-a", "team-b"]
+    assert "--all-namespaces" not in command
+    env = _env(container)
+    assert env["SPECOPS_DEFAULT_IMAGE"] == "tritonserver:25.01-trtllm-python-py3"
+    assert env["SPECOPS_SCRAPE_INTERVAL_SECONDS"] == "30"
+    # The chart's PodMonitor covers the serving pods: the operator renders none of its own
+    assert env["SPECOPS_POD_MONITOR"] == "false"
+    assert pod["nodeSelector"] == CUSTOM["nodeSelector"]
+    assert pod["tolerations"] == CUSTOM["tolerations"]
+    assert pod["affinity"] == CUSTOM["affinity"]
+    assert pod["priorityClassName"] == "system-cluster-critical"
+    assert pod["imagePullSecrets"] == [{"name": "pull"}]
+    assert (
+        one(objects, "Deployment", FULLNAME)["spec"]["template"]["metadata"]["labels"]["team"]
+        == "ml-platform"
+    )
+    assert one(objects, "Service")["spec"]["ports"][0]["port"] == 9090
+    pod_monitor = one(objects, "PodMonitor")
+    assert pod_monitor["spec"]["namespaceSelector"] == {"matchNames": ["team-a", "team-b"]}
+
+
+def test_the_serving_pod_monitor_adds_the_labels_the_operator_queries_group_by() -> None:
+    pod_monitor = one(render(MONITORING_ON), "PodMonitor")
+    assert pod_monitor["spec"]["namespaceSelector"] == {"any": True}
+    (endpoint,) = pod_monitor["spec"]["podMetricsEndpoints"]
+    targets = {relabel["targetLabel"] for relabel in endpoint["relabelings"]}
+    assert targets == {"namespace", "specops_deployment", "variant", "pod"}
+
+
+def test_the_dashboard_configmap_carries_the_sidecar_label_and_the_dashboard() -> None:
+    config_map = one(render(MONITORING_ON), "ConfigMap")
+    assert config_map["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert json.loads(config_map["data"]["specops.json"]) == json.loads(
+        (CHART / "files" / "dashboard.json").read_text()
+    )
+
+
+def test_the_install_notes_name_the_watched_namespaces() -> None:
+    assert "namespaces team-a, team-b" in notes(NAMESPACED)
+    assert "every namespace" in notes()
+
+
+# ---------------------------------------------------------------- RBAC
+
+
+def test_cluster_mode_grants_exactly_the_operator_rules_cluster_wide() -> None:
+    objects = render()
+    assert _granted(one(objects, "ClusterRole", FULLNAME)) == rbac.grants()
+    binding = one(objects, "ClusterRoleBinding", FULLNAME)
+    assert binding["roleRef"]["name"] == FULLNAME
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": FULLNAME, "namespace": NAMESPACE}]
+    assert not [obj for obj in objects if obj["kind"] in ("Role", "RoleBinding")]
+
+
+def test_namespaced_mode_grants_the_operator_rules_only_in_the_watched_namespaces() -> None:
+    objects = render(NAMESPACED)
+    namespaced = tuple(rule for rule in rbac.OPERATOR_RULES if not rule.cluster_scoped)
+    cluster_scoped = tuple(rule for rule in rbac.OPERATOR_RULES if rule.cluster_scoped)
+    roles = [obj for obj in objects if obj["kind"] == "Role"]
+    bindings = [obj for obj in objects if obj["kind"] == "RoleBinding"]
+    assert sorted(role["metadata"]["namespace"] for role in roles) == ["team-a", "team-b"]
+    for role in roles:
+        assert _granted(role) == rbac.grants(namespaced)
+    for binding in bindings:
+        assert binding["roleRef"] == {
+            "apiGroup": "rbac.authorization.k8s.io",
+            "kind": "Role",
+            "name": FULLNAME,
+        }
+        assert binding["subjects"] == [{"kind": "ServiceAccount", "name": FULLNAME, "namespace": NAMESPACE}]
+    # Only what is cluster-scoped (CRDs, for Kopf) stays in a ClusterRole
+    assert _granted(one(objects, "ClusterRole", FULLNAME)) == rbac.grants(cluster_scoped)
+
+
+def test_the_operator_rules_split_into_cluster_scoped_and_namespaced_cover_everything() -> None:
+    # In namespaced mode the Roles and the small ClusterRole together grant the whole list
+    merged: dict[tuple[str, str], set[str]] = {}
+    objects = render(NAMESPACED)
+    for obj in objects:
+        if obj["kind"] in ("Role", "ClusterRole") and obj["metadata"]["name"] == FULLNAME:
+            for grant, verbs in _granted(obj).items():
+                merged.setdefault(grant, set()).update(verbs)
+    assert merged == rbac.grants()
+
+
+def test_no_role_uses_wildcards() -> None:
+    for obj in render(CUSTOM):
+        for rule in obj.get("rules", []):
+            for field in ("apiGroups", "resources", "verbs"):
+                assert not any("*" in value for value in rule.get(field, [])), (obj["metadata"]["name"], rule)
+
+
+# ---------------------------------------------------------------- values schema
+
+BAD_VALUES = {
+    "two replicas": ({"replicas": 2}, "/replicas", "got 2, want 1"),
+    "unknown watch mode": ({"watch": {"mode": "everywhere"}}, "/watch/mode", "'cluster', 'namespaced'"),
+    "namespaced without namespaces": ({"watch": {"mode": "namespaced"}}, "/watch", "namespaces"),
+    "a namespace that is no DNS label": (
+        {"watch": {"mode": "namespaced", "namespaces": ["Team_A"]}},
+        "/watch/namespaces/0",
+        "Team_A",
+    ),
+    "log format": ({"operator": {"log": {"format": "xml"}}}, "/operator/log/format", "'text', 'json'"),
+    "port out of range": ({"operator": {"metricsPort": 70000}}, "/operator/metricsPort", "got 70,000"),
+    "typo at the top": ({"replica": 1}, "replica", "replica"),
+    "scrape interval not a duration": (
+        {"monitoring": {"serviceMonitor": {"interval": "often"}}},
+        "/monitoring/serviceMonitor/interval",
+        "often",
+    ),
+}
+
+
+@pytest.mark.parametrize(("values", "path", "named"), BAD_VALUES.values(), ids=BAD_VALUES.keys())
+def test_bad_values_are_refused_with_a_message_naming_them(
+    values: dict[str, Any], path: str, named: str
+) -> None:
+    # The message names the value's path and what is wrong with it (the bad value, or the allowed ones)
+    with pytest.raises(helm.HelmValuesError) as refused:
+        render(values)
+    message = str(refused.value)
+    assert path in message and named in message, message
+
+
+def test_alerts_without_a_scrape_of_the_operator_are_flagged_at_install() -> None:
+    rules_only = {"monitoring": {"prometheusRule": {"enabled": True}}}
+    assert "nothing scrapes them" in notes(rules_only)
+    assert "nothing scrapes them" not in notes(MONITORING_ON)
+    # With the user's own scrape job named, the absence alert watches that job
+    own_job = {"monitoring": {"prometheusRule": {"enabled": True, "operatorJob": "kubernetes-pods"}}}
+    assert "nothing scrapes them" not in notes(own_job)
+    rules = [
+        rule for group in one(render(own_job), "PrometheusRule")["spec"]["groups"] for rule in group["rules"]
+    ]
+    (absent,) = [rule for rule in rules if rule["alert"] == "SpecopsOperatorAbsent"]
+    assert absent["expr"] == 'absent(up{job="kubernetes-pods"} == 1)'
