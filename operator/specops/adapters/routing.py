@@ -42,6 +42,28 @@ def split_backend_refs(
     return out
 
 
+def route_carries(rules: list[dict[str, Any]], stable: str, canary: str, weight: int) -> bool:
+    """Whether every rule that routes to our stable Service carries exactly our split.
+
+    Only the fields specops sets are compared (backend name and weight): the API server
+    fills defaults (group, kind) into what it stores, so a whole-object comparison would
+    never confirm a write.
+    """
+    expected = {(stable, 100 - weight)} | ({(canary, weight)} if weight > 0 else set())
+    found = False
+    for rule in rules:
+        refs = rule.get("backendRefs") or []
+        ours = {
+            (ref.get("name"), ref.get("weight", 1)) for ref in refs if ref.get("name") in (stable, canary)
+        }
+        if not any(name == stable for name, _ in ours):
+            continue
+        found = True
+        if ours != expected:
+            return False
+    return found
+
+
 class ReplicaRatioRouter:
     """Both variants behind the shared Service: the split is the canary's share of ready replicas."""
 
@@ -111,7 +133,7 @@ class GatewayApiRouter:
                 return RouteResult(
                     False, 0, f"HTTPRoute {route} has no backendRef to Service {stable_service}"
                 )
-            if wanted == rules:
+            if route_carries(rules, stable_service, canary_service, weight):
                 done = "canary backend removed" if weight == 0 else f"canary weight {weight}%"
                 return RouteResult(True, weight, f"HTTPRoute {route}: {done}")
             patch = {
