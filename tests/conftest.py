@@ -57,7 +57,7 @@ async def cluster(
             pytest.fail("--cluster needs KUBECONFIG pointing at a cluster with the CRD applied")
         yield None
         return
-    from tests.harness.cluster import emulated_cluster
+    from specops_local.cluster import emulated_cluster
 
     async with emulated_cluster([CRD_PATH], tmp_path) as emulated:
         monkeypatch.setenv("KUBECONFIG", str(emulated.kubeconfig_path))

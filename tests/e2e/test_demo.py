@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from specops.sim import LoadPoint
-from tests.demo.__main__ import DENSE, EXAMPLES, ON_OFF_REASONS, SCENES, Demo, Pace, printer_columns, run_demo
-from tests.harness.stack import LocalStack
+from specops_local.demo import DENSE, EXAMPLES, ON_OFF_REASONS, SCENES, Demo, Pace, printer_columns, run_demo
+from specops_local.sim import LoadPoint
+from specops_local.stack import LocalStack
 
 pytestmark = [pytest.mark.e2e, pytest.mark.emulated_only, pytest.mark.timeout(120)]
 

@@ -31,9 +31,9 @@ import yaml
 from specops.api.models import API_VERSION, KIND, SpeculativeDeployment
 from specops.domain import perf
 from specops.services.control import policy_config
-from specops.sim import LoadPoint
-from tests.harness.serving import DraftBehaviour
-from tests.harness.stack import (
+from specops_local.serving import DraftBehaviour
+from specops_local.sim import LoadPoint
+from specops_local.stack import (
     CRD_PATH,
     LocalStack,
     fast_resource,
@@ -595,7 +595,7 @@ async def run_demo(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tests.demo", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m specops_local.demo", description=__doc__.split("\n")[0])
     parser.add_argument("--fast", action="store_true", help="shorter phases and holds (about 40 s)")
     parser.add_argument("--workdir", type=Path, help="keep Prometheus data and operator.log here")
     args = parser.parse_args(argv)

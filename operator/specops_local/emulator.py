@@ -36,7 +36,7 @@ import yaml
 from kmock._internal import enums, rendering
 from typing_extensions import override
 
-from tests.harness.admission import AdmissionError, CrdAdmission
+from specops_local.admission import AdmissionError, CrdAdmission
 
 Body: TypeAlias = dict[str, Any]
 AdmissionHook: TypeAlias = Callable[[str, Body, Body | None], Body]

@@ -23,7 +23,7 @@ from typing import Any, Literal
 from aiohttp import web
 
 from specops.domain import perf
-from specops.sim.load import LoadPoint, LoadSchedule, constant
+from specops_local.sim.load import LoadPoint, LoadSchedule, constant
 
 TARGET_MODEL = "tensorrt_llm"
 DRAFT_MODEL = "tensorrt_llm_draft"

@@ -29,11 +29,11 @@ import yaml
 import specops.handlers  # noqa: F401  (registers the production handlers in Kopf's default registry)
 from specops.adapters.kube import KubeClient, load_connection_settings
 from specops.api.units import parse_duration
-from specops.sim import LoadPoint, SimPod
-from tests.harness.cluster import EmulatedCluster, emulated_cluster
-from tests.harness.kopf_runner import OperatorRun, run_kopf
-from tests.harness.prometheus import PrometheusProcess, run_prometheus
-from tests.harness.serving import DraftBehaviour, ServingController
+from specops_local.cluster import EmulatedCluster, emulated_cluster
+from specops_local.kopf_runner import OperatorRun, run_kopf
+from specops_local.prometheus import PrometheusProcess, run_prometheus
+from specops_local.serving import DraftBehaviour, ServingController
+from specops_local.sim import LoadPoint, SimPod
 
 ROOT = Path(__file__).resolve().parents[2]
 CRD_PATH = ROOT / "crds" / "specops.dev_speculativedeployments.yaml"
