@@ -46,7 +46,12 @@ def write_examples(workdir: Path, prometheus_url: str, namespace: str) -> list[P
         if not (EXAMPLES / example).exists():
             continue
         body = fast_resource(
-            example, prometheus_url=prometheus_url, namespace=namespace, interval="2s", baseline="10s", soak="10s"
+            example,
+            prometheus_url=prometheus_url,
+            namespace=namespace,
+            interval="2s",
+            baseline="10s",
+            soak="10s",
         )
         path = out_dir / example
         path.write_text(yaml.safe_dump(body, sort_keys=False))
@@ -111,9 +116,8 @@ def up(workdir: Path) -> None:
         click.echo("Up. Ctrl-C (or SIGTERM) stops everything.", nl=True)
         sys.stdout.flush()
 
-    with log_to_file(workdir / "operator.log"):
-        with contextlib.suppress(KeyboardInterrupt):
-            asyncio.run(serve_until_stopped(workdir, announce))
+    with log_to_file(workdir / "operator.log"), contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(serve_until_stopped(workdir, announce))
     click.echo("stopped.")
 
 

@@ -413,9 +413,7 @@ def render(report: ReactionReport) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="specops local reaction", description=__doc__.split("\n")[0]
-    )
+    parser = argparse.ArgumentParser(prog="specops local reaction", description=__doc__.split("\n")[0])
     parser.add_argument("--runs", type=int, default=7, help="repetitions (default 7, about 1.5 min)")
     parser.add_argument("--json", type=Path, help="write the results as JSON here")
     parser.add_argument("--workdir", type=Path, help="keep Prometheus data and logs here")
