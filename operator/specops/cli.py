@@ -120,13 +120,15 @@ def namespace_option(function: Any) -> Any:
 
 
 def kubeconfig_option(function: Any) -> Any:
-    return click.option(
-        "--kubeconfig", metavar="PATH", help="defaults to $KUBECONFIG, then ~/.kube/config"
-    )(function)
+    return click.option("--kubeconfig", metavar="PATH", help="defaults to $KUBECONFIG, then ~/.kube/config")(
+        function
+    )
 
 
 def gate_command(action: str) -> click.Command:
-    @click.command(action, help=CANARY_GATE_HELP[action].capitalize() + ".", context_settings=CONTEXT_SETTINGS)
+    @click.command(
+        action, help=CANARY_GATE_HELP[action].capitalize() + ".", context_settings=CONTEXT_SETTINGS
+    )
     @click.argument("name")
     @namespace_option
     @kubeconfig_option

@@ -46,7 +46,11 @@ async def _snapshot(kubeconfig: str | None, namespace: str, name: str) -> tuple[
 @kubeconfig_option
 @click.option("-w", "--watch", is_flag=True, help="keep the view live until Ctrl-C")
 @click.option(
-    "--interval", type=click.FloatRange(min=0.2), default=1.0, show_default=True, help="seconds between updates"
+    "--interval",
+    type=click.FloatRange(min=0.2),
+    default=1.0,
+    show_default=True,
+    help="seconds between updates",
 )
 @click.option("--json", "json_path", metavar="PATH", help="write the summary as JSON to PATH ('-' = stdout)")
 def get(
@@ -101,9 +105,15 @@ def get(
 @kubeconfig_option
 @click.option("-A", "--all-namespaces", is_flag=True, help="every namespace")
 @click.option("-o", "--output", type=click.Choice(["wide"]), help="wide: every printer column")
-@click.option("--json", "json_path", metavar="PATH", help="write the summaries as JSON to PATH ('-' = stdout)")
+@click.option(
+    "--json", "json_path", metavar="PATH", help="write the summaries as JSON to PATH ('-' = stdout)"
+)
 def list_command(
-    namespace: str | None, kubeconfig: str | None, all_namespaces: bool, output: str | None, json_path: str | None
+    namespace: str | None,
+    kubeconfig: str | None,
+    all_namespaces: bool,
+    output: str | None,
+    json_path: str | None,
 ) -> None:
     """List SpeculativeDeployments with the CRD's printer columns (kubectl get sdep)."""
 

@@ -69,7 +69,6 @@ def plan_for(setup: ModelSetup, alpha: float, batches: list[int], max_draft_len:
     }
 
 
-
 class ParameterCount(click.ParamType):
     """A parameter count as the CRD writes it ("70B", "1.5B", "500M", "70e9") or a plain number."""
 
@@ -188,7 +187,10 @@ def candidates_table(plans: list[dict[str, Any]], batches: list[int]) -> Table:
             length, best = row["best_draft_length"], row["best_speedup"]
             cells.append("off" if length == 0 else f"g{length} {best:.2f}x")
         table.add_row(
-            params_text(plan["draft_params"]), f"{plan['latency_ratio_c']:.3f}", *cells, _break_even_text(plan)
+            params_text(plan["draft_params"]),
+            f"{plan['latency_ratio_c']:.3f}",
+            *cells,
+            _break_even_text(plan),
         )
     return table
 
@@ -236,9 +238,7 @@ def parse_batches(values: tuple[str, ...]) -> list[int]:
     "-f", "--filename", "resource", help="plan for a SpeculativeDeployment in this YAML file ('-' = stdin)"
 )
 @click.option("--gpu", type=click.Choice(sorted(GPUS)), help="accelerator (required without -f)")
-@click.option(
-    "--target-params", type=ParameterCount(), help="e.g. 70B, 1.5B or 70e9 (required without -f)"
-)
+@click.option("--target-params", type=ParameterCount(), help="e.g. 70B, 1.5B or 70e9 (required without -f)")
 @click.option("--draft-params", type=ParameterCount(), help="e.g. 7B; omit to compare candidate draft sizes")
 @click.option(
     "--alpha",

@@ -33,7 +33,9 @@ def _conditions(status: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
 
 
 @functools.lru_cache(maxsize=64)
-def _break_even(gpu: str, target: float, draft: float, dtype: str, tp: int, max_len: int, alpha: float) -> int | None:
+def _break_even(
+    gpu: str, target: float, draft: float, dtype: str, tp: int, max_len: int, alpha: float
+) -> int | None:
     inputs = PlanInputs(gpu=gpu, target_params=target, draft_params=draft, dtype=dtype, tensor_parallel=tp)
     return perf.best_length_break_even_batch(inputs.setup_with(draft), alpha, max_len)
 
@@ -173,19 +175,21 @@ def resource_view(
         )
     )
     if info["reason"]:
-        speculation.add(Text.assemble("last decision ", (info["reason"], "bold"), f": {info['message'] or ''}"))
+        speculation.add(
+            Text.assemble("last decision ", (info["reason"], "bold"), f": {info['message'] or ''}")
+        )
     canary = info["canary"]
     if canary is not None:
         step = canary["step"] if isinstance(canary["step"], int) else -1
-        steps = " -> ".join(
-            f"[{w}%]" if i == step else f"{w}%" for i, w in enumerate(canary["steps"] or [])
-        )
+        steps = " -> ".join(f"[{w}%]" if i == step else f"{w}%" for i, w in enumerate(canary["steps"] or []))
         node = tree.add(
             f"canary {canary['draft']} {canary['phase']}{' (paused)' if canary['paused'] else ''}"
             f"  weight {canary['weight']}%  steps {steps or '-'}"
         )
-        node.add(f"stable {100 - int(canary['weight'] or 0)}%  canary {int(canary['weight'] or 0)}%"
-                 f"  routing {canary['trafficRouting'] or '-'}  last analysis {canary['verdict'] or '-'}")
+        node.add(
+            f"stable {100 - int(canary['weight'] or 0)}%  canary {int(canary['weight'] or 0)}%"
+            f"  routing {canary['trafficRouting'] or '-'}  last analysis {canary['verdict'] or '-'}"
+        )
     retraining = info["retraining"]
     if retraining is not None:
         node = tree.add(
@@ -211,7 +215,9 @@ def resource_view(
         return tree
     table = Table("AGE", "TYPE", "REASON", "MESSAGE", title="recent events", title_justify="left", box=None)
     for event in list(events)[-RECENT_EVENTS:]:
-        stamp = event.get("lastTimestamp") or event.get("eventTime") or event["metadata"].get("creationTimestamp")
+        stamp = (
+            event.get("lastTimestamp") or event.get("eventTime") or event["metadata"].get("creationTimestamp")
+        )
         table.add_row(
             columns.age(stamp, now),
             str(event.get("type", "")),
@@ -221,7 +227,9 @@ def resource_view(
     return Group(tree, Text(), table)
 
 
-def list_table(bodies: Sequence[Mapping[str, Any]], now: datetime | None = None, *, wide: bool = False) -> Table:
+def list_table(
+    bodies: Sequence[Mapping[str, Any]], now: datetime | None = None, *, wide: bool = False
+) -> Table:
     """Many resources as `kubectl get sdep` prints them (the CRD's printer columns)."""
     rows = columns.table_rows(PRINTER_COLUMNS, bodies, now or datetime.now(UTC), wide=wide)
     table = Table(*rows[0], box=None, pad_edge=False, header_style="bold")

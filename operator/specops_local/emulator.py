@@ -692,7 +692,13 @@ class FidelityEmulator(kmock.KubernetesEmulator):
             options = request.data if isinstance(request.data, dict) else {}
             propagation = params.get("propagationPolicy") or options.get("propagationPolicy") or "Background"
             return aiohttp.web.json_response(
-                self.delete_object(res, namespace, route.name, propagation=propagation, dry_run=dry_run)
+                self.delete_object(
+                    res,
+                    namespace,
+                    route.name,
+                    propagation=propagation,
+                    dry_run=dry_run or "All" in (options.get("dryRun") or ()),
+                )
             )
         raise ApiError(
             405, "MethodNotAllowed", "the server does not allow this method on the requested resource"

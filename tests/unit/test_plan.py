@@ -74,7 +74,11 @@ def test_plan_and_the_operator_assume_the_same_context(tmp_path: Path) -> None:
     operator_setup = policy_config(spec).setup
     assert from_file["context_tokens"] == operator_setup.context_tokens == perf.DEFAULT_CONTEXT_TOKENS
     assert from_file["break_even_batch"] == perf.best_length_break_even_batch(operator_setup, 0.8, 8)
-    assert (from_file["gpu"], from_file["tensor_parallel"], from_file["source"]) == ("H100", 4, "llama-70b-chat")
+    assert (from_file["gpu"], from_file["tensor_parallel"], from_file["source"]) == (
+        "H100",
+        4,
+        "llama-70b-chat",
+    )
 
 
 def test_crd_parameter_strings_and_plain_numbers_mean_the_same(tmp_path: Path) -> None:
