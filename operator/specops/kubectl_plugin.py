@@ -119,7 +119,9 @@ def list_command(
 
     async def fetch() -> list[dict[str, Any]]:
         async with Cluster(kubeconfig) as cluster:
-            return await cluster.list(None if all_namespaces else namespace or current_namespace(kubeconfig))
+            return await cluster.list_all(
+                None if all_namespaces else namespace or current_namespace(kubeconfig)
+            )
 
     try:
         bodies = asyncio.run(fetch())

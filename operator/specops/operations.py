@@ -69,7 +69,7 @@ class Cluster:
             raise OperationError(f'speculativedeployments.specops.dev "{name}" not found in {namespace}')
         return body
 
-    async def list(self, namespace: str | None) -> list[dict[str, Any]]:
+    async def list_all(self, namespace: str | None) -> list[dict[str, Any]]:
         try:
             bodies = await self.kube.list(API_VERSION, KIND, namespace)
         except KubeApiError as error:

@@ -640,7 +640,10 @@ class FidelityEmulator(kmock.KubernetesEmulator):
         dry_run = params.get("dryRun") == "All"
         if params.get("dryRun") not in (None, "", "All"):
             raise ApiError(400, "BadRequest", f"Invalid dry run value: {params['dryRun']!r} (only All)")
-        writes = {"field_validation": params.get("fieldValidation") or "Warn", "dry_run": dry_run}
+        writes: dict[str, Any] = {
+            "field_validation": params.get("fieldValidation") or "Warn",
+            "dry_run": dry_run,
+        }
         table = openapi.wants_table(request.headers.get("Accept", ""))
 
         if method == enums.method.GET and params.get("watch") in ("true", "1"):

@@ -137,9 +137,8 @@ def _with_meta_reference(schema: Mapping[str, Any], ref_prefix: str, kind_name: 
 class OpenApi:
     """Builds the documents from what the emulator serves (registered resources and CRD schemas)."""
 
-    def __init__(
-        self, resources: Mapping[kmock.resource, kmock.ResourceInfo], schemas: Mapping[kmock.resource, Body]
-    ):
+    def __init__(self, resources: Any, schemas: Mapping[kmock.resource, Body]) -> None:
+        """``resources``: kmock's registry of served resources (resource -> ResourceInfo)."""
         self.resources = resources
         self.schemas = schemas
 
@@ -177,7 +176,15 @@ class OpenApi:
             )
             patch_types = PATCH_TYPES if res in self.schemas else BUILTIN_PATCH_TYPES
 
-            def operation(action: str, verb: str, *, body: Sequence[str] = (), kind: str = kind) -> Body:
+            def operation(
+                action: str,
+                verb: str,
+                *,
+                body: Sequence[str] = (),
+                kind: str = kind,
+                gvk: Body = gvk,
+                ref: Body = ref,
+            ) -> Body:
                 op: Body = {
                     "operationId": f"{verb}{kind}",
                     "x-kubernetes-action": action,
