@@ -191,7 +191,7 @@ def resource_view(
             f"  routing {canary['trafficRouting'] or '-'}  last analysis {canary['verdict'] or '-'}"
         )
     retraining = info["retraining"]
-    if retraining is not None:
+    if retraining is not None and (retraining["rounds"] or retraining["active"]):
         node = tree.add(
             f"retraining round {retraining['rounds']}"
             + (f"  job {retraining['active']} running" if retraining["active"] else "")
@@ -208,7 +208,8 @@ def resource_view(
             Text.assemble(
                 f"{condition['type']}=",
                 _styled(ok, condition["status"] or "?"),
-                f" {condition['reason'] or ''}: {condition['message'] or ''}",
+                f" {condition['reason'] or ''}"
+                + (f": {condition['message']}" if condition["message"] else ""),
             )
         )
     if not events:

@@ -68,6 +68,17 @@ class Timeline:
     def as_json(self) -> dict[str, Any]:
         return asdict(self)
 
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Timeline:
+        """A timeline saved by the demo (NAME.json beside the picture), to draw it again."""
+        return cls(
+            resource=data["resource"],
+            slo_p99_ms=data.get("slo_p99_ms"),
+            samples=[Sample(**s) for s in data.get("samples", [])],
+            markers=[Marker(**m) for m in data.get("markers", [])],
+            scenes=[SceneSpan(**s) for s in data.get("scenes", [])],
+        )
+
 
 # Decisions worth a marker, and their colours: speculation switches, draft length, canary, retraining.
 MARKER_COLOURS = {
@@ -102,7 +113,6 @@ def render_png(timeline: Timeline, path: Path) -> Path:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    import matplotlib.ticker
 
     panels = 5
     figure, axes = plt.subplots(panels, 1, figsize=(13, 12), sharex=True, height_ratios=[3, 2, 2, 3, 2])
@@ -131,9 +141,7 @@ def render_png(timeline: Timeline, path: Path) -> Path:
             timeline.slo_p99_ms, color="#d62728", ls=":", label=f"p99 SLO {timeline.slo_p99_ms:g} ms"
         )
     tpot_ax.set_ylabel("ms per token")
-    tpot_ax.set_yscale("log")
-    tpot_ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
-    tpot_ax.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+    tpot_ax.set_ylim(bottom=0)
     weight_ax.step(*_series(samples, "canary_weight"), where="post", color="#8c564b")
     weight_ax.set_ylabel("canary\nweight %")
     weight_ax.set_ylim(-5, 105)

@@ -84,6 +84,12 @@ async def test_apply_validates_on_the_server_and_refuses_unknown_fields(kubectl:
     stored = kubectl.cluster.get("sdep", "llama-70b-chat")
     assert stored is not None and stored["spec"]["speculation"]["batchGuard"]["margin"] > 0  # defaulted
 
+    reapplied = await kubectl("apply", "-f", "-", stdin=example(replicas=3))
+    assert reapplied.code == 0, reapplied.err
+    assert reapplied.out.strip() == "speculativedeployment.specops.dev/llama-70b-chat configured"
+    stored = kubectl.cluster.get("sdep", "llama-70b-chat")
+    assert stored is not None and stored["spec"]["serving"]["replicas"] == 3
+
 
 async def test_with_warn_validation_the_unknown_field_is_pruned_with_the_servers_warning(
     kubectl: Kubectl,
