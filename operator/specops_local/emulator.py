@@ -24,6 +24,7 @@ import copy
 import dataclasses
 import datetime
 import json
+import logging
 import random
 import re
 import uuid
@@ -39,6 +40,8 @@ from typing_extensions import override
 
 from specops_local import openapi
 from specops_local.admission import AdmissionError, CrdAdmission, prune_unknown
+
+log = logging.getLogger(__name__)
 
 Body: TypeAlias = dict[str, Any]
 AdmissionHook: TypeAlias = Callable[[str, Body, Body | None], Body]
@@ -538,6 +541,13 @@ class FidelityEmulator(kmock.KubernetesEmulator):
         if not unknown:
             return obj
         described = [f'unknown field "{path}"' for path in unknown]
+        log.info(
+            "%s %s: pruned %s (fieldValidation=%s)",
+            res.plural,
+            obj["metadata"].get("name"),
+            unknown,
+            field_validation,
+        )
         if field_validation == "Strict":
             kind = self.resources[res].kind
             raise ApiError(

@@ -281,3 +281,12 @@ async def test_plugin_watch_prints_the_view_again_when_it_changes(cluster: Emula
     finally:
         process.terminate()
         await process.wait()
+
+
+def test_local_says_how_to_install_the_extra_when_it_is_missing(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "specops_local.cli", None)  # as if specops[local] were not installed
+    result = CliRunner().invoke(specops, ["local", "up"])
+    assert result.exit_code == 1
+    assert "pip install 'specops[local]'" in result.output
+    help_text = " ".join(CliRunner().invoke(specops, ["local", "--help"]).output.split())
+    assert "the local stack is not installed" in help_text and "pip install 'specops[local]'" in help_text
