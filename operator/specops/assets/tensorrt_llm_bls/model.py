@@ -53,12 +53,20 @@ TPOT_BUCKETS = [
     0.0015,
     0.00175,
     0.002,
+    0.0025,
     0.003,
+    0.0035,
     0.004,
+    0.0045,
     0.005,
-    0.0075,
+    0.006,
+    0.007,
+    0.008,
+    0.009,
     0.01,
+    0.0125,
     0.015,
+    0.0175,
     0.02,
     0.025,
     0.03,
@@ -73,8 +81,8 @@ TPOT_BUCKETS = [
     1.0,
 ]
 """Seconds per output token: from 0.1 ms in 0.1 ms steps (MoE targets with few active parameters
-decode a token in 0.3-0.6 ms; coarser buckets would make speculation on and off look the same)
-to 1 s, dense around 10-50 ms where per-token SLOs sit."""
+decode a token in 0.3-0.6 ms; coarser buckets would make speculation on and off look the same),
+0.25-1 ms steps up to 10 ms (dense targets with speculation), to 1 s; SLOs sit around 10-50 ms."""
 
 Generate = Callable[[str, Sequence[int], int, Sequence[int]], list[int]]
 """(model name, sequence, max new tokens, draft tokens) -> new tokens (without the sequence)."""
