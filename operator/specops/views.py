@@ -184,7 +184,7 @@ def resource_view(
         steps = " -> ".join(f"[{w}%]" if i == step else f"{w}%" for i, w in enumerate(canary["steps"] or []))
         node = tree.add(
             f"canary {canary['draft']} {canary['phase']}{' (paused)' if canary['paused'] else ''}"
-            f"  weight {canary['weight']}%  steps {steps or '-'}"
+            f"  weight {canary['weight']}%  requested steps {steps or '-'}"
         )
         node.add(
             f"stable {100 - int(canary['weight'] or 0)}%  canary {int(canary['weight'] or 0)}%"
