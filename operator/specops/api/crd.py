@@ -207,6 +207,9 @@ def render_yaml() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
+    if any(arg.startswith("-") for arg in args):
+        print("usage: python -m specops.api.crd [FILE ...]  (print the CRD, or write it to each FILE)")
+        return 0 if set(args) <= {"-h", "--help"} else 2
     text = render_yaml()
     if not args:
         sys.stdout.write(text)
