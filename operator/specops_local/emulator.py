@@ -516,7 +516,7 @@ class FidelityEmulator(kmock.KubernetesEmulator):
         self, request: rendering.Request, res: kmock.resource, objects: list[Body]
     ) -> aiohttp.web.Response:
         body = openapi.table(
-            self.printer_columns.get(res),
+            self.printer_columns.get(res) or openapi.BUILTIN_COLUMNS.get(res.plural or ""),
             objects,
             str(self._revision),
             self.clock(),
@@ -1217,7 +1217,7 @@ class FidelityEmulator(kmock.KubernetesEmulator):
             if as_table and kind in ("ADDED", "MODIFIED", "DELETED"):
                 # kubectl get -w: each event carries a one-row Table, as the server sends
                 obj = openapi.table(
-                    self.printer_columns.get(res),
+                    self.printer_columns.get(res) or openapi.BUILTIN_COLUMNS.get(res.plural or ""),
                     [obj],
                     obj["metadata"].get("resourceVersion", ""),
                     self.clock(),

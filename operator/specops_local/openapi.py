@@ -9,7 +9,7 @@
   protobuf first and is answered 406; it uses v3).
 - Tables: ``Accept: application/json;as=Table;v=v1;g=meta.k8s.io`` on a get or list answers a
   ``meta.k8s.io/v1`` Table with the CRD's additionalPrinterColumns evaluated (dates as ages),
-  and Name + Age for built-ins.
+  and for built-ins the columns kubectl users know for pods, deployments and jobs (Name + Age otherwise).
 """
 
 from __future__ import annotations
@@ -286,6 +286,56 @@ AGE_COLUMN: Body = {
 }
 
 
+def _ready_pods(obj: Body) -> str:
+    statuses = (obj.get("status") or {}).get("containerStatuses")
+    containers = (obj.get("spec") or {}).get("containers") or []
+    if statuses is None:  # no kubelet reports per container here: the Ready condition stands for all
+        conditions = (obj.get("status") or {}).get("conditions") or []
+        ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+        return f"{len(containers) if ready else 0}/{len(containers)}"
+    return f"{sum(1 for c in statuses if c.get('ready'))}/{len(statuses)}"
+
+
+def _ready_replicas(obj: Body) -> str:
+    status = obj.get("status") or {}
+    return f"{status.get('readyReplicas', 0)}/{(obj.get('spec') or {}).get('replicas', 1)}"
+
+
+def _job_status(obj: Body) -> str:
+    conditions = (obj.get("status") or {}).get("conditions") or []
+    for kind in ("Complete", "Failed"):
+        if any(c.get("type") == kind and c.get("status") == "True" for c in conditions):
+            return kind
+    return "Running"
+
+
+def _completions(obj: Body) -> str:
+    return f"{(obj.get('status') or {}).get('succeeded', 0)}/{(obj.get('spec') or {}).get('completions', 1)}"
+
+
+# The columns kubectl shows for the built-ins the local stack runs (computed where the server computes).
+BUILTIN_COLUMNS: dict[str, list[Body]] = {
+    "pods": [
+        {"name": "Ready", "type": "string", "compute": _ready_pods},
+        {"name": "Status", "type": "string", "jsonPath": ".status.phase"},
+        {"name": "Restarts", "type": "integer", "compute": lambda obj: 0},
+        AGE_COLUMN,
+        {"name": "IP", "type": "string", "jsonPath": ".status.podIP", "priority": 1},
+    ],
+    "deployments": [
+        {"name": "Ready", "type": "string", "compute": _ready_replicas},
+        {"name": "Up-to-date", "type": "integer", "jsonPath": ".status.updatedReplicas"},
+        {"name": "Available", "type": "integer", "jsonPath": ".status.availableReplicas"},
+        AGE_COLUMN,
+    ],
+    "jobs": [
+        {"name": "Status", "type": "string", "compute": _job_status},
+        {"name": "Completions", "type": "string", "compute": _completions},
+        AGE_COLUMN,
+    ],
+}
+
+
 def table(
     printer_columns: Sequence[Mapping[str, Any]] | None,
     objects: Sequence[Body],
@@ -309,7 +359,8 @@ def table(
     for obj in objects:
         cells: list[Any] = [obj["metadata"]["name"]]
         for column in shown:
-            value = columns.evaluate(str(column["jsonPath"]), obj)
+            compute = column.get("compute")
+            value = compute(obj) if compute is not None else columns.evaluate(str(column["jsonPath"]), obj)
             if column["type"] == "date":
                 cells.append(columns.age(value, now) if value else None)
             else:

@@ -205,3 +205,25 @@ async def test_get_watch_prints_rows_as_they_change(kubectl: Kubectl) -> None:
     finally:
         process.terminate()
         await process.wait()
+
+
+async def test_get_shows_the_usual_columns_of_pods_and_deployments(kubectl: Kubectl) -> None:
+    cluster = kubectl.cluster
+    cluster.create("pods", {"metadata": {"name": "serving-0"}, "spec": {"containers": [{"name": "triton"}]}})
+    cluster.patch_status(
+        "pods",
+        "serving-0",
+        {"phase": "Running", "podIP": "127.0.0.1", "conditions": [{"type": "Ready", "status": "True"}]},
+    )
+    cluster.create("deployments", {"metadata": {"name": "serving"}, "spec": {"replicas": 2}})
+    cluster.patch_status(
+        "deployments", "serving", {"readyReplicas": 1, "updatedReplicas": 2, "availableReplicas": 1}
+    )
+
+    pods = await kubectl("get", "pods", "-o", "wide")
+    assert pods.code == 0, pods.err
+    header, row = (line.split() for line in pods.out.strip().splitlines())
+    assert header == ["NAME", "READY", "STATUS", "RESTARTS", "AGE", "IP"]
+    assert row[:4] == ["serving-0", "1/1", "Running", "0"] and row[5] == "127.0.0.1"
+    deployments = await kubectl("get", "deployments", "--no-headers")
+    assert deployments.out.split()[:4] == ["serving", "1/2", "2", "1"]
