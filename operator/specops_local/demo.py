@@ -32,7 +32,6 @@ from typing import Any, TextIO, cast
 
 import httpx
 import kmock
-import yaml
 from rich.console import Console, Group
 from rich.live import Live
 from rich.panel import Panel
@@ -40,6 +39,7 @@ from rich.text import Text
 
 from specops.adapters.routing import achieved_weight, canary_replicas_for
 from specops.api import columns
+from specops.api.crd import build_crd
 from specops.api.models import API_VERSION, KIND, SpeculativeDeployment
 from specops.api.units import parse_duration
 from specops.domain import perf
@@ -49,7 +49,6 @@ from specops.views import list_table
 from specops_local.serving import DraftBehaviour
 from specops_local.sim import LoadPoint
 from specops_local.stack import (
-    CRD_PATH,
     LocalStack,
     fast_resource,
     interrupt_cancels,
@@ -254,9 +253,9 @@ def table(rows: Sequence[Sequence[str]]) -> str:
     )
 
 
-def printer_columns(crd_path: Path = CRD_PATH) -> list[dict[str, Any]]:
+def printer_columns() -> list[dict[str, Any]]:
     """The storage version's additionalPrinterColumns, so the table matches `kubectl get sdep -o wide`."""
-    return columns.storage_columns(yaml.safe_load(crd_path.read_text()))
+    return columns.storage_columns(build_crd())
 
 
 def sdep_table(bodies: Sequence[dict[str, Any]], now: datetime) -> str:
