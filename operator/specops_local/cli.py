@@ -122,7 +122,7 @@ def up(workdir: Path) -> None:
 
 
 @local.command(context_settings=CONTEXT_SETTINGS)
-@click.option("--fast", is_flag=True, help="shorter phases and holds (about a minute)")
+@click.option("--fast", is_flag=True, help="shorter phases and holds (about 80 s instead of 100 s)")
 @click.option(
     "--workdir",
     type=click.Path(file_okay=False, path_type=Path),
