@@ -879,7 +879,9 @@ async def run_demo(
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m specops_local.demo", description=__doc__.split("\n")[0])
-    parser.add_argument("--fast", action="store_true", help="shorter phases and holds (about 80 s instead of 100 s)")
+    parser.add_argument(
+        "--fast", action="store_true", help="shorter phases and holds (about 80 s instead of 100 s)"
+    )
     parser.add_argument("--workdir", type=Path, help="keep Prometheus data and operator.log here")
     parser.add_argument("--out", type=Path, help="the timeline picture (PNG; HTML beside it)")
     args = parser.parse_args(argv)
