@@ -6,7 +6,7 @@ PY      := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed
 
 .DEFAULT_GOAL := help
-.PHONY: help install prometheus test test-cluster lint fmt crds demo bench image clean
+.PHONY: help install prometheus kubectl test test-cluster lint fmt crds demo bench image clean
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -17,10 +17,13 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e '.[dev]'
 	touch $(STAMP)
 
-install: $(STAMP) prometheus ## create .venv with the operator and test tools, and Prometheus
+install: $(STAMP) prometheus kubectl ## create .venv with the operator and test tools, Prometheus and kubectl
 
 prometheus: ## make sure Debian's prometheus is installed (apt-get when root)
 	@scripts/ensure-prometheus.sh
+
+kubectl: ## make sure Debian's kubectl is installed (apt-get when root)
+	@scripts/ensure-kubectl.sh
 
 test: install ## run the whole test suite (unit, component, end-to-end on the emulated cluster)
 	$(PY) -m pytest tests -q
@@ -41,12 +44,12 @@ fmt: $(STAMP) ## format and autofix
 crds: $(STAMP) ## regenerate crds/ (and the chart's copy) from the pydantic models
 	$(PY) -m specops.api.crd crds/specops.dev_speculativedeployments.yaml charts/specops/crds/specops.dev_speculativedeployments.yaml
 
-demo: install ## local demo: emulated cluster, simulated Triton pods, real Prometheus, the real operator
-	$(PY) -m tests.demo
+demo: install ## local demo (specops local demo): emulated cluster, simulated Triton pods, real Prometheus, the real operator, a timeline picture
+	$(VENV)/bin/specops local demo
 
 bench: install ## benchmarks: print tables and write JSON under bench-results/
 	$(PY) -m specops.bench all --out bench-results
-	$(PY) -m tests.bench.reaction --json bench-results/reaction.json
+	$(VENV)/bin/specops local reaction --json bench-results/reaction.json
 
 IMAGE ?= specops:0.1.0
 image: ## build the operator image $(IMAGE) from Dockerfile (needs docker or podman)

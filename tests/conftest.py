@@ -57,8 +57,8 @@ async def cluster(
             pytest.fail("--cluster needs KUBECONFIG pointing at a cluster with the CRD applied")
         yield None
         return
-    from tests.harness.cluster import emulated_cluster
-    from tests.harness.upstream_crds import upstream_crds
+    from specops_local.cluster import emulated_cluster
+    from specops_local.upstream_crds import upstream_crds
 
     async with emulated_cluster([CRD_PATH], tmp_path, crds=upstream_crds()) as emulated:
         monkeypatch.setenv("KUBECONFIG", str(emulated.kubeconfig_path))

@@ -1,57 +1,107 @@
-"""The `specops` command: run the operator, plan drafts, benchmark, print the CRD, run the demo."""
+"""The `specops` command: run the operator, plan drafts, set canary gates, benchmark, print the CRD, and
+drive the local stack (`specops local ...`, from the optional `specops[local]` package)."""
 
 from __future__ import annotations
 
-import argparse
 import asyncio
+import importlib
+import importlib.metadata
 import sys
-from collections.abc import Callable
+from typing import Any
+
+import click
+
+from specops.operations import (
+    CANARY_ANNOTATIONS,
+    CANARY_GATE_HELP,
+    current_namespace,
+    set_canary_gate,
+)
+from specops.plan import plan_command
+
+__all__ = ["CANARY_ANNOTATIONS", "main", "set_canary_gate"]
+
+CONTEXT_SETTINGS: dict[str, Any] = {"help_option_names": ["-h", "--help"], "max_content_width": 110}
+LOCAL_MISSING = (
+    "the local stack is not installed: install the extra with  pip install 'specops[local]'  "
+    "(in a clone: make install)"
+)
 
 
-def _run(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="specops run", description="Run the operator (Kopf).")
-    scope = parser.add_mutually_exclusive_group()
-    scope.add_argument(
-        "-n", "--namespace", action="append", default=[], help="watch this namespace (repeatable)"
-    )
-    scope.add_argument("-A", "--all-namespaces", action="store_true", help="watch every namespace (default)")
-    parser.add_argument(
-        "--liveness", default=None, help="liveness endpoint, e.g. http://0.0.0.0:8080/healthz"
-    )
-    parser.add_argument(
-        "--peering", action="store_true", help="use Kopf peering (several replicas); default: standalone"
-    )
-    parser.add_argument(
-        "--metrics-port",
-        type=int,
-        default=8081,
-        help="serve the operator's Prometheus metrics on /metrics at this port (0: off; default 8081)",
-    )
-    parser.add_argument(
-        "--metrics-address", default="0.0.0.0", help="address the metrics server binds (default 0.0.0.0)"
-    )
-    parser.add_argument(
-        "--log-level", choices=["debug", "info", "warning", "error"], default=None, help="default: info"
-    )
-    parser.add_argument("--log-format", choices=["text", "json"], default="text", help="default: text")
-    parser.add_argument("-v", "--verbose", action="store_true", help="same as --log-level debug")
-    args = parser.parse_args(argv)
+def version() -> str:
+    try:
+        return importlib.metadata.version("specops")
+    except importlib.metadata.PackageNotFoundError:  # pragma: no cover (running from a source tree)
+        return "unknown"
 
+
+@click.group(context_settings=CONTEXT_SETTINGS)
+@click.version_option(version(), "--version", prog_name="specops", message="%(prog)s %(version)s")
+def main() -> None:
+    """specops: LLM serving with speculative decoding as a self-tuning Kubernetes service."""
+
+
+# ---------------------------------------------------------------- run
+
+
+@main.command(context_settings=CONTEXT_SETTINGS)
+@click.option(
+    "-n", "--namespace", "namespaces", multiple=True, metavar="NS", help="watch this namespace (repeatable)"
+)
+@click.option("-A", "--all-namespaces", is_flag=True, help="watch every namespace (the default)")
+@click.option("--liveness", metavar="URL", help="liveness endpoint, e.g. http://0.0.0.0:8080/healthz")
+@click.option("--peering", is_flag=True, help="use Kopf peering (several replicas); default: standalone")
+@click.option(
+    "--metrics-port",
+    type=int,
+    default=8081,
+    show_default=True,
+    help="serve the operator's Prometheus metrics on /metrics at this port (0: off)",
+)
+@click.option(
+    "--metrics-address", default="0.0.0.0", show_default=True, help="address the metrics server binds"
+)
+@click.option(
+    "--log-level",
+    type=click.Choice(["debug", "info", "warning", "error"]),
+    default=None,
+    help="default: info",
+)
+@click.option("--log-format", type=click.Choice(["text", "json"]), default="text", show_default=True)
+@click.option("-v", "--verbose", is_flag=True, help="same as --log-level debug")
+def run(**options: Any) -> None:
+    """Run the operator (Kopf) against the cluster in $KUBECONFIG, or in-cluster."""
+    if options["namespaces"] and options["all_namespaces"]:
+        raise click.UsageError("-n/--namespace and -A/--all-namespaces are mutually exclusive")
+    run_operator(**options)
+
+
+def run_operator(
+    *,
+    namespaces: tuple[str, ...],
+    all_namespaces: bool,
+    liveness: str | None,
+    peering: bool,
+    metrics_port: int,
+    metrics_address: str,
+    log_level: str | None,
+    log_format: str,
+    verbose: bool,
+) -> None:
     import kopf
 
     import specops.handlers  # noqa: F401  (registers the handlers)
     from specops.adapters import operator_metrics
 
-    configure_logging("debug" if args.verbose else (args.log_level or "info"), args.log_format)
-    if args.metrics_port:
-        operator_metrics.serve(args.metrics_port, args.metrics_address)
+    configure_logging("debug" if verbose else (log_level or "info"), log_format)
+    if metrics_port:
+        operator_metrics.serve(metrics_port, metrics_address)
     kopf.run(
-        clusterwide=not args.namespace,
-        namespaces=args.namespace or (),
-        standalone=not args.peering,
-        liveness_endpoint=args.liveness,
+        clusterwide=not namespaces,
+        namespaces=namespaces,
+        standalone=not peering,
+        liveness_endpoint=liveness,
     )
-    return 0
 
 
 QUIET_LOGGERS = ("httpx", "httpcore", "aiohttp.access")
@@ -73,89 +123,143 @@ def configure_logging(level: str, log_format: str) -> None:
         logging.getLogger(name).setLevel(logging.DEBUG if debug else logging.WARNING)
 
 
-def _crd(argv: list[str]) -> int:
-    from specops.api.crd import main
-
-    return main(argv)
+# ---------------------------------------------------------------- plan, crd
 
 
-def _plan(argv: list[str]) -> int:
-    from specops.plan import main
-
-    return main(argv)
+main.add_command(plan_command)
 
 
-def _bench(argv: list[str]) -> int:
-    from specops.bench import main
+@main.command(context_settings=CONTEXT_SETTINGS)
+@click.argument("file", required=False, type=click.Path(dir_okay=False, writable=True))
+def crd(file: str | None) -> None:
+    """Print the CRD generated from the API models, or write it to FILE."""
+    from pathlib import Path
 
-    return main(argv)
+    from specops.api.crd import render_yaml
+
+    text = render_yaml()
+    if file is None or file == "-":
+        sys.stdout.write(text)
+        return
+    path = Path(file)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    click.echo(f"wrote {path}")
 
 
-CANARY_ANNOTATIONS: dict[str, dict[str, str | None]] = {
-    "pause": {"specops.dev/canary-paused": "true"},
-    "resume": {"specops.dev/canary-paused": None},
-    "promote": {"specops.dev/canary-action": "promote", "specops.dev/canary-paused": None},
-    "abort": {"specops.dev/canary-action": "abort", "specops.dev/canary-paused": None},
-}
+# ---------------------------------------------------------------- canary gates
 
 
-def _canary(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(
-        prog="specops canary",
-        description="Manual canary gates: pause and resume judgement, promote now, or abort (roll back). "
-        "They set the documented annotations; the operator acts at its next tick.",
+@main.group(context_settings=CONTEXT_SETTINGS)
+def canary() -> None:
+    """Manual canary gates. They set the documented annotations; the operator acts at its next tick."""
+
+
+def namespace_option(function: Any) -> Any:
+    return click.option(
+        "-n",
+        "--namespace",
+        metavar="NS",
+        help="namespace (default: the kubeconfig context's namespace, else default)",
+    )(function)
+
+
+def kubeconfig_option(function: Any) -> Any:
+    return click.option("--kubeconfig", metavar="PATH", help="defaults to $KUBECONFIG, then ~/.kube/config")(
+        function
     )
-    parser.add_argument("action", choices=sorted(CANARY_ANNOTATIONS))
-    parser.add_argument("name", help="SpeculativeDeployment name")
-    parser.add_argument("-n", "--namespace", default="default")
-    parser.add_argument("--kubeconfig", default=None, help="defaults to $KUBECONFIG, then ~/.kube/config")
-    args = parser.parse_args(argv)
-    return asyncio.run(set_canary_gate(args.action, args.name, args.namespace, args.kubeconfig))
 
 
-async def set_canary_gate(action: str, name: str, namespace: str, kubeconfig: str | None = None) -> int:
-    from specops.adapters.kube import KubeApiError, KubeClient, load_connection_settings
-    from specops.api.models import API_VERSION, KIND
+def gate_command(action: str) -> click.Command:
+    @click.command(
+        action, help=CANARY_GATE_HELP[action].capitalize() + ".", context_settings=CONTEXT_SETTINGS
+    )
+    @click.argument("name")
+    @namespace_option
+    @kubeconfig_option
+    def command(name: str, namespace: str | None, kubeconfig: str | None) -> None:
+        namespace = namespace or current_namespace(kubeconfig)
+        code = asyncio.run(set_canary_gate(action, name, namespace, kubeconfig))
+        if code:
+            sys.exit(code)
 
-    kube = KubeClient(load_connection_settings(kubeconfig))
-    try:
-        body = await kube.get(API_VERSION, KIND, namespace, name)
-        if body is None:
-            print(f"error: speculativedeployment {namespace}/{name} not found", file=sys.stderr)
-            return 1
-        if not (body.get("status") or {}).get("canary") and action != "resume":
-            print(f"error: {namespace}/{name} has no canary in progress", file=sys.stderr)
-            return 1
-        patch = {"metadata": {"annotations": CANARY_ANNOTATIONS[action]}}
-        await kube.patch(API_VERSION, KIND, namespace, name, patch)
-    except KubeApiError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 1
-    finally:
-        await kube.close()
-    print(f"speculativedeployment {namespace}/{name}: canary {action} requested")
-    return 0
+    return command
 
 
-COMMANDS: dict[str, tuple[Callable[[list[str]], int], str]] = {
-    "run": (_run, "run the operator against the cluster in $KUBECONFIG or in-cluster"),
-    "plan": (_plan, "size drafts and draft lengths with the performance model"),
-    "bench": (_bench, "run benchmarks (policy, reaction, ...)"),
-    "canary": (_canary, "manual canary gates: pause | resume | promote | abort NAME"),
-    "crd": (_crd, "print the CRD generated from the API models (or write it to FILE)"),
-}
+for _action in CANARY_ANNOTATIONS:
+    canary.add_command(gate_command(_action))
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = sys.argv[1:] if argv is None else argv
-    if not args or args[0] in ("-h", "--help") or args[0] not in COMMANDS:
-        print("usage: specops COMMAND [ARGS]\n\ncommands:")
-        for name, (_, help_text) in COMMANDS.items():
-            print(f"  {name:<8} {help_text}")
-        return 0 if args and args[0] in ("-h", "--help") else 2
-    command, _ = COMMANDS[args[0]]
-    return command(args[1:])
+# ---------------------------------------------------------------- bench (a pass-through)
+
+
+def bench_help() -> str:
+    from specops.bench import BENCHMARKS
+
+    names = ", ".join(sorted(BENCHMARKS))
+    return (
+        "Run a benchmark: specops bench NAME [ARGS] (NAME --help for its options), or "
+        "specops bench all --out DIR for every one.\n\n"
+        f"Benchmarks: {names}. Each prints a table and writes --json PATH. The reaction benchmark runs "
+        "the whole local stack: specops local reaction."
+    )
+
+
+@main.command(
+    context_settings={"ignore_unknown_options": True, "allow_extra_args": True, "help_option_names": []},
+    add_help_option=False,
+    short_help="run benchmarks (specops bench --help lists them)",
+)
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+@click.pass_context
+def bench(ctx: click.Context, args: tuple[str, ...]) -> None:
+    """Run benchmarks; arguments go to `specops.bench` unchanged."""
+    if not args or args[0] in ("-h", "--help"):
+        click.echo(ctx.get_usage() + "\n\n" + bench_help())
+        ctx.exit(0 if args else 2)
+    from specops.bench import main as bench_main
+
+    sys.exit(bench_main(list(args)))
+
+
+# ---------------------------------------------------------------- local (the optional package)
+
+
+class LocalStackGroup(click.Group):
+    """`specops local ...`: commands of the specops_local package, loaded only when used."""
+
+    def _local(self) -> click.Group | None:
+        try:
+            # A name, not an import statement: the operator package never depends on specops_local.
+            module = importlib.import_module("specops_local.cli")
+        except ModuleNotFoundError as error:
+            if error.name and error.name.split(".")[0] in ("specops_local", "kmock", "matplotlib", "celpy"):
+                return None
+            raise
+        group: click.Group = module.local
+        return group
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        local = self._local()
+        return local.list_commands(ctx) if local is not None else []
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        local = self._local()
+        if local is None:
+            raise click.ClickException(LOCAL_MISSING)
+        return local.get_command(ctx, cmd_name)
+
+    def format_help(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        super().format_help(ctx, formatter)
+        if self._local() is None:
+            formatter.write_paragraph()
+            formatter.write_text(LOCAL_MISSING)
+
+
+@main.group(cls=LocalStackGroup, context_settings=CONTEXT_SETTINGS)
+def local() -> None:
+    """The local stack: an emulated Kubernetes API, Debian's Prometheus, simulated pods, the operator."""
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    main()

@@ -4,8 +4,10 @@ Evaluates the roofline performance model (`specops.domain.perf`) over batch size
 lengths and prints the latency ratio c, the best draft length and its predicted speedup per
 batch size, and the break-even batch. Without `--draft-params` it compares candidate draft
 sizes instead. Defaults: alpha 0.8 (a typical per-token acceptance for a same-family draft
-of 5-10 % of the target), 2048 context tokens (KV cache read per step; 0 gives SPECDEC.md's
-weights-only worked values), bf16, tensor parallel 1, max draft length 8.
+of 5-10 % of the target), the operator's default context length
+(`specops.domain.perf.DEFAULT_CONTEXT_TOKENS`, weights only: SPECDEC.md's worked values), bf16,
+tensor parallel 1, max draft length 8. `-f sdep.yaml` takes GPU, sizes, precision, tensor
+parallel and draft-length bounds from a SpeculativeDeployment, as the operator reads them.
 
 break_even_batch is the smallest batch at which even the best draft length in
 [1, max_draft_len] no longer beats plain decoding (speedup <= 1.0): the batch above which
@@ -14,13 +16,21 @@ speculation should be off. null when it still pays at 4096.
 
 from __future__ import annotations
 
-import argparse
 import sys
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-from specops.cli_output import write_json
+import click
+import yaml
+from rich.table import Table
+
+from specops.api.models import KIND, SpeculativeDeploymentSpec
+from specops.api.units import parse_parameters
+from specops.cli_output import console, write_json
 from specops.domain.perf import (
     BYTES_PER_PARAM,
+    DEFAULT_CONTEXT_TOKENS,
     GPUS,
     ModelSetup,
     best_draft_length,
@@ -30,7 +40,8 @@ from specops.domain.perf import (
 )
 
 DEFAULT_ALPHA = 0.8
-DEFAULT_CONTEXT_TOKENS = 2048
+DEFAULT_DTYPE = "bf16"
+DEFAULT_MAX_DRAFT_LEN = 8
 DEFAULT_BATCHES = (1, 8, 16, 32, 64, 128, 256, 512)
 CANDIDATE_DRAFT_PARAMS = (0.5e9, 1e9, 1.5e9, 3e9, 7e9, 8e9, 13e9)
 
@@ -58,130 +69,249 @@ def plan_for(setup: ModelSetup, alpha: float, batches: list[int], max_draft_len:
     }
 
 
-def _parse_batches(values: list[str]) -> list[int]:
-    batches = sorted({int(part) for value in values for part in value.split(",") if part.strip()})
-    if not batches or batches[0] < 1:
-        raise argparse.ArgumentTypeError("batches must be positive integers")
-    return batches
+class ParameterCount(click.ParamType):
+    """A parameter count as the CRD writes it ("70B", "1.5B", "500M", "70e9") or a plain number."""
+
+    name = "PARAMS"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
+        if isinstance(value, int | float):
+            return float(value)
+        text = str(value).strip()
+        try:
+            return parse_parameters(text)
+        except ValueError:
+            try:
+                number = float(text)
+            except ValueError:
+                self.fail(f"{text!r}: write e.g. 70B, 1.5B, 500M, 70e9 or 70000000000", param, ctx)
+            if number <= 0:
+                self.fail(f"{text!r}: must be positive", param, ctx)
+            return number
 
 
-def _params_text(params: float) -> str:
+@dataclass(frozen=True)
+class PlanInputs:
+    """Everything a plan depends on; from options, a SpeculativeDeployment, or both (options win)."""
+
+    gpu: str
+    target_params: float
+    draft_params: float | None
+    alpha: float = DEFAULT_ALPHA
+    context_tokens: float = DEFAULT_CONTEXT_TOKENS
+    dtype: str = DEFAULT_DTYPE
+    tensor_parallel: int = 1
+    max_draft_len: int = DEFAULT_MAX_DRAFT_LEN
+    source: str | None = None
+
+    def setup_with(self, draft_params: float) -> ModelSetup:
+        return ModelSetup(
+            gpu=GPUS[self.gpu],
+            target_params=self.target_params,
+            draft_params=draft_params,
+            bytes_per_param=BYTES_PER_PARAM[self.dtype],
+            tensor_parallel=self.tensor_parallel,
+            context_tokens=self.context_tokens,
+        )
+
+
+def inputs_from_spec(spec: SpeculativeDeploymentSpec) -> dict[str, Any]:
+    """What the operator's performance model reads from a spec (active parameters for MoE targets)."""
+    return {
+        "gpu": spec.serving.gpu.type,
+        "target_params": spec.target.active_parameter_count,
+        "draft_params": spec.draft.parameter_count,
+        "dtype": spec.target.precision,
+        "tensor_parallel": spec.serving.tensor_parallel,
+        "max_draft_len": min(spec.speculation.draft_length.max, spec.target.engine.max_draft_len),
+    }
+
+
+def read_resource(path: str) -> tuple[str, SpeculativeDeploymentSpec]:
+    """The first SpeculativeDeployment in a YAML file ("-" = stdin): its name and validated spec."""
+    text = sys.stdin.read() if path == "-" else Path(path).read_text()
+    for document in yaml.safe_load_all(text):
+        if isinstance(document, dict) and document.get("kind") == KIND:
+            name = str((document.get("metadata") or {}).get("name", "?"))
+            return name, SpeculativeDeploymentSpec.model_validate(document.get("spec") or {})
+    raise click.BadParameter(f"no {KIND} in {path}", param_hint="-f")
+
+
+def compute_plan(inputs: PlanInputs, batches: list[int]) -> dict[str, Any]:
+    """The plan as JSON: the inputs, then one draft's table or every candidate draft size's."""
+    common: dict[str, Any] = {
+        "gpu": inputs.gpu,
+        "target_params": inputs.target_params,
+        "alpha": inputs.alpha,
+        "context_tokens": inputs.context_tokens,
+        "dtype": inputs.dtype,
+        "tensor_parallel": inputs.tensor_parallel,
+        "max_draft_len": inputs.max_draft_len,
+    }
+    if inputs.source is not None:
+        common["source"] = inputs.source
+    if inputs.draft_params is not None:
+        plan = plan_for(inputs.setup_with(inputs.draft_params), inputs.alpha, batches, inputs.max_draft_len)
+        return {**common, **plan}
+    candidates = [d for d in CANDIDATE_DRAFT_PARAMS if d < inputs.target_params]
+    plans = [plan_for(inputs.setup_with(d), inputs.alpha, batches, inputs.max_draft_len) for d in candidates]
+    return {**common, "candidates": plans}
+
+
+def params_text(params: float) -> str:
     return f"{params / 1e9:g}B"
 
 
-def _format_plan(plan: dict[str, Any], alpha: float) -> str:
-    lines = [
-        f"draft {_params_text(plan['draft_params'])}: latency ratio c = {plan['latency_ratio_c']:.3f} "
-        f"(speculation can pay only while alpha {alpha:.2f} > c)",
-        f"{'batch':>7}  {'best length':>11}  {'speedup':>8}",
-    ]
+def _break_even_text(plan: dict[str, Any]) -> str:
+    break_even = plan["break_even_batch"]
+    return str(break_even) if break_even is not None else ">4096"
+
+
+def plan_table(plan: dict[str, Any]) -> Table:
+    table = Table("batch", "best length", "speedup", title_justify="left", show_edge=False)
+    for column in table.columns:
+        column.justify = "right"
     for row in plan["by_batch"]:
         length = row["best_draft_length"]
-        shown = "off" if length == 0 else str(length)
-        lines.append(f"{row['batch']:>7}  {shown:>11}  {row['best_speedup']:>7.2f}x")
-    break_even = plan["break_even_batch"]
-    lines.append(
-        f"break-even batch: {break_even}" if break_even is not None else "break-even batch: none up to 4096"
-    )
-    return "\n".join(lines)
+        table.add_row(str(row["batch"]), "off" if length == 0 else str(length), f"{row['best_speedup']:.2f}x")
+    return table
 
 
-def _format_candidates(plans: list[dict[str, Any]], batches: list[int]) -> str:
-    header = f"{'draft':>7}  {'c':>6}  " + "  ".join(f"{'B=' + str(b):>9}" for b in batches) + "  break-even"
-    lines = [header, "-" * len(header)]
+def candidates_table(plans: list[dict[str, Any]], batches: list[int]) -> Table:
+    table = Table("draft", "c", *(f"B={b}" for b in batches), "break-even", show_edge=False)
+    for column in table.columns:
+        column.justify = "right"
     for plan in plans:
         cells = []
         for row in plan["by_batch"]:
             length, best = row["best_draft_length"], row["best_speedup"]
-            cell = "off" if length == 0 else f"g{length} {best:.2f}x"
-            cells.append(f"{cell:>9}")
-        break_even = plan["break_even_batch"]
-        lines.append(
-            f"{_params_text(plan['draft_params']):>7}  {plan['latency_ratio_c']:>6.3f}  "
-            + "  ".join(cells)
-            + f"  {break_even if break_even is not None else '>4096':>10}"
+            cells.append("off" if length == 0 else f"g{length} {best:.2f}x")
+        table.add_row(
+            params_text(plan["draft_params"]),
+            f"{plan['latency_ratio_c']:.3f}",
+            *cells,
+            _break_even_text(plan),
         )
-    return "\n".join(lines)
+    return table
+
+
+def print_plan(result: dict[str, Any], batches: list[int], *, to_stderr: bool) -> None:
+    out = console(stderr=to_stderr)
+    source = f"{result['source']}: " if result.get("source") else ""
+    out.print(
+        f"{source}{result['gpu']} x{result['tensor_parallel']}, target {params_text(result['target_params'])} "
+        f"{result['dtype']}, alpha {result['alpha']:.2f}, context {result['context_tokens']:g} tokens",
+        highlight=False,
+    )
+    if "candidates" in result:
+        out.print(candidates_table(result["candidates"], batches))
+        return
+    alpha = result["alpha"]
+    out.print(
+        f"draft {params_text(result['draft_params'])}: latency ratio c = {result['latency_ratio_c']:.3f} "
+        f"(speculation can pay only while alpha {alpha:.2f} > c)",
+        highlight=False,
+    )
+    out.print(plan_table(result))
+    break_even = result["break_even_batch"]
+    out.print(
+        f"break-even batch: {break_even}" if break_even is not None else "break-even batch: none up to 4096",
+        highlight=False,
+    )
+
+
+def parse_batches(values: tuple[str, ...]) -> list[int]:
+    try:
+        batches = sorted({int(part) for value in values for part in value.split(",") if part.strip()})
+    except ValueError as error:
+        raise click.BadParameter(str(error), param_hint="--batches") from error
+    if not batches or batches[0] < 1:
+        raise click.BadParameter("batches must be positive integers", param_hint="--batches")
+    return batches
+
+
+@click.command(
+    "plan",
+    epilog="break_even_batch: the smallest batch at which even the best draft length no longer beats 1.0.",
+)
+@click.option(
+    "-f", "--filename", "resource", help="plan for a SpeculativeDeployment in this YAML file ('-' = stdin)"
+)
+@click.option("--gpu", type=click.Choice(sorted(GPUS)), help="accelerator (required without -f)")
+@click.option("--target-params", type=ParameterCount(), help="e.g. 70B, 1.5B or 70e9 (required without -f)")
+@click.option("--draft-params", type=ParameterCount(), help="e.g. 7B; omit to compare candidate draft sizes")
+@click.option(
+    "--alpha",
+    type=click.FloatRange(0.0, 1.0),
+    default=DEFAULT_ALPHA,
+    show_default=True,
+    help="per-token acceptance (0.8 is typical for a same-family draft)",
+)
+@click.option(
+    "--context-tokens",
+    type=click.FloatRange(min=0.0),
+    default=DEFAULT_CONTEXT_TOKENS,
+    show_default=True,
+    help="context per request whose KV cache each step reads (the operator's default; 0 = weights only)",
+)
+@click.option("--dtype", type=click.Choice(sorted(BYTES_PER_PARAM)), help=f"default {DEFAULT_DTYPE}")
+@click.option("--tensor-parallel", type=click.IntRange(min=1), help="default 1")
+@click.option("--max-draft-len", type=click.IntRange(min=1), help=f"default {DEFAULT_MAX_DRAFT_LEN}")
+@click.option(
+    "--batches",
+    multiple=True,
+    default=[",".join(map(str, DEFAULT_BATCHES))],
+    show_default=True,
+    help="batch sizes, e.g. --batches 1,32,128 (repeatable)",
+)
+@click.option("--json", "json_path", metavar="PATH", help="write the plan as JSON to PATH ('-' = stdout)")
+def plan_command(
+    resource: str | None,
+    gpu: str | None,
+    target_params: float | None,
+    draft_params: float | None,
+    alpha: float,
+    context_tokens: float,
+    dtype: str | None,
+    tensor_parallel: int | None,
+    max_draft_len: int | None,
+    batches: tuple[str, ...],
+    json_path: str | None,
+) -> None:
+    """Predict speculative decoding speedup by batch size and draft length (roofline model).
+
+    Without a draft size it compares candidate draft sizes. With -f it reads GPU, model sizes,
+    precision, tensor parallel and draft-length bounds from the resource; options override them.
+    """
+    values: dict[str, Any] = {}
+    if resource is not None:
+        name, spec = read_resource(resource)
+        values = {**inputs_from_spec(spec), "source": name}
+    explicit = {
+        "gpu": gpu,
+        "target_params": target_params,
+        "draft_params": draft_params,
+        "dtype": dtype,
+        "tensor_parallel": tensor_parallel,
+        "max_draft_len": max_draft_len,
+    }
+    values.update({key: value for key, value in explicit.items() if value is not None})
+    values.setdefault("draft_params", None)
+    for required in ("gpu", "target_params"):
+        if required not in values:
+            raise click.UsageError(f"--{required.replace('_', '-')} is required (or -f sdep.yaml)")
+    inputs = PlanInputs(alpha=alpha, context_tokens=context_tokens, **values)
+    batch_sizes = parse_batches(batches)
+    result = compute_plan(inputs, batch_sizes)
+    print_plan(result, batch_sizes, to_stderr=json_path == "-")
+    write_json(result, json_path)
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(
-        prog="specops plan",
-        description="Predict speculative decoding speedup by batch size and draft length (roofline model).",
-        epilog="break_even_batch: smallest batch at which even the best draft length no longer beats 1.0.",
-    )
-    parser.add_argument("--gpu", choices=sorted(GPUS), required=True)
-    parser.add_argument("--target-params", type=float, required=True, help="e.g. 70e9")
-    parser.add_argument("--draft-params", type=float, help="e.g. 7e9; omit to compare candidate draft sizes")
-    parser.add_argument(
-        "--alpha", type=float, default=DEFAULT_ALPHA, help="per-token acceptance (default 0.8, typical)"
-    )
-    parser.add_argument(
-        "--context-tokens",
-        type=float,
-        default=DEFAULT_CONTEXT_TOKENS,
-        help="context per request whose KV cache each step reads (default 2048; 0 = weights only)",
-    )
-    parser.add_argument("--dtype", choices=("bf16", "fp8", "int4"), default="bf16")
-    parser.add_argument("--tensor-parallel", type=int, default=1)
-    parser.add_argument("--max-draft-len", type=int, default=8)
-    parser.add_argument(
-        "--batches",
-        nargs="+",
-        default=[",".join(map(str, DEFAULT_BATCHES))],
-        help="e.g. 1 32 128 or 1,32,128",
-    )
-    parser.add_argument("--json", dest="json_path", help="write the plan as JSON to PATH ('-' for stdout)")
-    args = parser.parse_args(argv)
-    if not 0.0 <= args.alpha <= 1.0:
-        parser.error("--alpha must be within [0, 1]")
-    if args.max_draft_len < 1 or args.tensor_parallel < 1:
-        parser.error("--max-draft-len and --tensor-parallel must be at least 1")
+    """`specops plan ARGS` as a function (exit status), for scripts and tests."""
     try:
-        batches = _parse_batches(args.batches)
-    except (ValueError, argparse.ArgumentTypeError) as error:
-        parser.error(f"--batches: {error}")
-
-    def setup_with(draft_params: float) -> ModelSetup:
-        return ModelSetup(
-            gpu=GPUS[args.gpu],
-            target_params=args.target_params,
-            draft_params=draft_params,
-            bytes_per_param=BYTES_PER_PARAM[args.dtype],
-            tensor_parallel=args.tensor_parallel,
-            context_tokens=args.context_tokens,
-        )
-
-    common = {
-        "gpu": args.gpu,
-        "target_params": args.target_params,
-        "alpha": args.alpha,
-        "context_tokens": args.context_tokens,
-        "dtype": args.dtype,
-        "tensor_parallel": args.tensor_parallel,
-        "max_draft_len": args.max_draft_len,
-    }
-    result: dict[str, Any]
-    if args.draft_params is not None:
-        plan = plan_for(setup_with(args.draft_params), args.alpha, batches, args.max_draft_len)
-        text = _format_plan(plan, args.alpha)
-        result = {**common, **plan}
-    else:
-        candidates = [d for d in CANDIDATE_DRAFT_PARAMS if d < args.target_params]
-        plans = [plan_for(setup_with(d), args.alpha, batches, args.max_draft_len) for d in candidates]
-        text = _format_candidates(plans, batches)
-        result = {**common, "candidates": plans}
-
-    header = (
-        f"{args.gpu} x{args.tensor_parallel}, target {_params_text(args.target_params)} {args.dtype}, "
-        f"alpha {args.alpha:.2f}, context {args.context_tokens:g} tokens"
-    )
-    out = sys.stderr if args.json_path == "-" else sys.stdout
-    print(header, file=out)
-    print(text, file=out)
-    write_json(result, args.json_path)
+        plan_command.main(argv, prog_name="specops plan", standalone_mode=False)
+    except click.ClickException as error:
+        error.show()
+        return error.exit_code
     return 0
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main(sys.argv[1:]))

@@ -10,8 +10,8 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.harness.admission import AdmissionError, CrdAdmission, FieldCause
-from tests.harness.cluster import WIDGET_CRD, EmulatedCluster, emulated_cluster
+from specops_local.admission import AdmissionError, CrdAdmission, FieldCause
+from specops_local.cluster import WIDGET_CRD, EmulatedCluster, emulated_cluster
 
 WIDGETS = "/apis/test.specops.dev/v1/namespaces/default/widgets"
 MERGE = {"Content-Type": "application/merge-patch+json"}

@@ -17,8 +17,8 @@ import kubernetes
 import pytest
 import yaml
 
-from tests.harness.cluster import WIDGET_CRD, EmulatedCluster, emulated_cluster
-from tests.harness.kopf_runner import run_kopf
+from specops_local.cluster import WIDGET_CRD, EmulatedCluster, emulated_cluster
+from specops_local.kopf_runner import run_kopf
 
 CONFIGMAPS = "/api/v1/namespaces/default/configmaps"
 WIDGETS = "/apis/test.specops.dev/v1/namespaces/default/widgets"

@@ -29,8 +29,8 @@ from specops.domain.metrics import (
     BackendProfile,
     Measurement,
 )
-from specops.sim import LoadPoint, SimPod
-from tests.harness.prometheus import PrometheusProcess, run_prometheus
+from specops_local.prometheus import PrometheusProcess, run_prometheus
+from specops_local.sim import LoadPoint, SimPod
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -86,7 +86,7 @@ def fully_measured(m: Measurement) -> bool:
 
 def bucket_around(value: float) -> tuple[float, float]:
     """The TPOT histogram bucket (lower, upper] that holds ``value`` in the simulated pods."""
-    from specops.sim.pod import TPOT_BUCKETS
+    from specops_local.sim.pod import TPOT_BUCKETS
 
     lower = 0.0
     for upper in TPOT_BUCKETS:

@@ -17,7 +17,7 @@ from specops.domain import perf
 from specops.domain.acceptance import acceptance_rate_from_alpha
 from specops.domain.profile import ServingProfile
 from specops.profiles import load_builtin
-from specops.sim import LoadPoint, SimPod, parse_csv_trace, steps
+from specops_local.sim import LoadPoint, SimPod, parse_csv_trace, steps
 
 SETUP = perf.ModelSetup(
     gpu=perf.GPUS["H100"], target_params=70e9, draft_params=1e9, tensor_parallel=4, efficiency=0.5

@@ -23,8 +23,8 @@ from specops.domain.metrics import Measurement
 from specops.ports import ApplyResult, FleetResult, GenerateResult
 from specops.services.config import OperatorConfig
 from specops.services.container import build_services
+from specops_local.cluster import EmulatedCluster
 from tests.conftest import EXAMPLES
-from tests.harness.cluster import EmulatedCluster
 
 NAMESPACE = "default"
 NAME = "llama-70b-chat"

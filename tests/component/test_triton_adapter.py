@@ -14,7 +14,7 @@ from aiohttp import web
 from specops.adapters.triton import BLS_MODEL, TritonModelControl
 from specops.domain import perf
 from specops.domain.discovery import PodEndpoint, ready_endpoints
-from specops.sim import DRAFT_MODEL, LoadPoint, SimPod, greedy_text
+from specops_local.sim import DRAFT_MODEL, LoadPoint, SimPod, greedy_text
 
 pytestmark = pytest.mark.timeout(30)
 

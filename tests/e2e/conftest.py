@@ -12,11 +12,11 @@ import pytest
 import yaml
 
 import specops.handlers  # noqa: F401  (registers the production handlers in Kopf's default registry)
-from specops.sim import LoadPoint
+from specops_local.kopf_runner import OperatorRun, run_kopf
+from specops_local.prometheus import PrometheusProcess, run_prometheus
+from specops_local.serving import DraftBehaviour, ServingController
+from specops_local.sim import LoadPoint
 from tests.conftest import EXAMPLES
-from tests.harness.kopf_runner import OperatorRun, run_kopf
-from tests.harness.prometheus import PrometheusProcess, run_prometheus
-from tests.harness.serving import DraftBehaviour, ServingController
 
 NAMESPACE = "default"
 

@@ -14,11 +14,11 @@ import pytest
 
 from specops.adapters.kube import KubeClient
 from specops.api.models import API_VERSION, KIND
-from specops.sim import LoadPoint
+from specops_local.prometheus import PrometheusProcess
+from specops_local.serving import DraftBehaviour, ServingController
+from specops_local.sim import LoadPoint
 from tests.e2e.conftest import NAMESPACE, Operator, example
 from tests.e2e.waiting import condition, events_for, eventually, resource, wait_condition
-from tests.harness.prometheus import PrometheusProcess
-from tests.harness.serving import DraftBehaviour, ServingController
 
 pytestmark = [pytest.mark.e2e, pytest.mark.emulated_only]
 
@@ -44,7 +44,7 @@ def draft_behaviours() -> dict[str, DraftBehaviour]:
     return DRAFTS
 
 
-# The HTTPRoute CRD defaults group and kind (tests/harness/upstream_crds.py registers the real one)
+# The HTTPRoute CRD defaults group and kind (specops_local/upstream_crds.py registers the real one)
 STABLE_BACKEND_AT_100 = {"group": "", "kind": "Service", "name": STABLE_SERVICE, "port": 8000, "weight": 100}
 
 

@@ -14,11 +14,11 @@ from typing import Any
 import pytest
 
 from specops.adapters.kube import KubeClient
-from specops.sim import LoadPoint
+from specops_local.prometheus import PrometheusProcess
+from specops_local.serving import ServingController
+from specops_local.sim import LoadPoint
 from tests.e2e.conftest import Operator, example
 from tests.e2e.waiting import condition, events_for, eventually, resource, wait_condition
-from tests.harness.prometheus import PrometheusProcess
-from tests.harness.serving import ServingController
 
 pytestmark = [pytest.mark.e2e, pytest.mark.emulated_only]
 

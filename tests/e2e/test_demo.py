@@ -5,14 +5,15 @@ from __future__ import annotations
 import io
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from specops.sim import LoadPoint
-from tests.demo.__main__ import DENSE, EXAMPLES, ON_OFF_REASONS, SCENES, Demo, Pace, printer_columns, run_demo
-from tests.harness.stack import LocalStack
+from specops_local.demo import DENSE, EXAMPLES, ON_OFF_REASONS, SCENES, Demo, Pace, printer_columns, run_demo
+from specops_local.sim import LoadPoint
+from specops_local.stack import LocalStack
 
-pytestmark = [pytest.mark.e2e, pytest.mark.emulated_only, pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.e2e, pytest.mark.emulated_only, pytest.mark.timeout(240)]
 
 
 async def test_demo_switches_speculation_off_past_break_even_and_back_on(tmp_path: Path) -> None:
@@ -42,10 +43,12 @@ async def test_demo_switches_speculation_off_past_break_even_and_back_on(tmp_pat
             and f"speculativedeployment.specops.dev/{name} created" in printed
         )
     columns = ["NAME", *(c["name"].upper() for c in printer_columns())]
-    assert columns == ["NAME", "PHASE", "SPECULATION", "DRAFT", "LEN", "ACCEPT", "P99", "SPEEDUP", "AGE"]
+    assert columns == [
+        "NAME", "PHASE", "READY", "SPECULATION", "DRAFT", "LEN", "ACCEPT", "P99", "WEIGHT", "SPEEDUP", "AGE"
+    ]  # fmt: skip
     assert any(line.split() == columns for line in printed.splitlines())
     assert printed.count("$ kubectl get sdep -o wide") >= 2
-    assert any(line.split()[:3] == [DENSE, "Dynamic", "on"] for line in printed.splitlines())
+    assert any(line.split()[:4] == [DENSE, "Dynamic", "True", "on"] for line in printed.splitlines())
     assert "sdep  on len" in printed and "sdep off len 0" in printed
     events = printed[printed.index("Events") :]
     for reason in ON_OFF_REASONS:
@@ -55,6 +58,42 @@ async def test_demo_switches_speculation_off_past_break_even_and_back_on(tmp_pat
     assert printed.count("CanaryPromoted") >= 2, printed
     for reason in ("LosslessCheckPassed", "RetrainingStarted", "RetrainingSucceeded"):
         assert reason in printed
+    # And the canary's heading says the traffic the replica split really gives, in plain words
+    assert "33% -> 50% of the traffic" in printed
+    assert "test 'canary is worse' p=" in printed and "p(worse)" not in printed
+    # And ACCEPT follows the promoted drafts
+    assert "ACCEPT now 0.8" in printed and "ACCEPT now 0.9" in printed
+
+    # And the timeline picture and page exist, where the demo said, and show every scene
+    assert result.picture is not None and result.page is not None and result.timeline is not None
+    assert f"Timeline picture: {result.picture}" in printed
+    assert result.picture.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and result.picture.stat().st_size > 50_000
+    page = result.page.read_text()
+    assert "data:image/png;base64," in page
+    timeline = result.timeline
+    titles = [scene.title for scene in timeline.scenes]
+    assert titles == ["apply", "rollout", "load past break-even", "canary v4", "retraining round", "events"]
+    for scene in timeline.scenes[:-1]:  # every scene but the last (a table) lasted and was sampled
+        assert scene.end is not None and scene.summary, scene
+        assert any(scene.start <= sample.t <= scene.end for sample in timeline.samples), scene.title
+        assert f"{scene.number}. {scene.title}" in page
+    load, canary, retraining = timeline.scenes[2], timeline.scenes[3], timeline.scenes[4]
+
+    def marked(reason: str, scene: Any) -> bool:
+        return any(m.reason == reason and scene.start <= m.t <= scene.end for m in timeline.markers)
+
+    assert marked("SpeculationDisabledHighBatch", load) and marked("SpeculationEnabledLowBatch", load)
+    assert marked("CanaryPromoted", canary) and marked("RetrainingStarted", retraining)
+    weights = {s.canary_weight for s in timeline.samples if canary.start <= s.t <= canary.end}
+    assert {33.0, 50.0} <= weights
+    in_load = [s for s in timeline.samples if load.start <= s.t <= load.end]
+    assert max(s.offered_batch or 0 for s in in_load) == 300
+    assert min(s.draft_length or 0 for s in in_load) == 0 and max(s.draft_length or 0 for s in in_load) > 0
+    assert all(s.break_even_batch for s in in_load if s.alpha) and timeline.slo_p99_ms == 45.0
+    assert any(s.tpot_p50_ms and s.tpot_p99_ms and s.tpot_p50_ms <= s.tpot_p99_ms for s in in_load)
+    # And the MoE's sub-millisecond tokens are resolved: its speedup is measured, not stuck at 1.0
+    moe = next(line for line in printed.splitlines() if "qwen3-moe: measured speedup" in line)
+    assert float(moe.split("measured speedup ")[1].split("x")[0]) > 1.2, moe
 
     # And everything it started is stopped, and the environment is as it was
     (stack,) = stacks

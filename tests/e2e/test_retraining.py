@@ -14,12 +14,12 @@ import pytest
 
 from specops.adapters.kube import KubeClient
 from specops.api.models import API_VERSION, KIND
+from specops_local.prometheus import PrometheusProcess
+from specops_local.serving import ServingController
 from tests.e2e.conftest import NAMESPACE, Operator
 from tests.e2e.test_canary import canary_resource, serving_ready
 from tests.e2e.test_control_loop import all_pods_at, in_dynamic
 from tests.e2e.waiting import condition, events_for, eventually, resource, wait_condition
-from tests.harness.prometheus import PrometheusProcess
-from tests.harness.serving import ServingController
 
 pytestmark = [pytest.mark.e2e, pytest.mark.emulated_only]
 

@@ -10,8 +10,8 @@ from typing import Any
 import helm_python as helm
 import yaml
 
-from tests.harness.admission import CrdAdmission
-from tests.harness.upstream_crds import upstream_crd
+from specops_local.admission import CrdAdmission
+from specops_local.upstream_crds import upstream_crd
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "specops"
@@ -60,5 +60,5 @@ def rule_groups(values: dict[str, Any] | None = None) -> list[dict[str, Any]]:
 
 @cache
 def upstream_admission(group: str, kind: str) -> CrdAdmission:
-    """Admission through the upstream CRD of (group, kind), from tests/data/upstream-crds/."""
+    """Admission through the upstream CRD of (group, kind), from operator/specops_local/upstream-crds/."""
     return CrdAdmission(upstream_crd(group, kind))

@@ -13,7 +13,7 @@ import pytest
 
 from specops import rbac
 from specops.api.crd import render_yaml
-from tests.harness.admission import AdmissionError
+from specops_local.admission import AdmissionError
 from tests.unit.chart import CHART, MONITORING_ON, NAMESPACE, ROOT, notes, one, render, upstream_admission
 from tests.unit.test_deploy_manifests import restricted_violations
 

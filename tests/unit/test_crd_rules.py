@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.harness.admission import AdmissionError, CrdAdmission
+from specops_local.admission import AdmissionError, CrdAdmission
 
 ROOT = Path(__file__).resolve().parents[2]
 CRD = yaml.safe_load((ROOT / "crds" / "specops.dev_speculativedeployments.yaml").read_text())

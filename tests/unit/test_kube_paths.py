@@ -45,7 +45,7 @@ async def test_unreachable_api_server_is_a_kube_api_error() -> None:
     import pytest
 
     from specops.adapters.kube import ConnectionSettings, KubeApiError, KubeClient
-    from tests.harness.prometheus import free_port
+    from specops_local.prometheus import free_port
 
     client = KubeClient(ConnectionSettings(server=f"http://127.0.0.1:{free_port()}"), timeout_s=2)
     try:

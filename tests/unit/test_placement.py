@@ -16,7 +16,7 @@ from pydantic import ValidationError
 from specops.api.models import DraftSpec, SpeculativeDeployment
 from specops.domain.names import CANARY
 from specops.domain.render import RenderError, RenderOptions, render_children
-from tests.harness.admission import AdmissionError, CrdAdmission
+from specops_local.admission import AdmissionError, CrdAdmission
 
 ROOT = Path(__file__).resolve().parents[2]
 CRD = yaml.safe_load((ROOT / "crds" / "specops.dev_speculativedeployments.yaml").read_text())

@@ -1,4 +1,4 @@
-"""`specops plan`: the table and JSON a user reads before deploying a target/draft pair."""
+"""`specops plan` through its entry point: the table and JSON a user reads before deploying a pair."""
 
 from __future__ import annotations
 
@@ -7,21 +7,32 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
+from click.testing import CliRunner, Result
 
-from specops.plan import main
+from specops.api.models import SpeculativeDeployment
+from specops.cli import main as specops
+from specops.domain import perf
+from specops.services.control import policy_config
 
+ROOT = Path(__file__).resolve().parents[2]
 WORKED = ["--gpu", "H100", "--target-params", "70e9", "--draft-params", "7e9", "--alpha", "0.8"]
+
+
+def run(*args: str) -> Result:
+    return CliRunner().invoke(specops, ["plan", *args], catch_exceptions=False)
 
 
 def plan(tmp_path: Path, *args: str) -> dict[str, Any]:
     out = tmp_path / "plan.json"
-    assert main([*args, "--json", str(out)]) == 0
-    result: dict[str, Any] = json.loads(out.read_text())
-    return result
+    result = run(*args, "--json", str(out))
+    assert result.exit_code == 0, result.output
+    parsed: dict[str, Any] = json.loads(out.read_text())
+    return parsed
 
 
 def test_the_worked_case_reproduces_specdec_values(tmp_path: Path) -> None:
-    result = plan(tmp_path, *WORKED, "--context-tokens", "0", "--batches", "1", "32", "128", "256")
+    result = plan(tmp_path, *WORKED, "--context-tokens", "0", "--batches", "1,32", "--batches", "128,256")
     assert result["gpu"] == "H100"
     assert result["latency_ratio_c"] == pytest.approx(0.1)
     rows = {row["batch"]: row for row in result["by_batch"]}
@@ -51,40 +62,76 @@ def test_h200_gains_less_at_batch_128(tmp_path: Path) -> None:
 
 def test_long_contexts_move_break_even_up(tmp_path: Path) -> None:
     weights_only = plan(tmp_path, *WORKED, "--context-tokens", "0")
-    with_context = plan(tmp_path, *WORKED)  # default context
-    assert with_context["context_tokens"] == 2048
+    with_context = plan(tmp_path, *WORKED, "--context-tokens", "2048")
     assert with_context["break_even_batch"] is None or with_context["break_even_batch"] > 251
     assert weights_only["break_even_batch"] == 251
 
 
-def test_without_a_draft_it_compares_candidate_draft_sizes(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    result = plan(
-        tmp_path, "--gpu", "H100", "--target-params", "70e9", "--context-tokens", "0", "--batches", "32"
+def test_plan_and_the_operator_assume_the_same_context(tmp_path: Path) -> None:
+    example = ROOT / "docs" / "examples" / "dense-70b-7b.yaml"
+    from_file = plan(tmp_path, "-f", str(example))
+    spec = SpeculativeDeployment.model_validate(yaml.safe_load(example.read_text())).spec
+    operator_setup = policy_config(spec).setup
+    assert from_file["context_tokens"] == operator_setup.context_tokens == perf.DEFAULT_CONTEXT_TOKENS
+    assert from_file["break_even_batch"] == perf.best_length_break_even_batch(operator_setup, 0.8, 8)
+    assert (from_file["gpu"], from_file["tensor_parallel"], from_file["source"]) == (
+        "H100",
+        4,
+        "llama-70b-chat",
     )
+
+
+def test_crd_parameter_strings_and_plain_numbers_mean_the_same(tmp_path: Path) -> None:
+    by_suffix = plan(tmp_path, "--gpu", "H100", "--target-params", "70B", "--draft-params", "1.5B")
+    by_number = plan(tmp_path, "--gpu", "H100", "--target-params", "70000000000", "--draft-params", "1.5e9")
+    assert by_suffix["target_params"] == by_number["target_params"] == 70e9
+    assert by_suffix["draft_params"] == by_number["draft_params"] == 1.5e9
+    assert by_suffix["break_even_batch"] == by_number["break_even_batch"]
+
+
+def test_options_override_the_resource(tmp_path: Path) -> None:
+    example = ROOT / "docs" / "examples" / "dense-70b-7b.yaml"
+    result = plan(tmp_path, "-f", str(example), "--gpu", "A100", "--draft-params", "1B")
+    assert (result["gpu"], result["draft_params"], result["target_params"]) == ("A100", 1e9, 70e9)
+
+
+def test_a_moe_resource_is_planned_on_its_active_parameters(tmp_path: Path) -> None:
+    example = ROOT / "docs" / "examples" / "moe-expert-distilled.yaml"
+    spec = SpeculativeDeployment.model_validate(yaml.safe_load(example.read_text())).spec
+    result = plan(tmp_path, "-f", str(example))
+    assert result["target_params"] == spec.target.active_parameter_count < spec.target.parameter_count
+
+
+def test_without_a_draft_it_compares_candidate_draft_sizes(
+    tmp_path: Path,
+) -> None:
+    args = ("--gpu", "H100", "--target-params", "70e9", "--context-tokens", "0", "--batches", "32")
+    result = plan(tmp_path, *args)
     sizes = [candidate["draft_params"] for candidate in result["candidates"]]
     assert sizes[0] == 0.5e9 and 13e9 in sizes
     speedups = [candidate["by_batch"][0]["best_speedup"] for candidate in result["candidates"]]
     assert speedups == sorted(speedups, reverse=True)  # smaller drafts are cheaper at equal alpha
-    printed = capsys.readouterr().out
+    printed = run(*args).output
     assert "0.5B" in printed and "13B" in printed and "break-even" in printed
 
 
-def test_the_table_is_printed(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main([*WORKED, "--context-tokens", "0", "--batches", "32,256"]) == 0
-    printed = capsys.readouterr().out
+def test_the_table_is_printed() -> None:
+    result = run(*WORKED, "--context-tokens", "0", "--batches", "32,256")
+    assert result.exit_code == 0
+    printed = result.output
     assert "latency ratio c = 0.100" in printed
     assert "off" in printed
     assert "break-even batch: 251" in printed
 
 
-def test_json_to_stdout_stays_parseable(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main([*WORKED, "--dtype", "fp8", "--tensor-parallel", "2", "--json", "-"]) == 0
-    captured = capsys.readouterr()
-    result = json.loads(captured.out)
-    assert (result["dtype"], result["tensor_parallel"]) == ("fp8", 2)
-    assert "latency ratio" in captured.err
+def test_json_to_stdout_stays_parseable() -> None:
+    result = CliRunner().invoke(
+        specops, ["plan", *WORKED, "--dtype", "fp8", "--tensor-parallel", "2", "--json", "-"]
+    )
+    assert result.exit_code == 0
+    parsed = json.loads(result.stdout)
+    assert (parsed["dtype"], parsed["tensor_parallel"]) == ("fp8", 2)
+    assert "latency ratio" in result.stderr
 
 
 @pytest.mark.parametrize(
@@ -95,9 +142,11 @@ def test_json_to_stdout_stays_parseable(capsys: pytest.CaptureFixture[str]) -> N
         [*WORKED, "--batches", "0"],
         [*WORKED, "--batches", "many"],
         [*WORKED, "--max-draft-len", "0"],
+        ["--gpu", "H100", "--target-params", "seventy"],
+        ["--gpu", "H100"],
     ],
 )
 def test_bad_input_is_refused(bad: list[str]) -> None:
-    with pytest.raises(SystemExit) as exit_info:
-        main(bad)
-    assert exit_info.value.code == 2
+    result = run(*bad)
+    assert result.exit_code == 2
+    assert "Error" in result.output

@@ -1,5 +1,5 @@
 """What specops writes of other projects' kinds passes those projects' real CRDs (schemas and CEL
-rules, tests/data/upstream-crds/): the PodMonitor it renders, the HTTPRoute weights of a canary,
+rules, operator/specops_local/upstream-crds/): the PodMonitor it renders, the HTTPRoute weights of a canary,
 and the JobSet and TrainJob of a retraining round. The emulated API server registers the same CRDs."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import pytest
 from specops.adapters.routing import split_backend_refs
 from specops.domain import retraining as rt
 from specops.domain.render import RenderOptions, render_children
-from tests.harness.admission import AdmissionError, CrdAdmission
-from tests.harness.upstream_crds import upstream_crd, upstream_crds
+from specops_local.admission import AdmissionError, CrdAdmission
+from specops_local.upstream_crds import upstream_crd, upstream_crds
 from tests.unit.test_render import resource as serving_resource
 from tests.unit.test_retraining import example, trigger
 

@@ -28,6 +28,12 @@ _OPTIONAL_MARK = "x-specops-optional"
 PRINTER_COLUMNS: list[dict[str, Any]] = [
     {"name": "Phase", "type": "string", "jsonPath": ".status.phase", "description": "Lifecycle phase"},
     {
+        "name": "Ready",
+        "type": "string",
+        "jsonPath": '.status.conditions[?(@.type=="Ready")].status',
+        "description": "Ready condition: serving pods up with the intended setting",
+    },
+    {
         "name": "Speculation",
         "type": "string",
         "jsonPath": ".status.speculation.state",
@@ -56,6 +62,12 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
         "type": "string",
         "jsonPath": ".status.observed.perTokenLatencyP99",
         "description": "Per-token latency p99",
+    },
+    {
+        "name": "Weight",
+        "type": "integer",
+        "jsonPath": ".status.canary.weight",
+        "description": "Percent of traffic on the canary draft (empty when no canary runs)",
     },
     {
         "name": "Speedup",
@@ -195,6 +207,9 @@ def render_yaml() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
+    if any(arg.startswith("-") for arg in args):
+        print("usage: python -m specops.api.crd [FILE ...]  (print the CRD, or write it to each FILE)")
+        return 0 if set(args) <= {"-h", "--help"} else 2
     text = render_yaml()
     if not args:
         sys.stdout.write(text)

@@ -319,8 +319,8 @@ def _summary(verdict: Verdict, e: Evidence) -> str:
         parts.append(alpha)
     if e.p_value is not None and e.p_non_inferior is not None:
         parts.append(
-            f"p(worse)={e.p_value:.3g}, p(within {e.tolerance:.0%})={e.p_non_inferior:.3g}"
-            f" vs {1.0 - e.confidence:.3g}"
+            f"test 'canary is worse' p={e.p_value:.3g}, test 'canary within {e.tolerance:.0%}' "
+            f"p={e.p_non_inferior:.3g} (a test holds when p < {1.0 - e.confidence:.3g})"
         )
     parts.append(f"samples {e.canary_samples}/{e.stable_samples}")
     if e.canary_errors or e.stable_errors:

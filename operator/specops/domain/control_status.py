@@ -41,6 +41,7 @@ def policy_config(spec: SpeculativeDeploymentSpec, *, draft_stale: bool = False)
         draft_params=spec.draft.parameter_count,
         bytes_per_param=perf.BYTES_PER_PARAM[spec.target.precision],
         tensor_parallel=spec.serving.tensor_parallel,
+        context_tokens=perf.DEFAULT_CONTEXT_TOKENS,
     )
     return PolicyConfig(
         mode=speculation.mode,

@@ -17,6 +17,16 @@ BYTES_PER_PARAM: dict[str, float] = {"bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "int8
 # (80 layers, 8 KV heads x 128, bf16) holds 327,680 B per token: ~4.7e-6 B per parameter.
 DEFAULT_KV_BYTES_PER_TOKEN_PER_PARAM = 4.7e-6
 
+# Context tokens per request whose KV cache each decode step reads, when nothing better is known.
+# The operator and `specops plan` both start from this one value. It is 0 (weights only, SPECDEC.md's
+# worked values) because the metrics the operator reads do not report context length, and because
+# it is the cautious side: KV reads make a target step more memory-bound, which makes verifying
+# extra tokens cheaper, so any real context only moves break-even up (70B/7B on 4x H100 at alpha
+# 0.8: batch 251 at 0, 634 at 1024, none below 4096 at 2048). Assuming 0 switches speculation off
+# early rather than keeping it on past the point where it slows decoding down; `plan
+# --context-tokens N` shows what a known context length buys.
+DEFAULT_CONTEXT_TOKENS = 0.0
+
 
 @dataclass(frozen=True)
 class GpuSpec:
@@ -50,7 +60,7 @@ class ModelSetup:
     draft_params: float
     bytes_per_param: float = 2.0
     tensor_parallel: int = 1
-    context_tokens: float = 0.0
+    context_tokens: float = DEFAULT_CONTEXT_TOKENS
     kv_bytes_per_token_per_param: float = DEFAULT_KV_BYTES_PER_TOKEN_PER_PARAM
     overhead_s: float = 0.0
     efficiency: float = 1.0  # fraction of peak bandwidth and FLOP/s the kernels reach

@@ -28,12 +28,13 @@ import yaml
 
 import specops.handlers  # noqa: F401  (registers the production handlers in Kopf's default registry)
 from specops.adapters.kube import KubeClient, load_connection_settings
+from specops.api.crd import build_crd
 from specops.api.units import parse_duration
-from specops.sim import LoadPoint, SimPod
-from tests.harness.cluster import EmulatedCluster, emulated_cluster
-from tests.harness.kopf_runner import OperatorRun, run_kopf
-from tests.harness.prometheus import PrometheusProcess, run_prometheus
-from tests.harness.serving import DraftBehaviour, ServingController
+from specops_local.cluster import EmulatedCluster, emulated_cluster
+from specops_local.kopf_runner import OperatorRun, run_kopf
+from specops_local.prometheus import PrometheusProcess, run_prometheus
+from specops_local.serving import DraftBehaviour, ServingController
+from specops_local.sim import LoadPoint, SimPod
 
 ROOT = Path(__file__).resolve().parents[2]
 CRD_PATH = ROOT / "crds" / "specops.dev_speculativedeployments.yaml"
@@ -176,7 +177,9 @@ async def local_stack(
     scrape_interval_s = parse_duration(scrape_interval)
     decision_interval_s = parse_duration(decision_interval)
     async with contextlib.AsyncExitStack() as exits:
-        cluster = await exits.enter_async_context(emulated_cluster([CRD_PATH], workdir))
+        # The CRD generated from the API models: what crds/ holds in a clone (a test checks), and
+        # available in an installed package too.
+        cluster = await exits.enter_async_context(emulated_cluster([], workdir, crds=[build_crd()]))
         prometheus = await exits.enter_async_context(run_prometheus(workdir, scrape_interval=scrape_interval))
         serving = await exits.enter_async_context(
             ServingController(cluster, prometheus, load=load, pod_options=pod_options, drafts=drafts)

@@ -2,8 +2,13 @@
 
 Everything runs on this machine: the emulated Kubernetes API, Debian's Prometheus scraping
 simulated Triton + TensorRT-LLM pods every second, and the real operator (production handlers).
-The demo is a list of scenes; each is ``async def scene_xxx(demo: Demo) -> None`` and prints a
-heading. Append a function to ``SCENES`` to add one (a canary promotion, a retraining round).
+The demo is a list of scenes; each is ``async def scene_xxx(demo: Demo) -> None`` that prints a
+heading and adds lines to its summary. Append a function to ``SCENES`` to add one.
+
+While it runs, a live view (rich) shows the scene, the resources' table and the last lines; a
+recorder samples the dense resource every half second. At the end it draws the timeline
+(``specops_local.timeline``: PNG and a self-contained HTML page), prints where, and prints a
+summary per scene.
 
 Exit status: 0 when speculation switched off past break-even and back on below it, 1 when
 something did not happen in time (the message says what), 2 when Prometheus is not installed.
@@ -25,22 +30,32 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TextIO, cast
 
+import httpx
 import kmock
-import yaml
+from rich.console import Console, Group
+from rich.live import Live
+from rich.panel import Panel
+from rich.text import Text
 
+from specops.adapters.routing import achieved_weight, canary_replicas_for
+from specops.api import columns
+from specops.api.crd import build_crd
 from specops.api.models import API_VERSION, KIND, SpeculativeDeployment
+from specops.api.units import parse_duration
 from specops.domain import perf
 from specops.domain.control_status import policy_config
-from specops.sim import LoadPoint
-from tests.harness.serving import DraftBehaviour
-from tests.harness.stack import (
-    CRD_PATH,
+from specops.domain.metrics import PROFILES, Q_TPOT_P50, Q_TPOT_P99
+from specops.views import list_table
+from specops_local.serving import DraftBehaviour
+from specops_local.sim import LoadPoint
+from specops_local.stack import (
     LocalStack,
     fast_resource,
     interrupt_cancels,
     local_stack,
     log_to_file,
 )
+from specops_local.timeline import Marker, Sample, SceneSpan, Timeline, render_html, render_png
 
 DENSE = "llama-70b-chat"
 EXAMPLES = (("dense-70b-7b.yaml", DENSE), ("moe-expert-distilled.yaml", "qwen3-moe"))
@@ -57,8 +72,9 @@ DRAFTS = {
     "v4": DraftBehaviour(alpha=0.88),
     RETRAINED: DraftBehaviour(alpha=0.92),
 }
+CANARY_WEIGHTS = (25, 50)
 FAST_CANARY = {
-    "steps": [{"weight": 25, "pause": "6s"}, {"weight": 50, "pause": "6s"}, {"weight": 100, "pause": "1s"}],
+    "steps": [*({"weight": w, "pause": "6s"} for w in CANARY_WEIGHTS), {"weight": 100, "pause": "1s"}],
     "goldenPrompts": {
         "prompts": ["What is the capital of France?", "Write a haiku about GPUs."],
         "maxTokens": 32,
@@ -84,9 +100,58 @@ class Pace:
     rollout_timeout_s: float = 60.0
     off_timeout_s: float = 20.0
     on_timeout_s: float = 30.0
+    measure_timeout_s: float = 20.0
 
 
-FAST = Pace(baseline="2s", soak="2s", low_hold_s=1.0, high_hold_s=1.0, settle_hold_s=2.0)
+FAST = Pace(
+    baseline="2s", soak="2s", low_hold_s=1.0, high_hold_s=1.0, settle_hold_s=2.0, measure_timeout_s=10.0
+)
+SAMPLE_INTERVAL_S = 0.5
+LOG_LINES_SHOWN = 14
+
+
+class Display:
+    """Where the demo's output goes: plain lines, or a rich live view (scene, table, last lines)."""
+
+    def __init__(self, out: TextIO, live: bool) -> None:
+        self.out = out
+        self.live: Live | None = None
+        self.lines: list[str] = []
+        self.scene = "Starting"
+        self.current = ""
+        self.bodies: list[dict[str, Any]] = []
+        if live:
+            self.live = Live(
+                console=Console(file=out), get_renderable=self.render, refresh_per_second=4, transient=False
+            )
+
+    def __enter__(self) -> Display:
+        if self.live is not None:
+            self.live.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.live is not None:
+            self.live.stop()
+
+    def line(self, text: str) -> None:
+        self.lines.append(text)
+        if self.live is None:
+            print(text, file=self.out, flush=True)
+
+    def show(self, text: str) -> None:
+        """A status line: printed as it comes in plain mode, the live view's current line otherwise."""
+        self.current = text
+        if self.live is None:
+            print(text, file=self.out, flush=True)
+
+    def render(self) -> Group:
+        table = list_table(self.bodies, wide=True) if self.bodies else Text("(no resources yet)")
+        return Group(
+            Panel(Text(self.current or "...", overflow="fold"), title=self.scene, title_align="left"),
+            table,
+            Text("\n".join(self.lines[-LOG_LINES_SHOWN:]), style="dim"),
+        )
 
 
 @dataclass
@@ -97,6 +162,8 @@ class Demo:
     pace: Pace
     out: TextIO
     started: float = field(default_factory=time.monotonic)
+    display: Display | None = None
+    timeline: Timeline = field(default_factory=lambda: Timeline(DENSE))
     low_load: LoadPoint = LOW
     high_load: LoadPoint = HIGH
     scene_number: int = 0
@@ -104,16 +171,41 @@ class Demo:
     on_after_s: float | None = None
     retrained: str | None = None
 
-    def say(self, text: str = "") -> None:
-        print(text, file=self.out, flush=True)
+    def __post_init__(self) -> None:
+        if self.display is None:
+            self.display = Display(self.out, live=False)
 
-    def heading(self, title: str) -> None:
+    @property
+    def shown(self) -> Display:
+        assert self.display is not None
+        return self.display
+
+    def say(self, text: str = "") -> None:
+        self.shown.line(text)
+
+    def show(self, text: str) -> None:
+        self.shown.show(f"{self.stamp()} {text}")
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.started
+
+    def heading(self, title: str, short: str | None = None) -> None:
         self.scene_number += 1
         self.say()
         self.say(f"== {self.scene_number}. {title}")
+        self.shown.scene = f"{self.scene_number}. {title}"
+        self.timeline.start_scene(self.scene_number, short or title, self.elapsed())
+
+    @property
+    def scene(self) -> SceneSpan:
+        return self.timeline.scenes[-1]
+
+    def summarize(self, text: str) -> None:
+        """One line of this scene's summary (printed at the end and on the HTML page)."""
+        self.scene.summary.append(text)
 
     def stamp(self) -> str:
-        return f"[{time.monotonic() - self.started:5.1f}s]"
+        return f"[{self.elapsed():5.1f}s]"
 
     async def resource(self, name: str) -> dict[str, Any]:
         body = await self.stack.kube.get(API_VERSION, KIND, self.stack.namespace, name)
@@ -134,7 +226,7 @@ class Demo:
             finished = await done()
             now = loop.time()
             if finished or now >= next_line:
-                self.say(f"{self.stamp()} {await line()}")
+                self.show(await line())
                 next_line += 1.0
             if finished:
                 return now - start
@@ -147,7 +239,7 @@ class Demo:
         deadline = asyncio.get_running_loop().time() + seconds
         while (remaining := deadline - asyncio.get_running_loop().time()) > 0:
             await asyncio.sleep(min(1.0, remaining))
-            self.say(f"{self.stamp()} {await line()}")
+            self.show(await line())
 
 
 # ---------------------------------------------------------------- kubectl-like rendering
@@ -161,53 +253,13 @@ def table(rows: Sequence[Sequence[str]]) -> str:
     )
 
 
-def printer_columns(crd_path: Path = CRD_PATH) -> list[dict[str, Any]]:
+def printer_columns() -> list[dict[str, Any]]:
     """The storage version's additionalPrinterColumns, so the table matches `kubectl get sdep -o wide`."""
-    crd = yaml.safe_load(crd_path.read_text())
-    version = next(v for v in crd["spec"]["versions"] if v.get("storage"))
-    columns: list[dict[str, Any]] = version.get("additionalPrinterColumns") or []
-    return columns
-
-
-def json_path(obj: Any, path: str) -> Any:
-    """The simple dotted JSONPath the printer columns use (``.status.speculation.state``)."""
-    for key in path.lstrip(".").split("."):
-        if not isinstance(obj, dict):
-            return None
-        obj = obj.get(key)
-    return obj
-
-
-def age(timestamp: str | None, now: datetime) -> str:
-    """kubectl's short human durations: 42s, 3m12s, 2h5m."""
-    if not timestamp:
-        return "<unknown>"
-    seconds = int((now - datetime.fromisoformat(timestamp.replace("Z", "+00:00"))).total_seconds())
-    if seconds < 120:
-        return f"{max(seconds, 0)}s"
-    if seconds < 600:
-        return f"{seconds // 60}m{seconds % 60}s"
-    return f"{seconds // 3600}h{seconds % 3600 // 60}m" if seconds >= 3600 else f"{seconds // 60}m"
-
-
-def cell(value: Any, column_type: str, now: datetime) -> str:
-    if column_type == "date":
-        return age(value, now)
-    if value is None:
-        return ""
-    if isinstance(value, bool):
-        return str(value).lower()
-    return str(value)
+    return columns.storage_columns(build_crd())
 
 
 def sdep_table(bodies: Sequence[dict[str, Any]], now: datetime) -> str:
-    columns = printer_columns()
-    header = ["NAME", *(c["name"].upper() for c in columns)]
-    rows = [
-        [body["metadata"]["name"], *(cell(json_path(body, c["jsonPath"]), c["type"], now) for c in columns)]
-        for body in bodies
-    ]
-    return table([header, *rows])
+    return table(columns.table_rows(printer_columns(), bodies, now, wide=True))
 
 
 def owned_children(stack: LocalStack) -> list[list[str]]:
@@ -267,7 +319,8 @@ async def scene_apply(demo: Demo) -> None:
     stack, pace = demo.stack, demo.pace
     demo.heading(
         f"Apply the two examples (decisions every 1 s, baseline {pace.baseline}, soak {pace.soak}, "
-        "2 replicas, the local Prometheus)"
+        "2 replicas, the local Prometheus)",
+        short="apply",
     )
     for example, name in EXAMPLES:
         body = fast_resource(
@@ -302,10 +355,15 @@ async def scene_apply(demo: Demo) -> None:
             [pod.name, name, pod.url, pod.metrics_url.removeprefix("http://")] for pod in stack.pods(name)
         ]
     demo.say(table(rows))
+    demo.summarize(
+        f"{len(EXAMPLES)} resources applied; {len(children)} owned children; "
+        f"{sum(len(stack.pods(name)) for _, name in EXAMPLES)} simulated pods serving"
+    )
 
 
 async def scene_rollout(demo: Demo) -> None:
-    demo.heading("Rollout: baseline with speculation off, a fixed soak, then dynamic tuning")
+    demo.heading("Rollout: baseline with speculation off, a fixed soak, then dynamic tuning", short="rollout")
+    started = demo.elapsed()
 
     async def dynamic_and_speculating() -> bool:
         for _, name in EXAMPLES:
@@ -320,7 +378,38 @@ async def scene_rollout(demo: Demo) -> None:
         lambda: rollout_line(demo),
         demo.pace.rollout_timeout_s,
     )
+    demo.summarize(
+        f"both resources tuning (Dynamic) and speculating {demo.elapsed() - started:.1f} s after apply"
+    )
+    # Measured speedup needs a few scrapes of both settings; the MoE's sub-millisecond TPOT shows
+    # whether the latency histogram resolves it.
+    with contextlib.suppress(DemoFailed):  # the summary then shows what was measured so far
+        await demo.watch(
+            "measured speedups settled",
+            lambda: all_measured(demo),
+            lambda: rollout_line(demo),
+            demo.pace.measure_timeout_s,
+        )
+    for _, name in EXAMPLES:
+        status = (await demo.resource(name)).get("status", {})
+        speculation, baseline = status.get("speculation", {}), status.get("baseline", {})
+        demo.summarize(
+            f"{name}: measured speedup {speculation.get('measuredSpeedup')}x over the baseline (modelled "
+            f"{speculation.get('predictedSpeedup')}x; TPOT p50 {baseline.get('perTokenLatencyP50')} off), "
+            f"draft length {speculation.get('draftLength')}"
+        )
     await print_sdeps(demo)
+
+
+async def all_measured(demo: Demo) -> bool:
+    """Every resource's measured speedup is within a third of the modelled one (the windows have
+    moved past the baseline's samples)."""
+    for _, name in EXAMPLES:
+        speculation = (await demo.resource(name)).get("status", {}).get("speculation", {})
+        measured, predicted = speculation.get("measuredSpeedup"), speculation.get("predictedSpeedup")
+        if not measured or not predicted or measured < 1.0 + (predicted - 1.0) * 2 / 3:
+            return False
+    return True
 
 
 async def scene_load_cycle(demo: Demo) -> None:
@@ -328,7 +417,7 @@ async def scene_load_cycle(demo: Demo) -> None:
     body = await demo.resource(DENSE)
     setup = policy_config(SpeculativeDeployment.model_validate(body).spec).setup
     break_even = perf.best_length_break_even_batch(setup, ALPHA, 8)
-    demo.heading(f"Load on {DENSE} rises past break-even and falls again")
+    demo.heading(f"Load on {DENSE} rises past break-even and falls again", short="load past break-even")
     demo.say(
         f"modelled at alpha {ALPHA}: best speedup {perf.best_draft_length(setup, ALPHA, low.batch, 8)[1]:.2f}x "
         f"at batch {low.batch:.0f}, none at or above batch {break_even} (the engine runs at most 256)"
@@ -360,11 +449,18 @@ async def scene_load_cycle(demo: Demo) -> None:
         "(switching on waits for sustained evidence of a gain, and for the minimum dwell)"
     )
     await demo.hold(pace.settle_hold_s, line)
+    demo.summarize(
+        f"offered batch {low.batch:.0f} -> {high.batch:.0f} -> {low.batch:.0f} per pod (break-even {break_even})"
+    )
+    demo.summarize(f"speculation off on every pod {demo.off_after_s:.1f} s after the load passed break-even")
+    demo.summarize(
+        f"back on every pod {demo.on_after_s:.1f} s after it fell (sustained evidence + minimum dwell)"
+    )
     await print_sdeps(demo)
 
 
 async def scene_events(demo: Demo) -> None:
-    demo.heading("Events")
+    demo.heading("Events", short="events")
     events = await demo.stack.kube.list("v1", "Event", demo.stack.namespace)
     events = [e for e in events if (e.get("involvedObject") or {}).get("kind") == KIND]
     events.sort(key=lambda e: int(e["metadata"].get("resourceVersion") or 0))
@@ -380,6 +476,8 @@ async def scene_events(demo: Demo) -> None:
         for e in events
     ]
     demo.say(table(rows))
+    reasons = sorted({e.get("reason", "") for e in events})
+    demo.summarize(f"{len(events)} Events about SpeculativeDeployments: {', '.join(reasons)}")
 
 
 async def print_sdeps(demo: Demo) -> None:
@@ -392,7 +490,9 @@ async def print_sdeps(demo: Demo) -> None:
 async def canary_line(demo: Demo) -> str:
     status = (await demo.resource(DENSE)).get("status", {})
     canary = status.get("canary") or {}
-    rollout = next((c for c in status.get("conditions", []) if c["type"] == "CanaryRollout"), {})
+    rollout: dict[str, Any] = next(
+        (c for c in status.get("conditions", []) if c["type"] == "CanaryRollout"), {}
+    )
     verdict = (canary.get("lastAnalysis") or {}).get("verdict", "-")
     if not canary:
         return (
@@ -407,7 +507,9 @@ async def canary_line(demo: Demo) -> str:
 
 async def promoted(demo: Demo, version: str) -> bool:
     status = (await demo.resource(DENSE)).get("status", {})
-    rollout = next((c for c in status.get("conditions", []) if c["type"] == "CanaryRollout"), {})
+    rollout: dict[str, Any] = next(
+        (c for c in status.get("conditions", []) if c["type"] == "CanaryRollout"), {}
+    )
     if rollout.get("reason") == "CanaryRolledBack":
         raise DemoFailed(f"canary rolled back: {rollout.get('message')}")
     return rollout.get("reason") == "CanaryPromoted" and status.get("draft", {}).get("version") == version
@@ -415,9 +517,14 @@ async def promoted(demo: Demo, version: str) -> bool:
 
 async def scene_canary(demo: Demo) -> None:
     stack = demo.stack
-    demo.heading(f"A better draft (v4) for {DENSE} goes out behind a canary")
+    demo.heading(f"A better draft (v4) for {DENSE} goes out behind a canary", short="canary v4")
+    stable = 2
+    shares = [achieved_weight(canary_replicas_for(w, stable), stable) for w in CANARY_WEIGHTS]
     demo.say(
-        "steps 25% -> 50% -> promote, 6 s bake each; golden prompts must match with speculation on and off"
+        f"steps {' -> '.join(f'{w}%' for w in CANARY_WEIGHTS)} -> promote, 6 s bake each; without an HTTPRoute "
+        f"the split is by replicas: beside {stable} stable pods that is "
+        f"{' -> '.join(f'{s}%' for s in shares)} of the traffic; golden prompts must match with "
+        "speculation on and off first"
     )
     await stack.kube.patch(API_VERSION, KIND, stack.namespace, DENSE, {"spec": {"canary": FAST_CANARY}})
     draft = {"version": "v4", "engine": {"uri": "pvc://engines/llama-70b-draft/v4"}}
@@ -427,14 +534,35 @@ async def scene_canary(demo: Demo) -> None:
     )
     await demo.watch("canary of v4 promoted", lambda: promoted(demo, "v4"), lambda: canary_line(demo), 90)
     status = (await demo.resource(DENSE)).get("status", {})
-    rollout = next(c for c in status["conditions"] if c["type"] == "CanaryRollout")
+    rollout: dict[str, Any] = next(c for c in status["conditions"] if c["type"] == "CanaryRollout")
     demo.say(f"--- {rollout['reason']}: {rollout['message']}")
+    demo.summarize(f"{rollout['reason']}: {rollout['message']}")
+    await accept_refreshed(demo, "v4")
     await print_sdeps(demo)
+
+
+async def accept_refreshed(demo: Demo, version: str) -> None:
+    """Until ACCEPT (status.observed.alpha) shows the promoted draft, not the one it replaced."""
+    expected = DRAFTS[version].alpha if version in DRAFTS else None
+
+    async def refreshed() -> bool:
+        alpha = (await demo.resource(DENSE)).get("status", {}).get("observed", {}).get("alpha")
+        return alpha is not None and expected is not None and abs(alpha - expected) <= 0.02
+
+    async def accept_line() -> str:
+        alpha = (await demo.resource(DENSE)).get("status", {}).get("observed", {}).get("alpha")
+        return f"{DENSE}: ACCEPT {alpha} (draft {version} accepts about {expected})"
+
+    await demo.watch(f"ACCEPT showing draft {version}", refreshed, accept_line, 30)
+    alpha = (await demo.resource(DENSE)).get("status", {}).get("observed", {}).get("alpha")
+    demo.summarize(f"ACCEPT now {alpha} with draft {version}")
 
 
 async def scene_retraining(demo: Demo) -> None:
     stack = demo.stack
-    demo.heading(f"The target of {DENSE} is updated: the draft goes stale and is retrained")
+    demo.heading(
+        f"The target of {DENSE} is updated: the draft goes stale and is retrained", short="retraining round"
+    )
     retraining = {
         "enabled": True,
         "method": "onPolicy",
@@ -458,7 +586,9 @@ async def scene_retraining(demo: Demo) -> None:
 
     async def stale_line() -> str:
         status = (await demo.resource(DENSE)).get("status", {})
-        stale = next((c for c in status.get("conditions", []) if c["type"] == "DraftStale"), {})
+        stale: dict[str, Any] = next(
+            (c for c in status.get("conditions", []) if c["type"] == "DraftStale"), {}
+        )
         return f"{DENSE}: DraftStale={stale.get('status')} ({stale.get('message', '')})"
 
     await demo.watch("training Job created", job_created, stale_line, 30)
@@ -501,6 +631,17 @@ async def scene_retraining(demo: Demo) -> None:
 
     await demo.watch("draft current again", current, stale_line, 20)
     demo.retrained = version
+    status = (await demo.resource(DENSE)).get("status", {})
+    retraining = status.get("retraining") or {}
+    demo.summarize(
+        f"round {retraining.get('rounds')}: Job {created['metadata']['name']} trained {version} for target "
+        f"2026-11-15 ({retraining.get('lastResult')})"
+    )
+    rollout: dict[str, Any] = next(
+        (c for c in status.get("conditions", []) if c["type"] == "CanaryRollout"), {}
+    )
+    demo.summarize(f"{rollout.get('reason')}: {rollout.get('message')}")
+    await accept_refreshed(demo, version)
     await print_sdeps(demo)
 
 
@@ -518,6 +659,113 @@ SCENES: list[Scene] = [
 # ---------------------------------------------------------------- running it
 
 
+class Recorder:
+    """Samples the dense resource every SAMPLE_INTERVAL_S for the timeline, and feeds the live view."""
+
+    def __init__(self, demo: Demo) -> None:
+        self.demo = demo
+        self.prometheus = httpx.AsyncClient(base_url=demo.stack.prometheus.url, timeout=2.0)
+        queries = PROFILES["triton-trtllm"].queries(5.0)
+        self.queries = {"p50": queries[Q_TPOT_P50], "p99": queries[Q_TPOT_P99]}
+        self.seen_events: set[str] = set()
+        self.last_decision: str | None = None
+        self._break_even: dict[tuple[str, float], int | None] = {}
+
+    async def close(self) -> None:
+        await self.prometheus.aclose()
+
+    async def run(self) -> None:
+        while True:
+            # a missed sample leaves a gap in the picture, nothing else
+            with contextlib.suppress(httpx.HTTPError, ValueError, KeyError):
+                await self.sample()
+            await asyncio.sleep(SAMPLE_INTERVAL_S)
+
+    async def tpot_ms(self) -> dict[str, float | None]:
+        found: dict[str, float | None] = {"p50": None, "p99": None}
+        for key, query in self.queries.items():
+            response = await self.prometheus.get("/api/v1/query", params={"query": query})
+            for series in response.json().get("data", {}).get("result", []):
+                labels = series["metric"]
+                if labels.get("specops_deployment") == DENSE and labels.get("variant") == "stable":
+                    value = float(series["value"][1])
+                    found[key] = value * 1e3 if value == value else None  # NaN: no tokens in the window
+        return found
+
+    def break_even(self, body: dict[str, Any], alpha: float | None) -> int | None:
+        if alpha is None:
+            return None
+        key = (body["metadata"].get("resourceVersion", ""), round(alpha, 2))
+        if key not in self._break_even:
+            setup = policy_config(SpeculativeDeployment.model_validate(body).spec).setup
+            self._break_even[key] = perf.best_length_break_even_batch(setup, round(alpha, 2), 8)
+        return self._break_even[key]
+
+    async def sample(self) -> None:
+        demo, stack = self.demo, self.demo.stack
+        bodies = [b for b in [await demo.resource(name) for _, name in EXAMPLES] if b]
+        demo.shown.bodies = bodies
+        body = next((b for b in bodies if b["metadata"]["name"] == DENSE), None)
+        if body is None:
+            return
+        t = demo.elapsed()
+        status = body.get("status") or {}
+        speculation, observed = status.get("speculation") or {}, status.get("observed") or {}
+        pods = stack.pods(DENSE, "stable")
+        alpha = observed.get("alpha")
+        tpot = await self.tpot_ms()
+        demo.timeline.samples.append(
+            Sample(
+                t=t,
+                offered_batch=pods[0].load_point.batch if pods else None,
+                observed_batch=observed.get("batch"),
+                break_even_batch=self.break_even(body, alpha),
+                alpha=alpha,
+                draft_length=sum(p.draft_length for p in pods) / len(pods) if pods else None,
+                tpot_p50_ms=tpot["p50"],
+                tpot_p99_ms=tpot["p99"],
+                canary_weight=float((status.get("canary") or {}).get("weight") or 0),
+            )
+        )
+        if slo := (body.get("spec") or {}).get("slo", {}).get("perTokenLatencyP99"):
+            demo.timeline.slo_p99_ms = parse_duration(slo) * 1e3
+        decision = speculation.get("lastDecisionTime")
+        if decision and decision != self.last_decision and speculation.get("reason"):
+            self.last_decision = decision
+            demo.timeline.markers.append(Marker(t, speculation["reason"], speculation.get("message") or ""))
+        for event in await stack.kube.list("v1", "Event", stack.namespace):
+            uid = event["metadata"].get("uid", "")
+            involved = event.get("involvedObject") or {}
+            if uid in self.seen_events or involved.get("name") != DENSE:
+                continue
+            self.seen_events.add(uid)
+            if event.get("reason") != (demo.timeline.markers[-1].reason if demo.timeline.markers else None):
+                demo.timeline.markers.append(Marker(t, event.get("reason", ""), event.get("message", "")))
+
+
+def picture_paths(picture: Path) -> tuple[Path, Path, Path]:
+    """The PNG, the HTML page beside it, and the timeline's JSON."""
+    return picture, picture.with_suffix(".html"), picture.with_suffix(".json")
+
+
+def draw(demo: Demo, picture: Path) -> tuple[Path, Path]:
+    png, page, data = picture_paths(picture)
+    render_png(demo.timeline, png)
+    render_html(demo.timeline, png, page)
+    data.write_text(json.dumps(demo.timeline.as_json(), indent=1) + "\n")
+    return png, page
+
+
+def print_summary(demo: Demo, out: TextIO) -> None:
+    print("\nSummary", file=out)
+    for scene in demo.timeline.scenes:
+        end = scene.end if scene.end is not None else scene.start
+        print(f"  {scene.number}. {scene.title} ({end - scene.start:.0f} s)", file=out)
+        for line in scene.summary:
+            print(f"     - {line}", file=out)
+    out.flush()
+
+
 @dataclass(frozen=True)
 class DemoResult:
     exit_code: int
@@ -525,6 +773,9 @@ class DemoResult:
     off_after_s: float | None = None
     on_after_s: float | None = None
     failure: str | None = None
+    picture: Path | None = None
+    page: Path | None = None
+    timeline: Timeline | None = None
 
     @property
     def switched_off_and_on(self) -> bool:
@@ -543,9 +794,16 @@ async def run_demo(
     workdir: Path | None = None,
     out: TextIO | None = None,
     scenes: Sequence[Scene] = SCENES,
+    picture: Path | None = None,
+    live: bool | None = None,
 ) -> DemoResult:
-    """Run the scenes on a fresh local stack; never raises for a failed scene (see DemoResult)."""
+    """Run the scenes on a fresh local stack and draw the timeline; never raises for a failed scene.
+
+    ``picture``: where the PNG goes (HTML and JSON beside it); default WORKDIR/specops-demo.png.
+    ``live``: the rich live view; default when ``out`` is a terminal.
+    """
     out = out if out is not None else sys.stdout
+    live = out.isatty() if live is None else live
     started = time.monotonic()
     if shutil.which("prometheus") is None:
         print(PROMETHEUS_MISSING, file=out, flush=True)
@@ -554,6 +812,7 @@ async def run_demo(
         if workdir is None:
             workdir = Path(cleanup.enter_context(tempfile.TemporaryDirectory(prefix="specops-demo-")))
         workdir.mkdir(parents=True, exist_ok=True)
+        picture = (picture or workdir / "specops-demo.png").resolve()
         cleanup.enter_context(log_to_file(workdir / "operator.log"))
         print(
             "Starting the local stack: emulated Kubernetes API, Prometheus (1 s scrape), simulated Triton "
@@ -561,12 +820,21 @@ async def run_demo(
             file=out,
             flush=True,
         )
+        failure: str | None = None
         async with local_stack(workdir, load=LOW, drafts=DRAFTS) as stack:
-            demo = Demo(stack=stack, pace=pace or (FAST if fast else Pace()), out=out, started=started)
+            display = cleanup.enter_context(Display(out, live))
+            demo = Demo(
+                stack=stack,
+                pace=pace or (FAST if fast else Pace()),
+                out=out,
+                started=started,
+                display=display,
+            )
             demo.say(f"API server {stack.cluster.url}, Prometheus {stack.prometheus.url}")
+            recorder = Recorder(demo)
+            recording = asyncio.get_running_loop().create_task(recorder.run(), name="demo recorder")
             task = asyncio.current_task()
             assert task is not None
-            failure: str | None = None
             with interrupt_cancels(task, lambda: demo.say("\nInterrupted: stopping everything...")):
                 try:
                     for scene in scenes:
@@ -574,10 +842,22 @@ async def run_demo(
                 except DemoFailed as error:
                     failure = str(error)
                     demo.say(f"\nDEMO FAILED: {failure}")
+                finally:
+                    recording.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await recording
+                    await recorder.close()
+                    demo.timeline.finish(demo.elapsed())
+            display.__exit__(None, None, None)
         wall_s = time.monotonic() - started
+        if live:
+            print("\n".join(display.lines), file=out)
         if failure is None and not (demo.off_after_s is not None and demo.on_after_s is not None):
             failure = "speculation was not seen switching off and back on"
             print(f"\nDEMO FAILED: {failure}", file=out, flush=True)
+        print_summary(demo, out)
+        png, page = draw(demo, picture)
+        print(f"\nTimeline picture: {png}\n          web page: {page}", file=out, flush=True)
         if failure is None:
             print(
                 f"\nDone in {wall_s:.0f} s: speculation went off {demo.off_after_s:.1f} s after the load "
@@ -591,16 +871,22 @@ async def run_demo(
             off_after_s=demo.off_after_s,
             on_after_s=demo.on_after_s,
             failure=failure,
+            picture=png,
+            page=page,
+            timeline=demo.timeline,
         )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tests.demo", description=__doc__.split("\n")[0])
-    parser.add_argument("--fast", action="store_true", help="shorter phases and holds (about 40 s)")
+    parser = argparse.ArgumentParser(prog="python -m specops_local.demo", description=__doc__.split("\n")[0])
+    parser.add_argument(
+        "--fast", action="store_true", help="shorter phases and holds (about 80 s instead of 100 s)"
+    )
     parser.add_argument("--workdir", type=Path, help="keep Prometheus data and operator.log here")
+    parser.add_argument("--out", type=Path, help="the timeline picture (PNG; HTML beside it)")
     args = parser.parse_args(argv)
     try:
-        result = asyncio.run(run_demo(fast=args.fast, workdir=args.workdir))
+        result = asyncio.run(run_demo(fast=args.fast, workdir=args.workdir, picture=args.out))
     except (KeyboardInterrupt, asyncio.CancelledError):
         print("Stopped.", flush=True)
         return 130

@@ -21,9 +21,9 @@ from typing import Any
 
 from specops.api.models import SpeculativeDeployment
 from specops.domain.control_status import policy_config
-from specops.sim import LoadPoint, SimPod
-from tests.harness.cluster import EmulatedCluster
-from tests.harness.prometheus import PrometheusProcess
+from specops_local.cluster import EmulatedCluster
+from specops_local.prometheus import PrometheusProcess
+from specops_local.sim import LoadPoint, SimPod
 
 log = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ Each run also records when each stage of the path saw the change, to show where 
 Prometheus (every pod's gauge scraped), the operator's metrics snapshot (its poller), the first
 pod switched (the decision tick plus one Triton call), every pod switched, status written.
 
-    python -m tests.bench.reaction [--runs N] [--json OUT] [--workdir DIR]
+    python -m specops_local.reaction [--runs N] [--json OUT] [--workdir DIR]
 """
 
 from __future__ import annotations
@@ -37,9 +37,9 @@ from specops.api.models import API_VERSION, KIND, SpeculativeDeployment
 from specops.api.units import parse_duration
 from specops.domain import perf
 from specops.domain.control_status import policy_config
-from specops.sim import LoadPoint
-from specops.sim.pod import MAX_ACTIVE_REQUESTS
-from tests.harness.stack import LocalStack, fast_resource, interrupt_cancels, local_stack, log_to_file
+from specops_local.sim import LoadPoint
+from specops_local.sim.pod import MAX_ACTIVE_REQUESTS
+from specops_local.stack import LocalStack, fast_resource, interrupt_cancels, local_stack, log_to_file
 
 NAME = "llama-70b-chat"
 EXAMPLE = "dense-70b-7b.yaml"
@@ -413,9 +413,7 @@ def render(report: ReactionReport) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m tests.bench.reaction", description=__doc__.split("\n")[0]
-    )
+    parser = argparse.ArgumentParser(prog="specops local reaction", description=__doc__.split("\n")[0])
     parser.add_argument("--runs", type=int, default=7, help="repetitions (default 7, about 1.5 min)")
     parser.add_argument("--json", type=Path, help="write the results as JSON here")
     parser.add_argument("--workdir", type=Path, help="keep Prometheus data and logs here")

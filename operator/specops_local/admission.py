@@ -429,3 +429,59 @@ def _rule_message(rule: Mapping[str, Any], variables: dict[str, Any]) -> str:
         if isinstance(text, str) and text.strip():
             return text
     return str(rule.get("message") or f"failed rule: {rule['rule']}")
+
+
+def prune_unknown(schema: Mapping[str, Any], obj: Any) -> list[str]:
+    """Drop fields a structural schema does not declare, in place, as the API server prunes; their paths.
+
+    At the root (and in ``x-kubernetes-embedded-resource`` objects) apiVersion, kind and metadata
+    are always kept; ``x-kubernetes-preserve-unknown-fields`` keeps unknown fields but still prunes
+    inside declared ones; ``additionalProperties`` applies its schema to every key.
+    """
+    unknown: list[str] = []
+    _prune(schema, obj, [], unknown, embedded=True)
+    return unknown
+
+
+_EMBEDDED_KEYS = ("apiVersion", "kind", "metadata")
+
+
+def _prune(
+    schema: Mapping[str, Any], value: Any, path: list[str | int], unknown: list[str], *, embedded: bool
+) -> None:
+    if isinstance(value, list):
+        items = schema.get("items")
+        if isinstance(items, Mapping):
+            for index, item in enumerate(value):
+                _prune(
+                    items,
+                    item,
+                    [*path, index],
+                    unknown,
+                    embedded=bool(items.get("x-kubernetes-embedded-resource")),
+                )
+        return
+    if not isinstance(value, dict):
+        return
+    properties = schema.get("properties")
+    additional = schema.get("additionalProperties")
+    preserve = bool(schema.get("x-kubernetes-preserve-unknown-fields"))
+    for key in list(value):
+        if embedded and key in _EMBEDDED_KEYS:
+            continue  # ObjectMeta is decoded by the server itself, whatever the schema says
+        if isinstance(properties, Mapping) and key in properties:
+            child = properties[key]
+            _prune(
+                child,
+                value[key],
+                [*path, key],
+                unknown,
+                embedded=bool(child.get("x-kubernetes-embedded-resource")),
+            )
+        elif isinstance(additional, Mapping):
+            _prune(additional, value[key], [*path, key], unknown, embedded=False)
+        elif preserve or additional is True:
+            continue
+        else:
+            unknown.append(render_path([*path, key]))
+            del value[key]

@@ -19,10 +19,12 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextvars
 import copy
 import dataclasses
 import datetime
 import json
+import logging
 import random
 import re
 import uuid
@@ -36,7 +38,10 @@ import yaml
 from kmock._internal import enums, rendering
 from typing_extensions import override
 
-from tests.harness.admission import AdmissionError, CrdAdmission
+from specops_local import openapi
+from specops_local.admission import AdmissionError, CrdAdmission, prune_unknown
+
+log = logging.getLogger(__name__)
 
 Body: TypeAlias = dict[str, Any]
 AdmissionHook: TypeAlias = Callable[[str, Body, Body | None], Body]
@@ -51,6 +56,16 @@ ALL_VERBS: Final = ("create", "delete", "deletecollection", "get", "list", "patc
 CRD_RESOURCE: Final = kmock.resource("apiextensions.k8s.io", "v1", "customresourcedefinitions")
 NAMESPACES: Final = kmock.resource("", "v1", "namespaces")
 _NAME_SUFFIX_ALPHABET: Final = "bcdfghjklmnpqrstvwxz2456789"
+OPENAPI_V2_PROTOBUF: Final = "application/com.github.proto-openapi.spec.v2"
+FIELD_VALIDATIONS: Final = ("Ignore", "Warn", "Strict")
+# Warnings of the request being served (one list per request task), sent as `Warning: 299 - "..."` headers.
+_WARNINGS: contextvars.ContextVar[list[str] | None] = contextvars.ContextVar("warnings", default=None)
+
+
+def _warn(text: str) -> None:
+    warnings = _WARNINGS.get()
+    if warnings is not None:
+        warnings.append(text)
 
 
 class ApiError(kmock.KubernetesError):
@@ -336,6 +351,9 @@ class FidelityEmulator(kmock.KubernetesEmulator):
     history_limit: int = 10_000  # watch events kept per resource; older resumes get 410 Gone
     clock: Callable[[], datetime.datetime] = _utc_now
     admission: AdmissionHooks = attrs.field(factory=AdmissionHooks)
+    # Structural schemas (pruning, OpenAPI) and printer columns (Tables) of CRD-served resources.
+    schemas: dict[kmock.resource, Body] = attrs.field(factory=dict)
+    printer_columns: dict[kmock.resource, list[Body]] = attrs.field(factory=dict)
 
     _revision: int = attrs.field(default=0, init=False)
     _events: dict[kmock.resource, collections.deque[WatchEvent]] = attrs.field(factory=dict, init=False)
@@ -372,12 +390,20 @@ class FidelityEmulator(kmock.KubernetesEmulator):
         body = await raw_request.read()
         request = self._parse_request(raw_request, body)
         self._requests.append(request)
+        warnings: list[str] = []
+        token = _WARNINGS.set(warnings)
         try:
-            return await self._handle(request)
+            response = await self._handle(request)
         except ApiError as exc:
-            return self._status_response(exc)
+            response = self._status_response(exc)
         except kmock.KubernetesError as exc:
-            return self._status_response(ApiError(exc.status, exc.reason, exc.message, exc.details))
+            response = self._status_response(ApiError(exc.status, exc.reason, exc.message, exc.details))
+        finally:
+            _WARNINGS.reset(token)
+        if warnings and not response.prepared:
+            for text in warnings:
+                response.headers.add("Warning", f"299 - {json.dumps(text)}")
+        return response
 
     def _parse_request(self, raw_request: aiohttp.web.BaseRequest, body: bytes) -> rendering.Request:
         route = parse_route(raw_request.path)
@@ -440,6 +466,8 @@ class FidelityEmulator(kmock.KubernetesEmulator):
             discovery = self._discovery(path)
             if discovery is not None:
                 return aiohttp.web.json_response(discovery)
+            if path.startswith("/openapi/"):
+                return self._openapi(path, request.headers.get("Accept", ""))
         route = parse_route(path)
         if route is None:
             raise ApiError(404, "NotFound", "the server could not find the requested resource")
@@ -465,6 +493,73 @@ class FidelityEmulator(kmock.KubernetesEmulator):
     @staticmethod
     def _status_response(exc: kmock.KubernetesError) -> aiohttp.web.Response:
         return aiohttp.web.json_response(_status_body(exc), status=exc.status)
+
+    # --- OpenAPI ---
+
+    def openapi(self) -> openapi.OpenApi:
+        return openapi.OpenApi(self.resources, self.schemas)
+
+    def _openapi(self, path: str, accept: str) -> aiohttp.web.Response:
+        docs = self.openapi()
+        if path == "/openapi/v2":
+            if "json" not in accept and accept not in ("", "*/*"):
+                raise ApiError(406, "NotAcceptable", f"only application/json is served, not {accept}")
+            return aiohttp.web.json_response(docs.v2_document())
+        if path == "/openapi/v3":
+            return aiohttp.web.json_response(docs.v3_index())
+        document = docs.v3_document(path.removeprefix("/openapi/v3/"))
+        if document is None:
+            raise ApiError(404, "NotFound", "the server could not find the requested resource")
+        return aiohttp.web.json_response(document)
+
+    def _table_response(
+        self, request: rendering.Request, res: kmock.resource, objects: list[Body]
+    ) -> aiohttp.web.Response:
+        body = openapi.table(
+            self.printer_columns.get(res) or openapi.BUILTIN_COLUMNS.get(res.plural or ""),
+            objects,
+            str(self._revision),
+            self.clock(),
+            request.params.get("includeObject", "Metadata"),
+        )
+        return aiohttp.web.json_response(body)
+
+    # --- pruning and field validation ---
+
+    def _prune_fields(self, res: kmock.resource, obj: Body, field_validation: str) -> Body:
+        """Drop undeclared fields of a CRD object; Warn (default) adds warnings, Strict refuses (400)."""
+        schema = self.schemas.get(res)
+        if schema is None:
+            return obj
+        if field_validation not in FIELD_VALIDATIONS:
+            raise ApiError(
+                400,
+                "BadRequest",
+                f"fieldValidation must be one of {', '.join(FIELD_VALIDATIONS)}, got {field_validation!r}",
+            )
+        unknown = prune_unknown(schema, obj)
+        if not unknown:
+            return obj
+        described = [f'unknown field "{path}"' for path in unknown]
+        log.info(
+            "%s %s: pruned %s (fieldValidation=%s)",
+            res.plural,
+            obj["metadata"].get("name"),
+            unknown,
+            field_validation,
+        )
+        if field_validation == "Strict":
+            kind = self.resources[res].kind
+            raise ApiError(
+                400,
+                "BadRequest",
+                f'{kind} in version "{res.version}" cannot be handled as a {kind}: strict decoding error: '
+                + ", ".join(described),
+            )
+        if field_validation == "Warn":
+            for text in described:
+                _warn(text)
+        return obj
 
     # --- discovery ---
 
@@ -552,14 +647,25 @@ class FidelityEmulator(kmock.KubernetesEmulator):
             raise ApiError(404, "NotFound", "the server could not find the requested resource")
         method, params = request.method, request.params
         status = route.subresource == "status"
+        dry_run = params.get("dryRun") == "All"
+        if params.get("dryRun") not in (None, "", "All"):
+            raise ApiError(400, "BadRequest", f"Invalid dry run value: {params['dryRun']!r} (only All)")
+        writes: dict[str, Any] = {
+            "field_validation": params.get("fieldValidation") or "Warn",
+            "dry_run": dry_run,
+        }
+        table = openapi.wants_table(request.headers.get("Accept", ""))
 
         if method == enums.method.GET and params.get("watch") in ("true", "1"):
             return await self._watch_response(request, res, namespace, route.name)
         if method == enums.method.GET and route.name is None:
-            return aiohttp.web.json_response(self._list_body(res, namespace, params))
+            body = self._list_body(res, namespace, params)
+            if table:
+                return self._table_response(request, res, body["items"])
+            return aiohttp.web.json_response(body)
         if route.name is None and method == enums.method.POST:
             return aiohttp.web.json_response(
-                self.create_object(res, self._body(request), namespace=namespace), status=201
+                self.create_object(res, self._body(request), namespace=namespace, **writes), status=201
             )
         if route.name is None and method == enums.method.DELETE:
             items = [
@@ -575,10 +681,13 @@ class FidelityEmulator(kmock.KubernetesEmulator):
             )
 
         if method == enums.method.GET:
-            return aiohttp.web.json_response(self.read_object(res, namespace, route.name))
+            obj = self.read_object(res, namespace, route.name)
+            if table and route.subresource is None:
+                return self._table_response(request, res, [obj])
+            return aiohttp.web.json_response(obj)
         if method == enums.method.PUT:
             return aiohttp.web.json_response(
-                self.replace_object(res, namespace, route.name, self._body(request), status=status)
+                self.replace_object(res, namespace, route.name, self._body(request), status=status, **writes)
             )
         if method == enums.method.PATCH:
             content_type = request.headers.get("Content-Type", "").split(";")[0].strip()
@@ -586,15 +695,23 @@ class FidelityEmulator(kmock.KubernetesEmulator):
                 body = self._body(request)
                 body.setdefault("metadata", {})["name"] = route.name
                 return aiohttp.web.json_response(
-                    self.create_object(res, body, namespace=namespace), status=201
+                    self.create_object(res, body, namespace=namespace, **writes), status=201
                 )
-            result = self.patch_object(res, namespace, route.name, request.data, content_type, status=status)
+            result = self.patch_object(
+                res, namespace, route.name, request.data, content_type, status=status, **writes
+            )
             return aiohttp.web.json_response(result)
         if method == enums.method.DELETE:
             options = request.data if isinstance(request.data, dict) else {}
             propagation = params.get("propagationPolicy") or options.get("propagationPolicy") or "Background"
             return aiohttp.web.json_response(
-                self.delete_object(res, namespace, route.name, propagation=propagation)
+                self.delete_object(
+                    res,
+                    namespace,
+                    route.name,
+                    propagation=propagation,
+                    dry_run=dry_run or "All" in (options.get("dryRun") or ()),
+                )
             )
         raise ApiError(
             405, "MethodNotAllowed", "the server does not allow this method on the requested resource"
@@ -730,8 +847,16 @@ class FidelityEmulator(kmock.KubernetesEmulator):
 
     # --- writes ---
 
-    def create_object(self, res: ResourceRef, body: Body, *, namespace: str | None = None) -> Body:
-        """POST semantics: stamp metadata, run admission, store, publish ADDED."""
+    def create_object(
+        self,
+        res: ResourceRef,
+        body: Body,
+        *,
+        namespace: str | None = None,
+        field_validation: str = "Warn",
+        dry_run: bool = False,
+    ) -> Body:
+        """POST semantics: stamp metadata, prune, run admission, store, publish ADDED (not with dry_run)."""
         resource = _resource(res)
         info = self._info(resource)
         obj = copy.deepcopy(body)
@@ -782,21 +907,40 @@ class FidelityEmulator(kmock.KubernetesEmulator):
         meta["creationTimestamp"] = _timestamp(self.clock())
         if "status" in info.subresources:
             obj.pop("status", None)
+        obj = self._prune_fields(resource, obj, field_validation)
         obj = self._admit(resource, "CREATE", obj, None)
+        if dry_run:
+            return obj
         stored = self._store(resource, obj, "ADDED", None)
         if resource == CRD_RESOURCE:
             register_crd(self, stored, store=False)
         return stored
 
     def replace_object(
-        self, res: ResourceRef, namespace: str | None, name: str, body: Body, *, status: bool = False
+        self,
+        res: ResourceRef,
+        namespace: str | None,
+        name: str,
+        body: Body,
+        *,
+        status: bool = False,
+        field_validation: str = "Warn",
+        dry_run: bool = False,
     ) -> Body:
         """PUT semantics (the whole object, or only ``.status`` for the status subresource)."""
         resource = _resource(res)
         body_name = body.get("metadata", {}).get("name")
         if body_name and body_name != name:
             raise ApiError(400, "BadRequest", "the name of the object does not match the name on the URL")
-        return self._update(resource, namespace, name, lambda _: copy.deepcopy(body), status=status)
+        return self._update(
+            resource,
+            namespace,
+            name,
+            lambda _: copy.deepcopy(body),
+            status=status,
+            field_validation=field_validation,
+            dry_run=dry_run,
+        )
 
     def patch_object(
         self,
@@ -807,6 +951,8 @@ class FidelityEmulator(kmock.KubernetesEmulator):
         content_type: str = MERGE_PATCH,
         *,
         status: bool = False,
+        field_validation: str = "Warn",
+        dry_run: bool = False,
     ) -> Body:
         """PATCH semantics for merge, JSON, strategic (as merge) and apply (as merge) patches."""
         resource = _resource(res)
@@ -825,7 +971,15 @@ class FidelityEmulator(kmock.KubernetesEmulator):
             )
         if content_type != JSON_PATCH and not isinstance(patch, dict):
             raise ApiError(400, "BadRequest", "the patch is not a JSON object")
-        return self._update(resource, namespace, name, apply, status=status)
+        return self._update(
+            resource,
+            namespace,
+            name,
+            apply,
+            status=status,
+            field_validation=field_validation,
+            dry_run=dry_run,
+        )
 
     def _update(
         self,
@@ -835,6 +989,8 @@ class FidelityEmulator(kmock.KubernetesEmulator):
         change: Callable[[Body], Any],
         *,
         status: bool,
+        field_validation: str = "Warn",
+        dry_run: bool = False,
     ) -> Body:
         info = self._info(res)
         old = self._find(res, namespace, name)
@@ -865,6 +1021,7 @@ class FidelityEmulator(kmock.KubernetesEmulator):
                 new.pop("status", None)
             else:
                 new["status"] = candidate["status"]
+            new = self._prune_fields(res, new, field_validation)
         else:
             new = candidate
             if "status" in info.subresources:
@@ -903,25 +1060,36 @@ class FidelityEmulator(kmock.KubernetesEmulator):
                             )
                         ],
                     )
+            new = self._prune_fields(res, new, field_validation)
             new = self._admit(res, "UPDATE", new, old)
             if _essence(new) != _essence(old):
                 new["metadata"]["generation"] = old_meta.get("generation", 1) + 1
         new["metadata"]["resourceVersion"] = old_meta["resourceVersion"]
         if new == old:
             return old  # a no-op write: no new resourceVersion and no watch event, as on a real server
+        if dry_run:
+            return new
         stored = self._store(res, new, "MODIFIED", old)
         if stored["metadata"].get("deletionTimestamp") and not stored["metadata"].get("finalizers"):
             return self._remove(res, stored)
         return stored
 
     def delete_object(
-        self, res: ResourceRef, namespace: str | None, name: str, *, propagation: str = "Background"
+        self,
+        res: ResourceRef,
+        namespace: str | None,
+        name: str,
+        *,
+        propagation: str = "Background",
+        dry_run: bool = False,
     ) -> Body:
         """DELETE: mark for deletion while finalizers remain; otherwise remove and collect dependents."""
         resource = _resource(res)
         old = self._find(resource, namespace, name)
         if old is None:
             raise self._not_found(resource, name)
+        if dry_run:
+            return old
         if propagation == "Orphan":
             self._orphan_dependents(old["metadata"]["uid"])
         if old["metadata"].get("finalizers"):
@@ -1026,7 +1194,8 @@ class FidelityEmulator(kmock.KubernetesEmulator):
 
         self._watchers[res] += 1
         try:
-            await self._stream_events(response, res, since_text, deadline, visible, params)
+            as_table = openapi.wants_table(request.headers.get("Accept", ""))
+            await self._stream_events(response, res, since_text, deadline, visible, params, as_table)
         finally:
             self._watchers[res] -= 1
         await response.write_eof()
@@ -1040,10 +1209,20 @@ class FidelityEmulator(kmock.KubernetesEmulator):
         deadline: float | None,
         visible: Callable[[Body | None], bool],
         params: Mapping[str, str],
+        as_table: bool = False,
     ) -> None:
         loop = asyncio.get_running_loop()
 
         async def send(kind: str, obj: Body) -> None:
+            if as_table and kind in ("ADDED", "MODIFIED", "DELETED"):
+                # kubectl get -w: each event carries a one-row Table, as the server sends
+                obj = openapi.table(
+                    self.printer_columns.get(res) or openapi.BUILTIN_COLUMNS.get(res.plural or ""),
+                    [obj],
+                    obj["metadata"].get("resourceVersion", ""),
+                    self.clock(),
+                    params.get("includeObject", "Metadata"),
+                )
             await response.write(json.dumps({"type": kind, "object": obj}).encode() + b"\n")
 
         if since_text in ("", "0"):
@@ -1201,6 +1380,10 @@ def register_crd(
             categories=tuple(names.get("categories", ())),
         )
         emulator.admission[resource] = admission
+        schema = (version.get("schema") or {}).get("openAPIV3Schema")
+        if schema is not None:
+            emulator.schemas[resource] = copy.deepcopy(schema)
+        emulator.printer_columns[resource] = copy.deepcopy(version.get("additionalPrinterColumns") or [])
         registered.append(resource)
     crd_name = crd["metadata"]["name"]
     if store and CRD_RESOURCE in emulator.resources and emulator._find(CRD_RESOURCE, None, crd_name) is None:

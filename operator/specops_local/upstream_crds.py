@@ -2,8 +2,8 @@
 
 Registered like any CRD, so every write of an HTTPRoute, ServiceMonitor, PodMonitor,
 PrometheusRule, JobSet or TrainJob is defaulted and checked against the real schema and CEL
-rules (tests/harness/admission.py), as a cluster with those projects installed would. The files
-are copies of the upstream releases in tests/data/upstream-crds/ (versions in its README).
+rules (specops_local/admission.py), as a cluster with those projects installed would. The files
+are copies of the upstream releases in operator/specops_local/upstream-crds/ (versions in its README).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any
 
 import yaml
 
-UPSTREAM_CRDS = Path(__file__).resolve().parents[1] / "data" / "upstream-crds"
+UPSTREAM_CRDS = Path(__file__).resolve().parent / "upstream-crds"
 
 
 @cache

@@ -19,7 +19,7 @@ import aiohttp.web
 import kmock
 import yaml
 
-from tests.harness.emulator import Body, FidelityEmulator, register_builtin_resources, register_crd
+from specops_local.emulator import Body, FidelityEmulator, register_builtin_resources, register_crd
 
 DEFAULT_NAMESPACE = "default"
 

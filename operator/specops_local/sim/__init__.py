@@ -1,6 +1,6 @@
 """Simulated Triton + TensorRT-LLM pods for tests and the local demo."""
 
-from specops.sim.load import (
+from specops_local.sim.load import (
     ConstantSchedule,
     LoadPoint,
     LoadSchedule,
@@ -10,7 +10,7 @@ from specops.sim.load import (
     parse_csv_trace,
     steps,
 )
-from specops.sim.pod import (
+from specops_local.sim.pod import (
     BLS_MODEL,
     DRAFT_LENGTH_PARAMETER,
     DRAFT_MODEL,

@@ -1,4 +1,4 @@
-"""Run simulated pods for a local demo: `python -m specops.sim --pods 2 --batch 16 --alpha 0.8`.
+"""Run simulated pods for a local demo: `python -m specops_local.sim --pods 2 --batch 16 --alpha 0.8`.
 
 With `--serving-profile NAME|FILE` the pods serve a profile's step times (a builtin name
 from specops.profiles or a profile JSON file) instead of the roofline.
@@ -16,12 +16,12 @@ import sys
 
 from specops import profiles
 from specops.domain import perf
-from specops.sim.load import LoadPoint, from_csv
-from specops.sim.pod import SimPod
+from specops_local.sim.load import LoadPoint, from_csv
+from specops_local.sim.pod import SimPod
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m specops.sim", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m specops_local.sim", description=__doc__)
     parser.add_argument("--pods", type=int, default=1)
     parser.add_argument("--name-prefix", default="sim")
     parser.add_argument("--gpu", choices=sorted(perf.GPUS), default="H100")

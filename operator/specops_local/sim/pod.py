@@ -26,7 +26,7 @@ from aiohttp import web
 
 from specops.domain import perf
 from specops.domain.profile import ServingProfile
-from specops.sim.load import LoadPoint, LoadSchedule, constant
+from specops_local.sim.load import LoadPoint, LoadSchedule, constant
 
 TARGET_MODEL = "tensorrt_llm"
 DRAFT_MODEL = "tensorrt_llm_draft"
@@ -41,8 +41,9 @@ DRAFT_VERSION_PARAMETER = "specops_draft_version"
 
 MAX_ACTIVE_REQUESTS = 256
 TPOT_BUCKETS: tuple[float, ...] = (
-    0.001, 0.002, 0.003, 0.004, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15,
-    0.2, 0.3, 0.5, 1.0,
+    0.0001, 0.0002, 0.0003, 0.0004, 0.0005, 0.0006, 0.0007, 0.0008, 0.0009, 0.001, 0.00125, 0.0015,
+    0.00175, 0.002, 0.0025, 0.003, 0.0035, 0.004, 0.0045, 0.005, 0.006, 0.007, 0.008, 0.009, 0.01,
+    0.0125, 0.015, 0.0175, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0,
 )  # fmt: skip
 E2E_BUCKETS: tuple[float, ...] = (0.5, 1.0, 2.0, 3.0, 5.0, 7.5, 10.0, 15.0, 20.0, 30.0, 60.0, 120.0)
 LATENCY_SAMPLES_PER_SECOND = 40.0

@@ -1,0 +1,161 @@
+"""`specops local ...`: the local stack as commands (loaded by `specops` only when used).
+
+- `up`: the emulated API server, Debian's Prometheus, simulated Triton pods and the operator,
+  until Ctrl-C or SIGTERM; kubectl works against it with the kubeconfig it writes.
+- `demo`: the scripted scenario on a fresh stack, ending with a timeline picture.
+- `reaction`: the reaction benchmark (arguments passed through).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import shutil
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+import yaml
+
+CONTEXT_SETTINGS: dict[str, Any] = {"help_option_names": ["-h", "--help"], "max_content_width": 110}
+
+
+@click.group(context_settings=CONTEXT_SETTINGS)
+def local() -> None:
+    """The local stack: an emulated Kubernetes API, Debian's Prometheus, simulated pods, the operator."""
+
+
+def _require_prometheus() -> None:
+    if shutil.which("prometheus") is None:
+        raise click.ClickException(
+            "Debian's prometheus is not installed; the local stack scrapes the simulated pods with the real "
+            "one. Install it with: make prometheus (or: sudo apt-get install prometheus)"
+        )
+
+
+def write_examples(workdir: Path, prometheus_url: str, namespace: str) -> list[Path]:
+    """The docs/examples resources pointed at the local Prometheus, with quick decisions, to apply."""
+    from specops_local.stack import EXAMPLES, fast_resource
+
+    out_dir = workdir / "examples"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = []
+    for example in ("dense-70b-7b.yaml", "moe-expert-distilled.yaml"):
+        if not (EXAMPLES / example).exists():
+            continue
+        body = fast_resource(
+            example,
+            prometheus_url=prometheus_url,
+            namespace=namespace,
+            interval="2s",
+            baseline="10s",
+            soak="10s",
+        )
+        path = out_dir / example
+        path.write_text(yaml.safe_dump(body, sort_keys=False))
+        written.append(path)
+    return written
+
+
+async def serve_until_stopped(workdir: Path, announce: Any) -> None:
+    """Start the stack, announce where it is, wait for SIGINT/SIGTERM, stop everything started."""
+    from specops_local.cluster import write_kubeconfig
+    from specops_local.demo import DRAFTS, LOW
+    from specops_local.stack import local_stack
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    async with local_stack(workdir, load=LOW, drafts=DRAFTS) as stack:
+        kubeconfig = write_kubeconfig(workdir / "kubeconfig", stack.cluster.url, stack.namespace)
+        announce(stack, kubeconfig, write_examples(workdir, stack.prometheus.url, stack.namespace))
+        # After the operator started: Kopf installs its own handlers, which would stop only the operator.
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(signum, stop.set)
+        try:
+            await stop.wait()
+        finally:
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+                    loop.remove_signal_handler(signum)
+            click.echo("stopping the local stack...")
+
+
+@local.command(context_settings=CONTEXT_SETTINGS)
+@click.option(
+    "--workdir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path(".specops-local"),
+    show_default=True,
+    help="kubeconfig, Prometheus data, operator.log and ready-to-apply examples go here",
+)
+def up(workdir: Path) -> None:
+    """Start the local stack and keep it up until Ctrl-C or SIGTERM.
+
+    Writes WORKDIR/kubeconfig for kubectl (and kubectl specops), prints it with the Prometheus URL.
+    """
+    from specops_local.stack import log_to_file
+
+    _require_prometheus()
+    workdir = workdir.resolve()
+    workdir.mkdir(parents=True, exist_ok=True)
+
+    def announce(stack: Any, kubeconfig: Path, examples: list[Path]) -> None:
+        click.echo(f"kubeconfig: {kubeconfig}")
+        click.echo(f"API server: {stack.cluster.url}")
+        click.echo(f"Prometheus: {stack.prometheus.url}")
+        click.echo(f"operator log: {workdir / 'operator.log'}")
+        click.echo("")
+        click.echo(f"  export KUBECONFIG={kubeconfig}")
+        for path in examples:
+            click.echo(f"  kubectl apply -f {path}")
+        click.echo("  kubectl get sdep")
+        click.echo("  kubectl specops get llama-70b-chat --watch")
+        click.echo("")
+        click.echo("Up. Ctrl-C (or SIGTERM) stops everything.", nl=True)
+        sys.stdout.flush()
+
+    with log_to_file(workdir / "operator.log"), contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(serve_until_stopped(workdir, announce))
+    click.echo("stopped.")
+
+
+@local.command(context_settings=CONTEXT_SETTINGS)
+@click.option("--fast", is_flag=True, help="shorter phases and holds (about 80 s instead of 100 s)")
+@click.option(
+    "--workdir",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="keep Prometheus data, operator.log and the timeline here (default: a temporary directory)",
+)
+@click.option(
+    "--out",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=Path("specops-demo.png"),
+    show_default=True,
+    help="the timeline picture (PNG; an HTML page is written beside it)",
+)
+@click.option("--live/--no-live", default=None, help="the live view (default: when stdout is a terminal)")
+def demo(fast: bool, workdir: Path | None, out: Path, live: bool | None) -> None:
+    """Run the scripted scenario: rollout, load past break-even and back, a canary, a retraining round."""
+    from specops_local.demo import run_demo
+
+    try:
+        result = asyncio.run(run_demo(fast=fast, workdir=workdir, picture=out, live=live))
+    except (KeyboardInterrupt, asyncio.CancelledError):
+        click.echo("Stopped.")
+        sys.exit(130)
+    sys.exit(result.exit_code)
+
+
+@local.command(
+    context_settings={"ignore_unknown_options": True, "allow_extra_args": True, "help_option_names": []},
+    add_help_option=False,
+    short_help="the reaction benchmark (--help for its options)",
+)
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+def reaction(args: tuple[str, ...]) -> None:
+    """Seconds from load passing break-even until every pod stops speculating, on the local stack."""
+    from specops_local.reaction import main
+
+    sys.exit(main(list(args)))

@@ -1,0 +1,213 @@
+"""The demo's timeline: what was measured and decided, second by second, as a picture and a web page.
+
+The demo samples one resource while it runs (offered and observed batch, the model's break-even
+batch at the current acceptance, alpha, draft length, TPOT p50/p99 from Prometheus, canary weight)
+and records the decisions (status reasons and Events). ``render_png`` draws five panels sharing
+the time axis with the scenes shaded and the decisions as markers; ``render_html`` wraps the
+picture (embedded, so the page is self-contained), the per-scene summary and the decisions.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+@dataclass
+class Sample:
+    t: float
+    offered_batch: float | None = None
+    observed_batch: float | None = None
+    break_even_batch: float | None = None
+    alpha: float | None = None
+    draft_length: float | None = None
+    tpot_p50_ms: float | None = None
+    tpot_p99_ms: float | None = None
+    canary_weight: float | None = None
+
+
+@dataclass
+class Marker:
+    t: float
+    reason: str
+    message: str = ""
+
+
+@dataclass
+class SceneSpan:
+    number: int
+    title: str
+    start: float
+    end: float | None = None
+    summary: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Timeline:
+    resource: str
+    slo_p99_ms: float | None = None
+    samples: list[Sample] = field(default_factory=list)
+    markers: list[Marker] = field(default_factory=list)
+    scenes: list[SceneSpan] = field(default_factory=list)
+
+    def start_scene(self, number: int, title: str, t: float) -> SceneSpan:
+        if self.scenes and self.scenes[-1].end is None:
+            self.scenes[-1].end = t
+        scene = SceneSpan(number, title, t)
+        self.scenes.append(scene)
+        return scene
+
+    def finish(self, t: float) -> None:
+        if self.scenes and self.scenes[-1].end is None:
+            self.scenes[-1].end = t
+
+    def as_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Timeline:
+        """A timeline saved by the demo (NAME.json beside the picture), to draw it again."""
+        return cls(
+            resource=data["resource"],
+            slo_p99_ms=data.get("slo_p99_ms"),
+            samples=[Sample(**s) for s in data.get("samples", [])],
+            markers=[Marker(**m) for m in data.get("markers", [])],
+            scenes=[SceneSpan(**s) for s in data.get("scenes", [])],
+        )
+
+
+# Decisions worth a marker, and their colours: speculation switches, draft length, canary, retraining.
+MARKER_COLOURS = {
+    "SpeculationDisabledHighBatch": "#d62728",
+    "SpeculationEnabledLowBatch": "#2ca02c",
+    "DraftLengthIncreased": "#1f77b4",
+    "DraftLengthDecreased": "#1f77b4",
+    "CanaryStarted": "#9467bd",
+    "LosslessCheckPassed": "#9467bd",
+    "CanaryStepAdvanced": "#9467bd",
+    "CanaryPromoted": "#8c564b",
+    "CanaryRolledBack": "#d62728",
+    "RetrainingStarted": "#ff7f0e",
+    "RetrainingSucceeded": "#ff7f0e",
+    "DraftStale": "#ff7f0e",
+}
+
+
+def _series(samples: list[Sample], name: str) -> tuple[list[float], list[float]]:
+    xs, ys = [], []
+    for sample in samples:
+        value = getattr(sample, name)
+        if value is not None:
+            xs.append(sample.t)
+            ys.append(value)
+    return xs, ys
+
+
+def render_png(timeline: Timeline, path: Path) -> Path:
+    """Five panels over time: batch vs break-even, alpha, draft length, TPOT vs SLO, canary weight."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = 5
+    figure, axes = plt.subplots(panels, 1, figsize=(13, 12), sharex=True, height_ratios=[3, 2, 2, 3, 2])
+    batch_ax, alpha_ax, length_ax, tpot_ax, weight_ax = axes
+    samples = timeline.samples
+
+    batch_ax.plot(
+        *_series(samples, "offered_batch"), label="offered requests per pod", color="#7f7f7f", ls="--"
+    )
+    batch_ax.plot(*_series(samples, "observed_batch"), label="batch (Prometheus)", color="#1f77b4")
+    batch_ax.plot(
+        *_series(samples, "break_even_batch"),
+        label="break-even batch (model, current alpha)",
+        color="#d62728",
+    )
+    batch_ax.set_ylabel("batch")
+    alpha_ax.plot(*_series(samples, "alpha"), color="#2ca02c")
+    alpha_ax.set_ylabel("alpha")
+    alpha_ax.set_ylim(0, 1)
+    length_ax.step(*_series(samples, "draft_length"), where="post", color="#9467bd")
+    length_ax.set_ylabel("draft length\n(0 = off)")
+    tpot_ax.plot(*_series(samples, "tpot_p50_ms"), label="TPOT p50", color="#1f77b4")
+    tpot_ax.plot(*_series(samples, "tpot_p99_ms"), label="TPOT p99", color="#ff7f0e")
+    if timeline.slo_p99_ms is not None:
+        tpot_ax.axhline(
+            timeline.slo_p99_ms, color="#d62728", ls=":", label=f"p99 SLO {timeline.slo_p99_ms:g} ms"
+        )
+    tpot_ax.set_ylabel("ms per token")
+    tpot_ax.set_ylim(bottom=0)
+    weight_ax.step(*_series(samples, "canary_weight"), where="post", color="#8c564b")
+    weight_ax.set_ylabel("canary\nweight %")
+    weight_ax.set_ylim(-5, 105)
+    weight_ax.set_xlabel("seconds since the demo started")
+
+    shades = ("#f2f2f2", "#ffffff")
+    for index, scene in enumerate(timeline.scenes):
+        end = scene.end if scene.end is not None else (samples[-1].t if samples else scene.start)
+        for ax in axes:
+            ax.axvspan(scene.start, end, color=shades[index % 2], zorder=0)
+        batch_ax.text(
+            (scene.start + end) / 2,
+            1.02,
+            f"{scene.number}. {scene.title}",
+            transform=batch_ax.get_xaxis_transform(),
+            ha="center",
+            va="bottom",
+            fontsize=8,
+            wrap=True,
+        )
+    seen_labels: set[str] = set()
+    for marker in timeline.markers:
+        colour = MARKER_COLOURS.get(marker.reason)
+        if colour is None:
+            continue
+        for ax in axes:
+            ax.axvline(marker.t, color=colour, lw=0.9, alpha=0.7)
+        label = marker.reason if marker.reason not in seen_labels else None
+        seen_labels.add(marker.reason)
+        length_ax.plot([marker.t], [0], marker="v", color=colour, ms=7, label=label, ls="none", clip_on=False)
+    batch_ax.legend(loc="upper left", fontsize=8)
+    tpot_ax.legend(loc="upper left", fontsize=8)
+    if seen_labels:
+        length_ax.legend(loc="upper left", fontsize=7, ncol=4)
+    figure.suptitle(f"specops local demo: {timeline.resource}", y=0.995)
+    figure.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+    return path
+
+
+def render_html(timeline: Timeline, png: Path, path: Path) -> Path:
+    """A self-contained page: the picture (embedded), each scene's summary, every decision."""
+    image = base64.b64encode(png.read_bytes()).decode()
+    scenes = "".join(
+        f"<h3>{scene.number}. {html.escape(scene.title)}</h3><ul>"
+        + "".join(f"<li>{html.escape(line)}</li>" for line in scene.summary)
+        + f"</ul><p class=t>{scene.start:.0f} s - {(scene.end or scene.start):.0f} s</p>"
+        for scene in timeline.scenes
+    )
+    decisions = "".join(
+        f"<tr><td>{m.t:.1f} s</td><td>{html.escape(m.reason)}</td><td>{html.escape(m.message)}</td></tr>"
+        for m in timeline.markers
+    )
+    data = html.escape(json.dumps(timeline.as_json()))
+    page = f"""<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>specops demo: {html.escape(timeline.resource)}</title>
+<style>body{{font-family:sans-serif;max-width:1200px;margin:2em auto;color:#222}}img{{width:100%}}
+td{{padding:2px 8px;vertical-align:top;font-size:90%}}.t{{color:#777;font-size:80%}}</style></head>
+<body><h1>specops local demo: {html.escape(timeline.resource)}</h1>
+<img alt="timeline of batch, break-even, alpha, draft length, TPOT and canary weight" src="data:image/png;base64,{image}">
+<h2>Scenes</h2>{scenes}
+<h2>Decisions</h2><table><tr><th>time</th><th>reason</th><th>message</th></tr>{decisions}</table>
+<script type="application/json" id="timeline">{data}</script>
+</body></html>
+"""
+    path.write_text(page)
+    return path

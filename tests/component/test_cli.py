@@ -1,0 +1,292 @@
+"""`specops` and `kubectl specops` through their entry points, against the emulated API server.
+
+The click commands run in click's CliRunner (in a thread, since they run their own event loop
+while the emulator serves from the test's); the installed console scripts run as subprocesses,
+`kubectl-specops` through real kubectl's plugin lookup.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+import pytest
+import yaml
+from click.testing import CliRunner, Result
+
+from specops import kubectl_plugin
+from specops.cli import main as specops
+from specops_local.cluster import EmulatedCluster, emulated_cluster
+from specops_local.stack import CRD_PATH
+
+ROOT = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+NAMESPACE = "inference"
+NAME = "llama-70b-chat"
+
+STATUS: dict[str, Any] = {
+    "phase": "Canary",
+    "speculation": {
+        "state": "on",
+        "draftLength": 5,
+        "controlPhase": "Dynamic",
+        "reason": "DraftLengthIncreased",
+        "message": "acceptance 0.83 pays for a longer draft",
+        "measuredSpeedup": 2.4,
+    },
+    "draft": {"version": "v3"},
+    "observed": {"alpha": 0.83, "batch": 40.0, "perTokenLatencyP99": "31ms"},
+    "canary": {
+        "phase": "Progressing",
+        "draft": {"version": "v4"},
+        "step": 1,
+        "weight": 50,
+        "trafficRouting": "HTTPRoute",
+        "lastAnalysis": {"verdict": "Pass"},
+    },
+    "retraining": {"rounds": 2, "lastResult": "Succeeded", "lastMessage": "round 2 trained v4-rt2"},
+    "conditions": [
+        {
+            "type": "Ready",
+            "status": "True",
+            "reason": "Serving",
+            "message": "",
+            "lastTransitionTime": "2026-12-01T00:00:00Z",
+        }
+    ],
+}
+
+
+def resource() -> dict[str, Any]:
+    body: dict[str, Any] = yaml.safe_load((ROOT / "docs" / "examples" / "dense-70b-7b.yaml").read_text())
+    body["spec"]["canary"] = {
+        "steps": [
+            {"weight": 25, "pause": "1m"},
+            {"weight": 50, "pause": "1m"},
+            {"weight": 100, "pause": "1m"},
+        ]
+    }
+    return body
+
+
+@pytest.fixture
+async def cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """An emulated cluster whose kubeconfig context's namespace is `inference`, with one resource."""
+    async with emulated_cluster([CRD_PATH], tmp_path, namespace=NAMESPACE) as emulated:
+        monkeypatch.setenv("KUBECONFIG", str(emulated.kubeconfig_path))
+        emulated.create("sdep", resource(), namespace=NAMESPACE)
+        emulated.patch_status("sdep", NAME, STATUS, namespace=NAMESPACE)
+        yield emulated
+
+
+async def invoke(command: click.Command, *args: str) -> Result:
+    return await asyncio.to_thread(CliRunner().invoke, command, list(args), catch_exceptions=False)
+
+
+async def run(*argv: str, env: dict[str, str] | None = None, timeout_s: float = 30) -> tuple[int, str, str]:
+    process = await asyncio.create_subprocess_exec(
+        *argv,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env={**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}", **(env or {})},
+    )
+    out, err = await asyncio.wait_for(process.communicate(), timeout_s)
+    assert process.returncode is not None
+    return process.returncode, out.decode(), err.decode()
+
+
+# ---------------------------------------------------------------- specops
+
+
+def every_command(group: click.Group, prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+    found = []
+    ctx = click.Context(group)
+    for name in group.list_commands(ctx):
+        command = group.get_command(ctx, name)
+        assert command is not None
+        found.append((*prefix, name))
+        if isinstance(command, click.Group):
+            found += every_command(command, (*prefix, name))
+    return found
+
+
+@pytest.mark.parametrize("group", [specops, kubectl_plugin.main], ids=["specops", "kubectl-specops"])
+def test_every_subcommand_has_help(
+    group: click.Group, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    commands = every_command(group)
+    assert len(commands) >= 6
+    for path in commands:
+        result = CliRunner().invoke(group, [*path, "--help"])
+        assert result.exit_code == 0, (path, result.output)
+        assert "usage:" in result.output.lower(), path
+    assert list(tmp_path.iterdir()) == []  # no help writes a file (crd --help used to)
+
+
+def test_version() -> None:
+    result = CliRunner().invoke(specops, ["--version"])
+    assert result.exit_code == 0 and result.output.startswith("specops 0.")
+
+
+def test_crd_prints_or_writes_the_generated_crd(tmp_path: Path) -> None:
+    printed = CliRunner().invoke(specops, ["crd"])
+    assert yaml.safe_load(printed.output)["kind"] == "CustomResourceDefinition"
+    out = tmp_path / "crd.yaml"
+    written = CliRunner().invoke(specops, ["crd", str(out)])
+    assert written.exit_code == 0 and out.read_text() == CRD_PATH.read_text()
+
+
+def test_bench_help_lists_the_real_benchmarks() -> None:
+    from specops.bench import BENCHMARKS
+
+    result = CliRunner().invoke(specops, ["bench", "--help"])
+    assert result.exit_code == 0
+    for name in BENCHMARKS:
+        assert name in result.output
+    assert "specops local reaction" in result.output
+    local = CliRunner().invoke(specops, ["local", "--help"])
+    assert {"up", "demo", "reaction"} <= set(local.output.split())
+
+
+def test_bench_passes_its_arguments_through(tmp_path: Path) -> None:
+    out = tmp_path / "policy.json"
+    trace = ROOT / "operator" / "specops" / "bench" / "traces" / "steady_low.csv"
+    result = CliRunner().invoke(specops, ["bench", "policy", "--trace", str(trace), "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    assert json.loads(out.read_text())
+
+
+async def test_canary_gates_default_to_the_kubeconfig_namespace(cluster: EmulatedCluster) -> None:
+    paused = await invoke(specops, "canary", "pause", NAME)
+    assert paused.exit_code == 0, paused.output
+    assert f"{NAMESPACE}/{NAME}: canary pause requested" in paused.output
+    annotations = cluster.get("sdep", NAME, namespace=NAMESPACE)["metadata"]["annotations"]  # type: ignore[index]
+    assert annotations["specops.dev/canary-paused"] == "true"
+
+    elsewhere = await invoke(specops, "canary", "promote", NAME, "-n", "default")
+    assert elsewhere.exit_code == 1
+    assert "not found in default" in elsewhere.output
+
+
+async def test_the_installed_console_script_runs() -> None:
+    assert shutil.which("specops", path=str(BIN)) is not None
+    code, out, _ = await run("specops", "--version")
+    assert code == 0 and out.startswith("specops ")
+    code, out, _ = await run(
+        "specops", "plan", "--gpu", "H100", "--target-params", "70B", "--draft-params", "7B", "--json", "-"
+    )
+    assert code == 0 and json.loads(out)["break_even_batch"] == 251
+
+
+# ---------------------------------------------------------------- kubectl specops
+
+
+async def test_plugin_get_shows_what_a_rollout_watcher_asks(cluster: EmulatedCluster) -> None:
+    cluster.create(
+        "events",
+        {
+            "metadata": {"name": "e1"},
+            "involvedObject": {"kind": "SpeculativeDeployment", "name": NAME, "namespace": NAMESPACE},
+            "type": "Normal",
+            "reason": "CanaryStepAdvanced",
+            "message": "canary v4 at 50% after a passing analysis",
+        },
+        namespace=NAMESPACE,
+    )
+    code, out, err = await run("kubectl", "specops", "get", NAME)
+    assert code == 0, err
+    for shown in (
+        f"{NAMESPACE}/{NAME}",
+        "phase Canary",
+        "speculation on",
+        "length 5",
+        "alpha 0.83",
+        "batch 40 vs break-even 256",  # 70B/7B on 4x H100 at alpha 0.83 (251 at 0.8)
+        "p99 31ms vs SLO 45ms",
+        "canary v4 Progressing",
+        "weight 50%",
+        "25% -> [50%] -> 100%",
+        "stable 50%  canary 50%",
+        "retraining round 2",
+        "DraftLengthIncreased: acceptance 0.83 pays for a longer draft",
+        "CanaryStepAdvanced",
+    ):
+        assert shown in out, shown
+
+
+async def test_plugin_json_list_and_namespace(cluster: EmulatedCluster) -> None:
+    got = await invoke(kubectl_plugin.main, "get", NAME, "--json", "-")
+    assert got.exit_code == 0
+    summary = json.loads(got.stdout)
+    assert (summary["namespace"], summary["breakEvenBatch"], summary["withinSlo"]) == (NAMESPACE, 256, True)
+    assert summary["canary"]["steps"] == [25, 50, 100]
+
+    listed = await invoke(kubectl_plugin.main, "list")
+    header, row = (line.split() for line in listed.stdout.strip().splitlines())
+    assert header[:3] == ["NAME", "PHASE", "READY"] and "WEIGHT" in header
+    assert row[:3] == [NAME, "Canary", "True"] and row[header.index("WEIGHT")] == "50"
+    as_json = await invoke(kubectl_plugin.main, "list", "--json", "-")
+    assert [s["name"] for s in json.loads(as_json.stdout)] == [NAME]
+    empty = await invoke(kubectl_plugin.main, "list", "-n", "default")
+    assert "No resources found." in empty.output
+    missing = await invoke(kubectl_plugin.main, "get", "nope")
+    assert missing.exit_code == 1 and 'speculativedeployments.specops.dev "nope" not found' in missing.output
+
+
+async def test_plugin_gates_and_plan(cluster: EmulatedCluster) -> None:
+    code, out, err = await run("kubectl", "specops", "abort", NAME)
+    assert code == 0, err
+    annotations = cluster.get("sdep", NAME, namespace=NAMESPACE)["metadata"]["annotations"]  # type: ignore[index]
+    assert annotations["specops.dev/canary-action"] == "abort"
+    code, out, err = await run(
+        "kubectl", "specops", "plan", "--gpu", "H100", "--target-params", "70B", "--draft-params", "7B"
+    )
+    assert code == 0 and "break-even batch: 251" in out
+
+
+async def test_plugin_watch_prints_the_view_again_when_it_changes(cluster: EmulatedCluster) -> None:
+    process = await asyncio.create_subprocess_exec(
+        "kubectl",
+        "specops",
+        "get",
+        NAME,
+        "--watch",
+        "--interval",
+        "0.3",
+        stdout=asyncio.subprocess.PIPE,
+        env={**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}"},
+    )
+    assert process.stdout is not None
+    seen = ""
+    try:
+
+        async def until(text: str) -> None:
+            nonlocal seen
+            while text not in seen:
+                seen += (await asyncio.wait_for(process.stdout.readline(), 15)).decode()  # type: ignore[union-attr]
+
+        await until("weight 50%")
+        cluster.patch_status(
+            "sdep", NAME, {"canary": {**STATUS["canary"], "step": 2, "weight": 100}}, namespace=NAMESPACE
+        )
+        await until("weight 100%")
+        assert "25% -> 50% -> [100%]" in seen
+    finally:
+        process.terminate()
+        await process.wait()
+
+
+def test_local_says_how_to_install_the_extra_when_it_is_missing(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "specops_local.cli", None)  # as if specops[local] were not installed
+    result = CliRunner().invoke(specops, ["local", "up"])
+    assert result.exit_code == 1
+    assert "pip install 'specops[local]'" in result.output
+    help_text = " ".join(CliRunner().invoke(specops, ["local", "--help"]).output.split())
+    assert "the local stack is not installed" in help_text and "pip install 'specops[local]'" in help_text
