@@ -13,7 +13,7 @@ from click.testing import CliRunner, Result
 from specops.api.models import SpeculativeDeployment
 from specops.cli import main as specops
 from specops.domain import perf
-from specops.services.control import policy_config
+from specops.domain.control_status import policy_config
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKED = ["--gpu", "H100", "--target-params", "70e9", "--draft-params", "7e9", "--alpha", "0.8"]
