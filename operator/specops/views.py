@@ -20,7 +20,7 @@ from rich.tree import Tree
 
 from specops.api import columns
 from specops.api.crd import PRINTER_COLUMNS
-from specops.api.models import SpeculativeDeployment
+from specops.api.models import SpeculativeDeploymentSpec
 from specops.api.units import parse_duration
 from specops.domain import perf
 from specops.plan import PlanInputs, inputs_from_spec
@@ -45,7 +45,7 @@ def break_even_batch(body: Mapping[str, Any], alpha: float | None) -> int | None
     if alpha is None or alpha <= 0:
         return None
     try:
-        spec = SpeculativeDeployment.model_validate(body).spec
+        spec = SpeculativeDeploymentSpec.model_validate(body.get("spec") or {})
     except ValueError:
         return None
     values = inputs_from_spec(spec)
