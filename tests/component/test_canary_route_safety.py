@@ -216,7 +216,7 @@ async def test_an_idle_resource_repairs_a_route_that_still_names_the_canary(
 async def test_deletion_waits_while_the_route_cannot_be_released(
     cluster: EmulatedCluster, kube: KubeClient, failing_route_writes: dict[str, bool]
 ) -> None:
-    resource, service = await given_a_canary(cluster, kube)
+    _resource, service = await given_a_canary(cluster, kube)
     body = cluster.get("speculativedeployments", NAME)
     assert body is not None
     failing_route_writes["on"] = True
