@@ -193,6 +193,7 @@ class RouteResult:
     ok: bool
     weight: int  # canary percent actually configured
     message: str = ""
+    changed: bool = False  # a write was needed (the route did not carry the split before)
 
 
 class TrafficRouter(Protocol):

@@ -322,3 +322,14 @@ def test_a_paused_canary_holds_everything() -> None:
     assert step.actions == () and step.status.canary.step == 0
     resumed = rollout.step(inputs(step.status, now=T0 + timedelta(seconds=5)))
     assert resumed.status.canary is not None and not resumed.status.canary.paused
+
+
+def test_a_canary_whose_objects_are_gone_is_rendered_again_instead_of_waiting_forever() -> None:
+    # A rollback ran its actions but its status write was lost: status still says LosslessCheck
+    checking = serving(canary=canary_status(phase="LosslessCheck", step=-1, weight=0, lossless_check=None))
+    step = rollout.step(inputs(checking, lossless=None, canary_missing=True))
+    assert step.actions == (ApplyCanary(SPEC.draft, receives_traffic=False),)
+    progressing = serving(canary=canary_status())
+    step = rollout.step(inputs(progressing, canary_sample=Sample(ok=False), canary_missing=True))
+    assert step.actions == (ApplyCanary(SPEC.draft, receives_traffic=True), SetWeight(10))
+    assert step.status.canary == progressing.canary

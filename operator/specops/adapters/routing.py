@@ -115,6 +115,7 @@ class GatewayApiRouter:
         are retried with a short backoff; the caller retries again at its next tick.
         """
         last_error = ""
+        wrote = False
         for attempt in range(ROUTE_ATTEMPTS):
             if attempt:
                 await asyncio.sleep(ROUTE_BACKOFF_S * attempt)
@@ -124,6 +125,10 @@ class GatewayApiRouter:
                 last_error = str(error)
                 continue
             if live is None:
+                if weight == 0:  # nothing can send traffic to the canary through a route that is gone
+                    return RouteResult(
+                        True, 0, f"HTTPRoute {namespace}/{route} not found: nothing to release"
+                    )
                 return RouteResult(False, 0, f"HTTPRoute {namespace}/{route} not found")
             rules = list((live.get("spec") or {}).get("rules") or [])
             wanted = split_backend_refs(rules, stable_service, canary_service, weight)
@@ -135,12 +140,13 @@ class GatewayApiRouter:
                 )
             if route_carries(rules, stable_service, canary_service, weight):
                 done = "canary backend removed" if weight == 0 else f"canary weight {weight}%"
-                return RouteResult(True, weight, f"HTTPRoute {route}: {done}")
+                return RouteResult(True, weight, f"HTTPRoute {route}: {done}", changed=wrote)
             patch = {
                 "metadata": {"resourceVersion": live["metadata"]["resourceVersion"]},
                 "spec": {"rules": wanted},
             }
             try:
+                wrote = True
                 await self.kube.patch(HTTPROUTE_API, "HTTPRoute", namespace, route, patch)
             except KubeApiError as error:
                 if not (error.conflict or error.status >= 500 or error.status == 0):

@@ -95,6 +95,8 @@ class CanaryInputs:
     stable_sample: judgement.Sample | None = None
     canary_sample: judgement.Sample | None = None
     stable_rolled_out: bool = False
+    canary_missing: bool = False
+    """The canary's serving objects are gone (a rollback whose status write was lost, a person)."""
 
 
 # ---------------------------------------------------------------- actions
@@ -244,6 +246,10 @@ def _maybe_start(inputs: CanaryInputs) -> CanaryStep:
 
 def _lossless_check(inputs: CanaryInputs, canary: CanaryStatus) -> CanaryStep:
     outcome = inputs.lossless
+    if outcome is None and inputs.canary_missing:
+        # Render the canary again rather than wait for pods that will never come.
+        draft = _draft(canary, inputs.spec)
+        return CanaryStep(_with(inputs.status, canary), actions=(ApplyCanary(draft, receives_traffic=False),))
     if outcome is None:
         return CanaryStep(_with(inputs.status, canary))  # canary pods still starting
     if isinstance(outcome, LosslessUnrunnable):
@@ -311,6 +317,14 @@ def _sampled(canary: CanaryStatus, inputs: CanaryInputs) -> CanaryStatus:
 
 def _progress(inputs: CanaryInputs, canary: CanaryStatus) -> CanaryStep:
     spec, now = inputs.spec, inputs.now
+    if inputs.canary_missing:
+        # Its objects are gone: bring them back at the step's weight; the bake goes on.
+        draft = _draft(canary, spec)
+        weight = canary.requested_weight if canary.requested_weight is not None else canary.weight
+        return CanaryStep(
+            _with(inputs.status, canary),
+            actions=(ApplyCanary(draft, receives_traffic=True), SetWeight(weight)),
+        )
     canary = _sampled(canary, inputs)
     index = max(0, canary.step)
     pause_s = parse_duration(spec.canary.steps[index].pause)

@@ -14,6 +14,7 @@ from specops.adapters.kube import load_connection_settings
 from specops.api.models import GROUP, PLURAL, VERSION
 from specops.domain.lifecycle import EventRecord
 from specops.ports import KubeApiError
+from specops.services.canary import RouteNotReleased
 from specops.services.container import Services, build_services
 
 RETRY_DELAY_S = 15.0
@@ -84,6 +85,9 @@ async def delete(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     try:
         events = await services.canary.release(body)
         events += await services.reconciler.cleanup(body)
+    except RouteNotReleased as error:
+        kopf.warn(body, reason="RouteNotReleased", message=f"{error}; deletion waits for the route")
+        raise kopf.TemporaryError(f"route not released: {error}", delay=RETRY_DELAY_S) from error
     except KubeApiError as error:
         raise kopf.TemporaryError(f"Kubernetes API: {error}", delay=RETRY_DELAY_S) from error
     post_events(body, events)

@@ -62,6 +62,10 @@ class CanaryResult:
     evidence: str = ""  # why it ended, for retraining's record
 
 
+class RouteNotReleased(Exception):
+    """The user's route still sends traffic to the canary; its objects must not be deleted yet."""
+
+
 class ActionFailed(Exception):
     """An action of the canary step did not take effect; the step is retried next tick."""
 
@@ -99,6 +103,7 @@ class CanaryService:
         `candidate` is a draft from retraining waiting for its canary; spec.draft changes are
         detected by the step itself.
         """
+        repaired = await self._repair_route(resource, status)
         inputs = await self._gather(resource, status, endpoints, now, candidate)
         result = rollout.step(inputs)
         canary = result.status.canary or status.canary
@@ -113,12 +118,30 @@ class CanaryService:
         return CanaryResult(
             status=result.status,
             updates=list(result.updates),
-            events=list(result.events),
+            events=[*repaired, *result.events],
             after_write=result.after_write,
             finished=result.finished,
             source=result.source,
             evidence=result.evidence,
         )
+
+    async def _repair_route(
+        self, resource: SpeculativeDeployment, status: SpeculativeDeploymentStatus
+    ) -> list[EventRecord]:
+        """No canary runs: no managed route may send traffic to a canary backend (an invariant, checked
+        every tick, so a lost write or a hand edit never strands users on a Service that is gone)."""
+        if status.canary is not None:
+            return []
+        router = self._router(None, resource)
+        meta = resource.metadata
+        result = await router.set_weight(meta["namespace"], meta["name"], resource.spec, 0)
+        if not result.ok:
+            # A route that names neither variant, or one being edited: the next canary reports it.
+            log.debug("route of %s/%s not checked: %s", meta["namespace"], meta["name"], result.message)
+            return []
+        if result.changed:
+            return [EventRecord("Warning", Reason.ROUTE_REPAIRED, f"{result.message} (no canary runs)")]
+        return []
 
     async def after_write(self, resource: SpeculativeDeployment, actions: Sequence[rollout.Action]) -> None:
         """Actions that read the status just written (the stable variant rolls onto status.draft)."""
@@ -156,22 +179,28 @@ class CanaryService:
         namespace, name = resource.metadata["namespace"], resource.metadata["name"]
         if canary.phase == "LosslessCheck":
             canary_pods = [endpoint for endpoint in endpoints if endpoint.variant == CANARY]
-            lossless = await self._lossless(resource, canary, canary_pods[0]) if canary_pods else None
-            return replace(inputs, lossless=lossless)
+            if not canary_pods:
+                return replace(inputs, canary_missing=await self._canary_missing(namespace, name))
+            return replace(inputs, lossless=await self._lossless(resource, canary, canary_pods[0]))
         if canary.phase == "Progressing":
             url, backend = spec.metrics.prometheus.url, spec.serving.backend
             stable = self.metrics.lookup(url, backend, namespace, name, STABLE, now)
             tested = self.metrics.lookup(url, backend, namespace, name, CANARY, now)
+            missing = not tested.ok and await self._canary_missing(namespace, name)
             return replace(
                 inputs,
                 stable_sample=judgement.sample_from_measurement(stable),
                 canary_sample=judgement.sample_from_measurement(tested),
+                canary_missing=missing,
             )
         deployment = await self.kube.get("apps/v1", "Deployment", namespace, child_name(name, STABLE))
         draft = drafts.draft_from_status(canary.draft, spec.draft)
         return replace(
             inputs, stable_rolled_out=_rolled_out(deployment, spec.serving.replicas, draft.version)
         )
+
+    async def _canary_missing(self, namespace: str, name: str) -> bool:
+        return await self.kube.get("apps/v1", "Deployment", namespace, child_name(name, CANARY)) is None
 
     def _router(self, canary: CanaryStatus | None, resource: SpeculativeDeployment) -> TrafficRouter:
         """A running canary keeps the router it started with; a new one uses Gateway API when it can."""
@@ -261,7 +290,11 @@ class CanaryService:
                 await self.kube.delete(api_version, kind, namespace, obj["metadata"]["name"])
 
     async def release(self, body: Mapping[str, Any]) -> list[EventRecord]:
-        """On delete: take the canary out of the user's route (garbage collection cannot)."""
+        """On delete: take the canary out of the user's route (garbage collection cannot).
+
+        Raises RouteNotReleased when the route still names the canary: deletion waits (the
+        finalizer holds it) rather than delete a Service the route sends users to.
+        """
         try:
             resource = SpeculativeDeployment.model_validate(dict(body))
         except ValueError:
@@ -273,7 +306,7 @@ class CanaryService:
         meta = resource.metadata
         result = await router.set_weight(meta["namespace"], meta["name"], resource.spec, 0)
         if not result.ok:
-            return [EventRecord("Warning", Reason.ROUTE_NOT_RELEASED, result.message)]
+            raise RouteNotReleased(result.message)
         return [EventRecord("Normal", Reason.ROUTE_RELEASED, result.message)] if result.message else []
 
 

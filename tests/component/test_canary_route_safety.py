@@ -1,0 +1,247 @@
+"""Canary traffic safety against the emulated API server, with route writes failing on purpose.
+
+The invariant: no route the operator manages ever sends users to a canary backend whose
+objects are gone. A route write is read back before it counts; a rollback whose route write
+fails keeps the canary (objects and status) and tries again next tick; an idle resource
+repairs a route that still names the canary; deletion waits for the route.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Hashable, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+
+from specops.adapters.kube import KubeClient, load_connection_settings
+from specops.adapters.routing import GatewayApiRouter, ReplicaRatioRouter
+from specops.api.models import SpeculativeDeployment
+from specops.assets import bls_model_source
+from specops.domain.discovery import PodEndpoint
+from specops.domain.metrics import Measurement
+from specops.domain.names import CANARY, child_name
+from specops.domain.render import RenderOptions, render_children
+from specops.ports import FleetResult, GenerateResult
+from specops.services.canary import CanaryService, RouteNotReleased
+from specops.services.reconciler import Reconciler
+from specops_local.cluster import EmulatedCluster
+from tests.conftest import EXAMPLES
+
+NAME, NAMESPACE, ROUTE = "chat", "default", "chat-route"
+T0 = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
+HTTPROUTE = ("gateway.networking.k8s.io/v1", "HTTPRoute")
+
+
+class NoMetrics:
+    def register(self, key: Hashable, url: str, backend: str, interval_s: float) -> None:
+        return None
+
+    def unregister(self, key: Hashable) -> None:
+        return None
+
+    def lookup(self, *args: Any, **kwargs: Any) -> Measurement:
+        return Measurement.failed(T0, "MetricsUnavailable", "no Prometheus in this test")
+
+    async def close(self) -> None:
+        return None
+
+
+class NoTriton:
+    async def apply_to_all(self, endpoints: Sequence[PodEndpoint], **_: Any) -> FleetResult:
+        return FleetResult(desired=len(endpoints), applied=len(endpoints), changed=0)
+
+    async def generate(self, endpoint: PodEndpoint, prompt: str, *args: Any, **kwargs: Any) -> GenerateResult:
+        return GenerateResult(endpoint.pod, True, text=prompt)
+
+
+def resource_body(uid: str) -> dict[str, Any]:
+    body = yaml.safe_load((EXAMPLES / "dense-70b-7b.yaml").read_text())
+    body["metadata"] = {"name": NAME, "namespace": NAMESPACE, "uid": uid}
+    body["spec"]["draft"]["version"] = "v4"
+    body["spec"]["draft"]["engine"]["uri"] = "pvc://engines/llama-70b-draft/v4"
+    body["spec"]["canary"] = {
+        "steps": [{"weight": 10, "pause": "1m"}, {"weight": 50, "pause": "1m"}],
+        "trafficRouting": {"gatewayAPI": {"httpRoute": ROUTE}},
+    }
+    return body
+
+
+def route(weights: dict[str, int]) -> dict[str, Any]:
+    return {
+        "apiVersion": HTTPROUTE[0],
+        "kind": HTTPROUTE[1],
+        "metadata": {"name": ROUTE, "namespace": NAMESPACE},
+        "spec": {
+            "parentRefs": [{"name": "gateway"}],
+            "rules": [
+                {"backendRefs": [{"name": svc, "port": 8000, "weight": w} for svc, w in weights.items()]}
+            ],
+        },
+    }
+
+
+CANARY_STATUS = {
+    "phase": "Canary",
+    "observedSpecDraft": "v4@pvc://engines/llama-70b-draft/v4",
+    "draft": {
+        "model": "llama-3.1-8b-draft",
+        "version": "v3",
+        "engineUri": "pvc://engines/llama-70b-draft/v3",
+    },
+    "speculation": {"controlPhase": "Dynamic", "phaseSince": "2026-12-01T11:00:00Z"},
+    "canary": {
+        "phase": "Progressing",
+        "source": "Spec",
+        "draft": {
+            "model": "llama-3.1-8b-draft",
+            "version": "v4",
+            "engineUri": "pvc://engines/llama-70b-draft/v4",
+        },
+        "startedAt": "2026-12-01T11:50:00Z",
+        "step": 0,
+        "weight": 10,
+        "requestedWeight": 10,
+        "stepStartedAt": "2026-12-01T11:55:00Z",
+        "trafficRouting": "GatewayAPI",
+    },
+}
+
+
+@pytest.fixture
+async def kube(cluster: EmulatedCluster) -> AsyncIterator[KubeClient]:
+    client = KubeClient(load_connection_settings(str(cluster.kubeconfig_path)))
+    try:
+        yield client
+    finally:
+        await client.close()
+
+
+@pytest.fixture
+def failing_route_writes(cluster: EmulatedCluster) -> dict[str, bool]:
+    """While `on`, every PATCH of the HTTPRoute answers 503 (the API server, not the route, fails)."""
+    switch = {"on": False}
+
+    def matches(request: Any) -> bool:
+        return switch["on"] and request.method == "PATCH" and "/httproutes/" in str(request.url)
+
+    cluster.emulator[matches] << 503
+    return switch
+
+
+async def given_a_canary(
+    cluster: EmulatedCluster, kube: KubeClient
+) -> tuple[SpeculativeDeployment, CanaryService]:
+    created = cluster.create("speculativedeployments", resource_body("u-1"))
+    cluster.patch_status("speculativedeployments", NAME, CANARY_STATUS)
+    cluster.create("httproutes", route({f"{NAME}-stable": 90, f"{NAME}-canary": 10}))
+    options = RenderOptions(
+        bls_source=bls_model_source(), default_image="tritonserver:test", pod_monitor=False
+    )
+    reconciler = Reconciler(kube, options)
+    live = cluster.get("speculativedeployments", NAME)
+    assert live is not None and created is not None
+    resource = SpeculativeDeployment.model_validate(live)
+    draft = resource.spec.draft
+    await reconciler.apply(
+        render_children(resource, options, variant=CANARY, draft=draft, replicas=1, receives_traffic=True),
+        live["metadata"]["uid"],
+    )
+    service = CanaryService(
+        kube,
+        NoMetrics(),
+        NoTriton(),  # type: ignore[arg-type]
+        reconciler,
+        routers={"GatewayAPI": GatewayApiRouter(kube), "ReplicaRatio": ReplicaRatioRouter()},
+        gateway_api=True,
+    )
+    return resource, service
+
+
+async def route_backends(kube: KubeClient) -> dict[str, int]:
+    live = await kube.get(*HTTPROUTE, NAMESPACE, ROUTE)
+    assert live is not None
+    return {
+        ref["name"]: ref.get("weight", 1) for rule in live["spec"]["rules"] for ref in rule["backendRefs"]
+    }
+
+
+async def test_a_rollback_whose_route_write_fails_keeps_the_canary_until_the_route_is_released(
+    cluster: EmulatedCluster, kube: KubeClient, failing_route_writes: dict[str, bool]
+) -> None:
+    # Given a canary at 10 % on the user's HTTPRoute, aborted by a person
+    resource, service = await given_a_canary(cluster, kube)
+    aborting = resource.model_copy(
+        update={"metadata": {**resource.metadata, "annotations": {"specops.dev/canary-action": "abort"}}}
+    )
+
+    # When the route write fails
+    failing_route_writes["on"] = True
+    result = await service.tick(aborting, resource.status, [], T0)
+
+    # Then nothing is deleted and status keeps the canary: users still reach a live canary backend
+    assert result.status.canary is not None and result.finished is None
+    assert [u.reason for u in result.updates] == ["TrafficSplitFailed"]
+    assert await kube.get("apps/v1", "Deployment", NAMESPACE, child_name(NAME, CANARY)) is not None
+    assert await kube.get("v1", "Service", NAMESPACE, f"{NAME}-canary") is not None
+    assert (await route_backends(kube))[f"{NAME}-canary"] == 10
+
+    # When the API server answers again, then the next tick releases the route, then deletes the canary
+    failing_route_writes["on"] = False
+    result = await service.tick(aborting, resource.status, [], T0)
+    assert result.finished == "RolledBack" and result.status.canary is None
+    assert await route_backends(kube) == {f"{NAME}-stable": 100}
+    assert await kube.get("apps/v1", "Deployment", NAMESPACE, child_name(NAME, CANARY)) is None
+
+
+async def test_an_idle_resource_repairs_a_route_that_still_names_the_canary(
+    cluster: EmulatedCluster, kube: KubeClient
+) -> None:
+    # Given no canary runs, but the route still sends 10 % to the canary Service (a lost write)
+    resource, service = await given_a_canary(cluster, kube)
+    idle = resource.status.model_copy(update={"canary": None, "phase": "Dynamic"})
+
+    # When the resource ticks
+    result = await service.tick(resource, idle, [], T0)
+
+    # Then the route is repaired, with a Warning Event; a second tick finds nothing to repair
+    assert await route_backends(kube) == {f"{NAME}-stable": 100}
+    assert [(e.type, e.reason) for e in result.events] == [("Warning", "RouteRepaired")]
+    again = await service.tick(resource, idle, [], T0)
+    assert again.events == []
+
+
+async def test_deletion_waits_while_the_route_cannot_be_released(
+    cluster: EmulatedCluster, kube: KubeClient, failing_route_writes: dict[str, bool]
+) -> None:
+    _resource, service = await given_a_canary(cluster, kube)
+    body = cluster.get("speculativedeployments", NAME)
+    assert body is not None
+    failing_route_writes["on"] = True
+    with pytest.raises(RouteNotReleased):
+        await service.release(body)
+    failing_route_writes["on"] = False
+    events = await service.release(body)
+    assert [e.reason for e in events] == ["RouteReleased"]
+    assert await route_backends(kube) == {f"{NAME}-stable": 100}
+
+
+async def test_a_route_write_is_confirmed_only_by_reading_it_back(
+    cluster: EmulatedCluster, kube: KubeClient
+) -> None:
+    # Given an API server that answers the PATCH with success but does not store it
+    await given_a_canary(cluster, kube)
+
+    def swallow(request: Any) -> bool:
+        return request.method == "PATCH" and "/httproutes/" in str(request.url)
+
+    cluster.emulator[swallow] << httpx.codes.OK  # an empty 200: nothing stored
+    result = await GatewayApiRouter(kube).set_route_weight(
+        NAMESPACE, ROUTE, f"{NAME}-stable", f"{NAME}-canary", 50
+    )
+
+    # Then the write does not count
+    assert not result.ok and "not confirmed" in result.message
+    assert (await route_backends(kube))[f"{NAME}-canary"] == 10
