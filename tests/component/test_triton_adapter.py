@@ -266,3 +266,31 @@ async def test_fleet_apply_retries_a_pod_that_fails_transiently(control: TritonM
 
     assert fleet.complete and fleet.changed == 1, fleet.errors
     assert fleet.results[0].attempts == 3
+
+
+async def test_a_hung_pod_never_holds_the_others_setting_beyond_the_deadline(
+    start_pod: Callable[..., Any],
+) -> None:
+    # Given two pods, one whose model load hangs far longer than a tick may wait
+    fast = await start_pod("fast")
+    slow = await start_pod("slow", load_latency=3.0)
+    control = TritonModelControl(timeout_s=2.0, load_timeout_s=10.0, apply_deadline_s=0.5)
+    endpoints = [endpoint_of(fast), endpoint_of(slow)]
+
+    # When a new setting goes to both
+    started = asyncio.get_running_loop().time()
+    fleet = await control.apply_to_all(endpoints, num_draft_tokens=2, retries=0)
+    waited = asyncio.get_running_loop().time() - started
+
+    # Then the call returns at the deadline: the fast pod runs it, the hung one is reported, not waited for
+    assert waited < 2.0, waited
+    assert (fleet.desired, fleet.applied) == (2, 1)
+    assert "still applying" in fleet.errors["slow"]
+    assert fast.draft_length == 2
+    # and the next tick does not stack a second load on the busy pod; once it finished, it counts
+    again = await control.apply_to_all(endpoints, num_draft_tokens=2, retries=0)
+    assert "still applying" in again.errors.get("slow", "")
+    await asyncio.sleep(3.0)
+    done = await control.apply_to_all(endpoints, num_draft_tokens=2, retries=0)
+    assert done.complete, done.errors
+    assert slow.draft_length == 2

@@ -87,9 +87,14 @@ def config_with_settings(
 class TritonModelControl:
     """Triton model repository and BLS settings over HTTP (tritonclient's asyncio client)."""
 
-    def __init__(self, *, timeout_s: float = 10.0, load_timeout_s: float = 120.0) -> None:
+    def __init__(
+        self, *, timeout_s: float = 10.0, load_timeout_s: float = 120.0, apply_deadline_s: float | None = None
+    ) -> None:
         self.timeout_s = timeout_s
         self.load_timeout_s = load_timeout_s
+        self.apply_deadline_s = apply_deadline_s
+        # One apply at a time per pod: a pod still busy with the last one is not sent another.
+        self._inflight: dict[str, tuple[tuple[int | None, str | None], asyncio.Task[ApplyResult]]] = {}
 
     def _client(self, endpoint: PodEndpoint, timeout_s: float | None = None) -> InferenceServerClient:
         return InferenceServerClient(endpoint.address, conn_timeout=timeout_s or self.timeout_s)
@@ -149,7 +154,12 @@ class TritonModelControl:
         retries: int = 2,
         backoff_s: float = 0.2,
     ) -> FleetResult:
-        """Apply to every pod concurrently, retrying each pod with exponential backoff."""
+        """Apply to every pod concurrently, retrying each pod with exponential backoff.
+
+        With a deadline, the call returns once it passes: a pod still working (a slow or hung
+        model load) counts as not applied this time and goes on in the background, so one pod
+        never delays the decision for the others. It is not sent a second setting meanwhile.
+        """
 
         async def one(endpoint: PodEndpoint) -> ApplyResult:
             result = ApplyResult(pod=endpoint.name, ok=False, message="not attempted")
@@ -170,7 +180,38 @@ class TritonModelControl:
                 attempts=attempt,
             )
 
-        results = await asyncio.gather(*(one(e) for e in endpoints))
+        wanted = (num_draft_tokens, draft_model_name)
+        tasks: list[tuple[PodEndpoint, tuple[int | None, str | None], asyncio.Task[ApplyResult]]] = []
+        for endpoint in endpoints:
+            inflight = self._inflight.get(endpoint.address)
+            if inflight is None or inflight[1].done():
+                inflight = (wanted, asyncio.ensure_future(one(endpoint)))
+                self._inflight[endpoint.address] = inflight
+            tasks.append((endpoint, *inflight))
+        if tasks:
+            await asyncio.wait([task for _, _, task in tasks], timeout=self.apply_deadline_s)
+        results: list[ApplyResult] = []
+        for endpoint, settings, task in tasks:
+            if not task.done():
+                results.append(
+                    ApplyResult(
+                        pod=endpoint.name,
+                        ok=False,
+                        message=f"still applying after {self.apply_deadline_s:g}s (slow or hung pod); "
+                        "keeps trying in the background",
+                    )
+                )
+                continue
+            if self._inflight.get(endpoint.address, (None, None))[1] is task:
+                del self._inflight[endpoint.address]
+            result = task.result()
+            if settings != wanted:
+                result = ApplyResult(
+                    pod=endpoint.name,
+                    ok=False,
+                    message="was busy with an earlier setting; applies this one next",
+                )
+            results.append(result)
         return FleetResult(
             desired=len(endpoints),
             applied=sum(r.ok for r in results),

@@ -23,6 +23,9 @@ class OperatorConfig:
     triton_retries: int = 3
     # Prometheus' scrape interval of the serving pods: rate windows span several scrapes.
     scrape_interval_s: float = 15.0
+    # How long one tick waits for the pods to take a setting: a slow or hung pod is reported as
+    # not applied and keeps trying in the background, so it never holds the others' decisions.
+    triton_deadline_s: float = 5.0
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> OperatorConfig:
@@ -33,4 +36,5 @@ class OperatorConfig:
             default_interval_s=float(env.get("SPECOPS_DEFAULT_INTERVAL_SECONDS", "15")),
             triton_retries=int(env.get("SPECOPS_TRITON_RETRIES", "3")),
             scrape_interval_s=float(env.get("SPECOPS_SCRAPE_INTERVAL_SECONDS", "15")),
+            triton_deadline_s=float(env.get("SPECOPS_TRITON_DEADLINE_SECONDS", "5")),
         )

@@ -61,7 +61,7 @@ async def build_services(config: OperatorConfig | None = None) -> Services:
         bls_source=bls_model_source(), default_image=config.default_image, pod_monitor=pod_monitor
     )
     metrics = MetricsHub(scrape_interval_s=config.scrape_interval_s)
-    triton = TritonModelControl()
+    triton = TritonModelControl(apply_deadline_s=config.triton_deadline_s)
     reconciler = Reconciler(kube, options)
     control = ControlLoop(metrics, triton, retries=config.triton_retries)
     routers: dict[TrafficRouting, TrafficRouter] = {
