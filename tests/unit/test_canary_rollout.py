@@ -333,3 +333,40 @@ def test_a_canary_whose_objects_are_gone_is_rendered_again_instead_of_waiting_fo
     step = rollout.step(inputs(progressing, canary_sample=Sample(ok=False), canary_missing=True))
     assert step.actions == (ApplyCanary(SPEC.draft, receives_traffic=True), SetWeight(10))
     assert step.status.canary == progressing.canary
+
+
+def test_judgement_resumes_at_once_after_a_metrics_outage() -> None:
+    # Given a step that baked 12 healthy ticks, then a 30-tick outage of both variants, then recovery
+    outage = [CanarySample(ok=False) for _ in range(30)]
+    status = serving(
+        canary=canary_status(
+            samples=CanarySamples(
+                stable=samples(0.8, 12) + outage + samples(0.8, 1),
+                canary=samples(0.8, 12) + outage + samples(0.8, 1),
+            )
+        )
+    )
+    sample = Sample(alpha=0.8, tpot_p99_s=0.02, tokens_per_s=100.0, tpot_p50_s=0.01)
+    # When the second healthy tick arrives
+    step = rollout.step(
+        inputs(status, now=T0 + timedelta(minutes=2), stable_sample=sample, canary_sample=sample)
+    )
+    # Then the step is judged on the healthy ticks (it passes) instead of waiting for the outage to age out
+    assert step.status.canary is not None and step.status.canary.step == 1
+    assert [e.reason for e in step.events] == ["CanaryStepPassed", "CanaryStepStarted"]
+
+
+def test_ticks_at_which_only_the_canary_was_missing_still_count_against_it() -> None:
+    missing = [CanarySample(ok=False) for _ in range(20)]
+    status = serving(
+        canary=canary_status(
+            samples=CanarySamples(stable=samples(0.8, 32), canary=samples(0.8, 12) + missing)
+        )
+    )
+    sample = Sample(alpha=0.8, tpot_p99_s=0.02, tokens_per_s=100.0, tpot_p50_s=0.01)
+    step = rollout.step(
+        inputs(status, now=T0 + timedelta(minutes=2), stable_sample=sample, canary_sample=sample)
+    )
+    assert step.status.canary is not None and step.status.canary.step == 0  # not advanced on thin evidence
+    analysis = step.status.canary.last_analysis
+    assert analysis is not None and analysis.verdict != "Pass"

@@ -331,8 +331,9 @@ def _progress(inputs: CanaryInputs, canary: CanaryStatus) -> CanaryStep:
     elapsed_s = (now - (canary.step_started_at or now)).total_seconds()
     if elapsed_s < pause_s:
         return CanaryStep(_with(inputs.status, canary))
-    canary_window = _warmed_up([_judgement_sample(s) for s in canary.samples.canary])
-    stable_window = _warmed_up([_judgement_sample(s) for s in canary.samples.stable])
+    stable_kept, canary_kept = _without_shared_outages(canary.samples)
+    canary_window = _warmed_up([_judgement_sample(s) for s in canary_kept])
+    stable_window = _warmed_up([_judgement_sample(s) for s in stable_kept])
     healthy_now = bool(canary_window and canary_window[-1].ok and stable_window and stable_window[-1].ok)
     if (
         healthy_now
@@ -449,6 +450,28 @@ def _rollback(inputs: CanaryInputs, canary: CanaryStatus, reason: str, evidence:
         source=canary.source,
         evidence=message,
     )
+
+
+def _without_shared_outages(samples: CanarySamples) -> tuple[list[CanarySample], list[CanarySample]]:
+    """The step's samples less the ticks at which neither variant was measured.
+
+    A metrics outage blanks both variants at once; those ticks say nothing about the canary,
+    and keeping them made judgement wait for them to age out of the window (about three times
+    the outage). A tick at which only one variant was missing stays: that is evidence. The
+    outage itself still pauses judgement while it lasts, since the latest samples are not ok.
+    """
+    stable, canary = list(samples.stable), list(samples.canary)
+    offset = len(stable) - len(canary)  # both lists end at the latest tick
+    shared = {
+        index
+        for index in range(max(0, offset), len(stable))
+        if not stable[index].ok and not canary[index - offset].ok
+    }
+    last = len(stable) - 1
+    shared.discard(last)  # the latest tick decides whether judgement can run at all
+    kept_stable = [sample for index, sample in enumerate(stable) if index not in shared]
+    kept_canary = [sample for index, sample in enumerate(canary) if index + offset not in shared]
+    return kept_stable, kept_canary
 
 
 def _warmed_up(samples: list[judgement.Sample]) -> list[judgement.Sample]:
