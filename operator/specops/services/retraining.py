@@ -148,11 +148,15 @@ class RetrainingService:
         return state
 
     async def _create_once(self, manifest: dict[str, Any]) -> bool:
-        """Create the training object; one that already exists (created before a restart) is kept."""
+        """Create the training object; one that already exists (created before a restart) is kept.
+
+        Only a 409 whose reason is AlreadyExists means that: another 409 (a quota or admission
+        conflict) is an error, retried next tick, and never recorded as a started round.
+        """
         try:
             await self.kube.create(manifest)
         except KubeApiError as error:
-            if error.conflict:
+            if error.conflict and error.reason == "AlreadyExists":
                 return False
             raise
         return True

@@ -1,0 +1,83 @@
+"""Creating a round's training Job against the emulated API server: exactly once, and a refusal is not a round."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+import yaml
+
+from specops.adapters.kube import KubeClient, load_connection_settings
+from specops.api.models import SpeculativeDeployment
+from specops.ports import KubeApiError
+from specops.services.retraining import RetrainingService
+from specops_local.cluster import EmulatedCluster
+from tests.conftest import EXAMPLES
+
+NAME, NAMESPACE = "chat", "default"
+T0 = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
+
+
+def stale_resource(cluster: EmulatedCluster) -> SpeculativeDeployment:
+    """A serving resource whose draft was trained for an older target version, retraining on."""
+    body = yaml.safe_load((EXAMPLES / "dense-70b-7b.yaml").read_text())
+    body["metadata"] = {"name": NAME, "namespace": NAMESPACE}
+    body["spec"]["retraining"] = {
+        "enabled": True,
+        "image": "registry.example.com/specops-trainer:1",
+        "data": {"uri": "s3://prompts/chat/"},
+    }
+    cluster.create("speculativedeployments", body)
+    cluster.patch_status(
+        "speculativedeployments",
+        NAME,
+        {"phase": "Dynamic", "retraining": {"draftTargetVersion": "2026-01-01"}},
+    )
+    live = cluster.get("speculativedeployments", NAME)
+    assert live is not None
+    return SpeculativeDeployment.model_validate(live)
+
+
+@pytest.fixture
+async def kube(cluster: EmulatedCluster) -> AsyncIterator[KubeClient]:
+    client = KubeClient(load_connection_settings(str(cluster.kubeconfig_path)))
+    try:
+        yield client
+    finally:
+        await client.close()
+
+
+async def test_a_conflict_that_is_not_already_exists_is_an_error_not_a_started_round(
+    cluster: EmulatedCluster, kube: KubeClient
+) -> None:
+    # Given a stale draft, and an API server that refuses the Job with 409 Conflict (a quota, say)
+    resource = stale_resource(cluster)
+
+    def job_post(request: Any) -> bool:
+        return request.method == "POST" and str(request.url).endswith("/jobs")
+
+    cluster.emulator[job_post] << 409
+
+    # When retraining ticks, then the refusal surfaces (the tick logs it and retries next interval)
+    with pytest.raises(KubeApiError) as refused:
+        await RetrainingService(kube).tick(resource, resource.status, T0)
+    assert refused.value.status == 409
+    assert cluster.objects("jobs", NAMESPACE) == []
+
+
+async def test_a_job_that_already_exists_is_adopted_once(cluster: EmulatedCluster, kube: KubeClient) -> None:
+    # Given the round's Job was created before an operator restart
+    resource = stale_resource(cluster)
+    first = await RetrainingService(kube).tick(resource, resource.status, T0)
+    assert [e.reason for e in first.events] == ["RetrainingStarted"]
+    assert first.retraining.active is not None
+    # When a restarted operator (status lost this round) decides the same round again
+    again = await RetrainingService(kube).tick(resource, resource.status, T0)
+    # Then it adopts the Job: one Job, no second RetrainingStarted
+    assert (
+        again.retraining.active is not None
+        and again.retraining.active.job_name == first.retraining.active.job_name
+    )
+    assert again.events == [] and len(cluster.objects("jobs", NAMESPACE)) == 1
