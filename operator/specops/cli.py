@@ -114,6 +114,9 @@ def configure_logging(level: str, log_format: str) -> None:
 
     import kopf
 
+    from specops.adapters import log_redaction
+
+    log_redaction.install()
     debug = level == "debug"
     kopf.configure(
         debug=debug, log_format=kopf.LogFormat.JSON if log_format == "json" else kopf.LogFormat.FULL
