@@ -34,8 +34,14 @@ SECRETS = [
     ('{"api_key": "k-12345-secret"}', "k-12345-secret"),
     ("login with token: 9f8e7d6c5b4a3", "9f8e7d6c5b4a3"),
     ("fetch s3://AKIAX:wJalrXUtnFEMIK7MDENG@bucket/x failed", "wJalrXUtnFEMIK7MDENG"),
-    ("sha 3f786850e387550fdab836ed7e6dc881de23001b0a1c2d3e", "3f786850e387550fdab836ed7e6dc881de23001b0a1c2d3e"),
-    ("blob dGhpcyBpcyBhIHNlY3JldCBrZXkgdGhhdCBpcyBsb25nMTIz end", "dGhpcyBpcyBhIHNlY3JldCBrZXkgdGhhdCBpcyBsb25nMTIz"),
+    (
+        "sha 3f786850e387550fdab836ed7e6dc881de23001b0a1c2d3e",
+        "3f786850e387550fdab836ed7e6dc881de23001b0a1c2d3e",
+    ),
+    (
+        "blob dGhpcyBpcyBhIHNlY3JldCBrZXkgdGhhdCBpcyBsb25nMTIz end",
+        "dGhpcyBpcyBhIHNlY3JldCBrZXkgdGhhdCBpcyBsb25nMTIz",
+    ),
     ("openai sk-proj0123456789abcdefABCDEF", "sk-proj0123456789abcdefABCDEF"),
 ]
 
