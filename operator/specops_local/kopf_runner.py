@@ -6,6 +6,9 @@ server's tasks and deadlocks the teardown. Here the operator's tasks are told
 apart with a task factory that marks every task created from the operator's own
 context (contextvars are inherited by child tasks), and ``kopf.run_tasks`` is
 told to ignore all the others.
+
+``run_kopf`` runs one standalone operator; ``Replica`` runs one of several leader-elected
+replicas (as `specops run --leader-election` does), so tests can run two and kill the leader.
 """
 
 from __future__ import annotations
