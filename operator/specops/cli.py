@@ -151,13 +151,23 @@ async def run_elected(
             await elector.acquire()
 
         async def operate(stop_flag: asyncio.Event) -> None:
-            await kopf.operator(
-                clusterwide=not namespaces,
-                namespaces=namespaces,
-                standalone=True,
-                liveness_endpoint=liveness,
-                stop_flag=stop_flag,
+            # Not Kopf's stop_flag: Kopf would wait 5 s for that flag's waiter after a SIGTERM.
+            # On a lost Lease the operator is cancelled instead, which Kopf handles at once.
+            stepping_down = asyncio.ensure_future(stop_flag.wait())
+            operator = asyncio.ensure_future(
+                kopf.operator(
+                    clusterwide=not namespaces,
+                    namespaces=namespaces,
+                    standalone=True,
+                    liveness_endpoint=liveness,
+                )
             )
+            try:
+                await asyncio.wait({stepping_down, operator}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                stepping_down.cancel()
+                operator.cancel()
+            await operator
 
         await lead(elector, operate)
     finally:

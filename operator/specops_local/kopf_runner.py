@@ -250,6 +250,8 @@ class Replica:
         elector = self.elector
 
         async def operate(stop_flag: asyncio.Event) -> None:
+            # Only what Kopf creates from here on is the operator's (not lead()'s Lease keeper).
+            _operator.set(tasks)
             spawned = await kopf.spawn_tasks(
                 registry=self.registry,
                 settings=settings,
@@ -261,14 +263,12 @@ class Replica:
             )
             await kopf.run_tasks(spawned, ignored=_NotOperatorTasks(tasks))
 
-        context = contextvars.copy_context()
-        context.run(_operator.set, tasks)
         self._factory = contextlib.ExitStack()
         self._factory.enter_context(_MarkingTaskFactory.installed(loop))
         self._task = loop.create_task(
             lead(elector, operate, stop_flag=self._stop_flag, stop_grace_s=2.0),
             name=f"replica {self.identity}",
-            context=context,
+            context=contextvars.copy_context(),
         )
 
     async def wait_leading(self, timeout_s: float) -> None:
