@@ -44,15 +44,16 @@ async def test_a_crashed_holder_is_replaced_after_the_lease_duration(cluster: An
 
 
 async def _run_until_lost(leader: LeaseElector) -> tuple[asyncio.Event, asyncio.Task[None]]:
-    stopped = asyncio.Event()
+    started, stopped = asyncio.Event(), asyncio.Event()
 
     async def operate(stop_flag: asyncio.Event) -> None:
+        started.set()  # lead() runs the operator only once the Lease is held
         await stop_flag.wait()
         stopped.set()
 
     task = asyncio.ensure_future(lead(leader, operate, stop_grace_s=1.0))
-    while not leader.is_leader:
-        await asyncio.sleep(0.05)
+    await asyncio.wait_for(started.wait(), timeout=10)
+    assert leader.is_leader
     return stopped, task
 
 

@@ -62,6 +62,7 @@ def test_token_like_strings_are_masked(text: str, secret: str) -> None:
         "engine pvc://engines/llama-3.1-70b-instruct-draft/v3-rt1-2026-10-01 loaded",
         "model repository /models/tensorrt_llm_bls/config.pbtxt not found",
         "alpha canary 0.879 vs stable 0.750 over 12 samples",
+        "the token returned by the hub expired; tokenizer loaded from /models/tokenizer.json",
     ],
 )
 def test_ordinary_messages_are_unchanged(text: str) -> None:

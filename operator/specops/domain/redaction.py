@@ -28,7 +28,7 @@ _KEY_VALUE_SECRET = re.compile(
     r"(?i)(?P<lead>\b(?:[a-z0-9_.\-]*(?:token|secret|password|passwd|api[_-]?key|access[_-]?key)"
     r"|pwd|credentials?)\b[\"']?\s*[=:]\s*[\"']?)(?P<value>[^\s\"',;&]+)"
 )
-_AUTH_HEADER = re.compile(r"(?i)(?P<lead>\b(?:bearer|basic|token)\s+)(?P<value>[A-Za-z0-9._~+/=\-]{8,})")
+_AUTH_HEADER = re.compile(r"(?i)(?P<lead>\b(?:bearer|basic)\s+)(?P<value>[A-Za-z0-9._~+/=\-]{8,})")
 _TOKEN_SHAPES = re.compile(
     r"\b(?:"
     r"(?:AKIA|ASIA|AGPA|AIDA|AROA|ANPA)[A-Z0-9]{16}"  # AWS access key ids
