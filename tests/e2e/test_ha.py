@@ -9,6 +9,7 @@ import signal
 import socket
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -45,7 +46,7 @@ def draft_behaviours() -> dict[str, DraftBehaviour]:
 
 @pytest.fixture
 def route(cluster: Any) -> dict[str, Any]:
-    return canary_e2e.route.__wrapped__(cluster)  # type: ignore[attr-defined]
+    return canary_e2e.create_route(cluster)
 
 
 async def test_the_leader_is_killed_mid_canary_and_the_other_replica_finishes_it(
@@ -149,7 +150,7 @@ def _free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-def _start_replica(index: int, port: int) -> subprocess.Popen[bytes]:
+def _start_replica(index: int, port: int, logs: Path) -> subprocess.Popen[bytes]:
     command = [
         sys.executable,
         "-m",
@@ -160,12 +161,10 @@ def _start_replica(index: int, port: int) -> subprocess.Popen[bytes]:
         NAMESPACE,
     ]
     command += ["--metrics-port", "0", "--liveness", f"http://127.0.0.1:{port}/healthz"]
-    return subprocess.Popen(
-        command,
-        env={**os.environ, "HOSTNAME": f"pod-{index}"},
-        stdout=subprocess.DEVNULL,
-        stderr=open(f"/tmp/ha-replica-{index}.log", "wb"),
-    )
+    with (logs / f"replica-{index}.log").open("wb") as log:  # the child keeps its own descriptor
+        return subprocess.Popen(
+            command, env={**os.environ, "HOSTNAME": f"pod-{index}"}, stdout=subprocess.DEVNULL, stderr=log
+        )
 
 
 async def _holder(kube: KubeClient) -> str:
@@ -174,11 +173,11 @@ async def _holder(kube: KubeClient) -> str:
 
 
 async def test_specops_run_processes_hand_over_on_sigterm_and_on_sigkill(
-    cluster: Any, kube: KubeClient, operator_env: None
+    cluster: Any, kube: KubeClient, operator_env: None, tmp_path: Path
 ) -> None:
     """Three `specops run --leader-election` processes, as three pods would run them."""
     ports = [_free_port() for _ in range(3)]
-    processes = [_start_replica(index, port) for index, port in enumerate(ports)]
+    processes = [_start_replica(index, port, tmp_path) for index, port in enumerate(ports)]
     loop = asyncio.get_running_loop()
     try:
         first = await eventually(lambda: _holder(kube), timeout_s=30, what="a holder")
