@@ -50,7 +50,20 @@ def main() -> None:
 )
 @click.option("-A", "--all-namespaces", is_flag=True, help="watch every namespace (the default)")
 @click.option("--liveness", metavar="URL", help="liveness endpoint, e.g. http://0.0.0.0:8080/healthz")
-@click.option("--peering", is_flag=True, help="use Kopf peering (several replicas); default: standalone")
+@click.option(
+    "--leader-election",
+    is_flag=True,
+    help="run as one of several replicas: act only while holding a coordination.k8s.io Lease",
+)
+@click.option(
+    "--lease-name", default="specops-operator", show_default=True, help="the Lease of --leader-election"
+)
+@click.option(
+    "--lease-namespace",
+    metavar="NS",
+    help="namespace of the Lease (default: $POD_NAMESPACE, else the service account's namespace)",
+)
+@click.option("--peering", is_flag=True, hidden=True, help="refused: use --leader-election")
 @click.option(
     "--metrics-port",
     type=int,
@@ -73,7 +86,16 @@ def run(**options: Any) -> None:
     """Run the operator (Kopf) against the cluster in $KUBECONFIG, or in-cluster."""
     if options["namespaces"] and options["all_namespaces"]:
         raise click.UsageError("-n/--namespace and -A/--all-namespaces are mutually exclusive")
+    if options.pop("peering"):
+        raise click.UsageError(PEERING_REFUSED)
     run_operator(**options)
+
+
+PEERING_REFUSED = (
+    "--peering (Kopf peering) is not supported: with it, replicas of equal priority all pause, and "
+    "without the KopfPeering CRDs every replica acts. Run several replicas with --leader-election "
+    "(one Lease, one acting leader); docs/install.md explains it."
+)
 
 
 def run_operator(
@@ -81,7 +103,9 @@ def run_operator(
     namespaces: tuple[str, ...],
     all_namespaces: bool,
     liveness: str | None,
-    peering: bool,
+    leader_election: bool = False,
+    lease_name: str = "specops-operator",
+    lease_namespace: str | None = None,
     metrics_port: int,
     metrics_address: str,
     log_level: str | None,
@@ -96,12 +120,58 @@ def run_operator(
     configure_logging("debug" if verbose else (log_level or "info"), log_format)
     if metrics_port:
         operator_metrics.serve(metrics_port, metrics_address)
-    kopf.run(
-        clusterwide=not namespaces,
-        namespaces=namespaces,
-        standalone=not peering,
-        liveness_endpoint=liveness,
-    )
+    if not leader_election:
+        kopf.run(
+            clusterwide=not namespaces, namespaces=namespaces, standalone=True, liveness_endpoint=liveness
+        )
+        return
+    from specops.adapters.leader import LeadershipLost
+
+    try:
+        asyncio.run(run_elected(namespaces, liveness, lease_name, lease_namespace))
+    except LeadershipLost as lost:
+        # Exit so that the pod restarts as a follower: nothing of this leader's state survives.
+        click.echo(f"specops: leadership lost ({lost}); exiting", err=True)
+        sys.exit(1)
+
+
+async def run_elected(
+    namespaces: tuple[str, ...], liveness: str | None, lease_name: str, lease_namespace: str | None
+) -> None:
+    """Follow until the Lease is ours, then run Kopf (standalone) for as long as it stays ours."""
+    import kopf
+
+    from specops.adapters.kube import KubeClient, load_connection_settings
+    from specops.adapters.leader import LeaseElector, default_namespace, follower_health, lead
+
+    kube = KubeClient(load_connection_settings())
+    elector = LeaseElector(kube, namespace=lease_namespace or default_namespace(), name=lease_name)
+    try:
+        async with follower_health(liveness):
+            await elector.acquire()
+
+        async def operate(stop_flag: asyncio.Event) -> None:
+            # Not Kopf's stop_flag: Kopf would wait 5 s for that flag's waiter after a SIGTERM.
+            # On a lost Lease the operator is cancelled instead, which Kopf handles at once.
+            stepping_down = asyncio.ensure_future(stop_flag.wait())
+            operator = asyncio.ensure_future(
+                kopf.operator(
+                    clusterwide=not namespaces,
+                    namespaces=namespaces,
+                    standalone=True,
+                    liveness_endpoint=liveness,
+                )
+            )
+            try:
+                await asyncio.wait({stepping_down, operator}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                stepping_down.cancel()
+                operator.cancel()
+            await operator
+
+        await lead(elector, operate)
+    finally:
+        await kube.close()
 
 
 QUIET_LOGGERS = ("httpx", "httpcore", "aiohttp.access")
@@ -114,6 +184,9 @@ def configure_logging(level: str, log_format: str) -> None:
 
     import kopf
 
+    from specops.adapters import log_redaction
+
+    log_redaction.install()
     debug = level == "debug"
     kopf.configure(
         debug=debug, log_format=kopf.LogFormat.JSON if log_format == "json" else kopf.LogFormat.FULL

@@ -1,6 +1,7 @@
 """What the operator may do in the Kubernetes API, and nothing more: the one list.
 
-deploy/10-rbac.yaml and the Helm chart's Role/ClusterRole both grant exactly these rules;
+deploy/10-rbac.yaml and the Helm chart's Role/ClusterRole both grant exactly these rules (and a
+Role in the operator's own namespace grants exactly LEADER_ELECTION_RULES);
 tests/unit/test_deploy_manifests.py and tests/unit/test_chart.py check each against this list,
 and check this list against the code (every kind the client can address, every kind the
 reconciler prunes, every training kind retraining creates).
@@ -83,6 +84,18 @@ OPERATOR_RULES: tuple[Rule, ...] = (
     _rule("trainer.kubeflow.org", "trainjobs", "get create", "draft retraining with a TrainJob template"),
     _rule("kubeflow.org", "pytorchjobs", "get create", "draft retraining with a PyTorchJob template"),
 )
+
+
+LEADER_ELECTION_RULES: tuple[Rule, ...] = (
+    _rule(
+        "coordination.k8s.io",
+        "leases",
+        "get create patch",
+        "leader election (specops run --leader-election): one Lease in the operator's own namespace, "
+        "granted by a Role there and nowhere else",
+    ),
+)
+"""Granted only in the operator's namespace (a Role), not with the rules above."""
 
 
 def grants(rules: tuple[Rule, ...] = OPERATOR_RULES) -> dict[tuple[str, str], set[str]]:

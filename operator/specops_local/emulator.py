@@ -1334,6 +1334,7 @@ BUILTIN_RESOURCES: Final[tuple[tuple[str, str, bool, bool, tuple[str, ...]], ...
     ("batch/v1/jobs", "Job", True, True, ()),
     ("discovery.k8s.io/v1/endpointslices", "EndpointSlice", True, False, ()),
     ("gateway.networking.k8s.io/v1/httproutes", "HTTPRoute", True, True, ()),
+    ("coordination.k8s.io/v1/leases", "Lease", True, False, ()),
     (
         "apiextensions.k8s.io/v1/customresourcedefinitions",
         "CustomResourceDefinition",

@@ -6,6 +6,9 @@ server's tasks and deadlocks the teardown. Here the operator's tasks are told
 apart with a task factory that marks every task created from the operator's own
 context (contextvars are inherited by child tasks), and ``kopf.run_tasks`` is
 told to ignore all the others.
+
+``run_kopf`` runs one standalone operator; ``Replica`` runs one of several leader-elected
+replicas (as `specops run --leader-election` does), so tests can run two and kill the leader.
 """
 
 from __future__ import annotations
@@ -21,6 +24,9 @@ from collections.abc import AsyncIterator, Callable, Collection, Coroutine, Iter
 from typing import Any
 
 import kopf
+
+from specops.adapters.kube import KubeClient, load_connection_settings
+from specops.adapters.leader import DEFAULT_TIMINGS, LeaseElector, LeaseTimings, lead
 
 
 class _OperatorTasks:
@@ -190,3 +196,115 @@ def _forget_signal_handlers(loop: asyncio.AbstractEventLoop) -> None:
         for signum in (signal.SIGINT, signal.SIGTERM):
             with contextlib.suppress(NotImplementedError, RuntimeError):
                 loop.remove_signal_handler(signum)
+
+
+class Replica:
+    """One replica of a leader-elected operator, as one pod of the Deployment would run it.
+
+    It follows until it holds the Lease, then runs the registry's handlers (standalone) for
+    as long as it keeps the Lease. ``stop()`` is a graceful stop (the Lease is released);
+    ``crash()`` is a killed pod: Kopf stops at once and the Lease stays held until it expires.
+    """
+
+    def __init__(
+        self,
+        registry: kopf.OperatorRegistry,
+        *,
+        identity: str,
+        lease_namespace: str = "default",
+        timings: LeaseTimings = DEFAULT_TIMINGS,
+        settings_hook: Callable[[kopf.OperatorSettings], None] | None = None,
+    ) -> None:
+        self.registry = registry
+        self.identity = identity
+        self.lease_namespace = lease_namespace
+        self.timings = timings
+        self.settings_hook = settings_hook
+        self.ready = asyncio.Event()
+        self.elector: LeaseElector | None = None
+        self._kube: KubeClient | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._tasks = _OperatorTasks()
+        self._factory: contextlib.ExitStack | None = None
+        self._stop_flag = asyncio.Event()
+
+    @property
+    def is_leader(self) -> bool:
+        return self.elector is not None and self.elector.is_leader and self.ready.is_set()
+
+    @property
+    def done(self) -> bool:
+        return self._task is not None and self._task.done()
+
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._kube = KubeClient(load_connection_settings())
+        self.elector = LeaseElector(
+            self._kube, namespace=self.lease_namespace, identity=self.identity, timings=self.timings
+        )
+        settings = kopf.OperatorSettings()
+        fast_settings(settings)
+        if self.settings_hook is not None:
+            self.settings_hook(settings)
+        tasks = self._tasks
+        elector = self.elector
+
+        async def operate(stop_flag: asyncio.Event) -> None:
+            # Only what Kopf creates from here on is the operator's (not lead()'s Lease keeper).
+            _operator.set(tasks)
+            spawned = await kopf.spawn_tasks(
+                registry=self.registry,
+                settings=settings,
+                memo=kopf.Memo(),
+                standalone=True,
+                clusterwide=True,
+                stop_flag=stop_flag,
+                ready_flag=self.ready,
+            )
+            await kopf.run_tasks(spawned, ignored=_NotOperatorTasks(tasks))
+
+        self._factory = contextlib.ExitStack()
+        self._factory.enter_context(_MarkingTaskFactory.installed(loop))
+        self._task = loop.create_task(
+            lead(elector, operate, stop_flag=self._stop_flag, stop_grace_s=2.0),
+            name=f"replica {self.identity}",
+            context=contextvars.copy_context(),
+        )
+
+    async def wait_leading(self, timeout_s: float) -> None:
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        while not self.is_leader:
+            if self._task is not None and self._task.done():
+                self._task.result()
+                raise RuntimeError(f"replica {self.identity} exited before it led")
+            if asyncio.get_running_loop().time() > deadline:
+                raise TimeoutError(f"replica {self.identity} did not lead within {timeout_s} s")
+            await asyncio.sleep(0.05)
+
+    async def crash(self) -> None:
+        """Stop as a killed pod would: no more writes of the Lease, Kopf's tasks cancelled."""
+        assert self.elector is not None
+        self.elector.abandon()
+        await self._finish(cancel=True)
+
+    async def stop(self, timeout_s: float = 10.0) -> None:
+        """A graceful stop (SIGTERM): Kopf stops, then the Lease is released."""
+        await self._finish(cancel=False, timeout_s=timeout_s)
+
+    async def _finish(self, *, cancel: bool, timeout_s: float = 10.0) -> None:
+        try:
+            if self._task is not None and not self._task.done():
+                if cancel or not self.ready.is_set():
+                    self._task.cancel()  # a follower has nothing to hand over
+                else:
+                    self._stop_flag.set()  # Kopf stops, then lead() releases the Lease
+                with contextlib.suppress(asyncio.CancelledError):
+                    await asyncio.wait_for(self._task, timeout=timeout_s)
+        finally:
+            if self._kube is not None:
+                await self._kube.close()
+                self._kube = None
+            if self._factory is not None:
+                self._factory.close()
+                self._factory = None
+            _forget_signal_handlers(asyncio.get_running_loop())

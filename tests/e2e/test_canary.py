@@ -50,6 +50,10 @@ STABLE_BACKEND_AT_100 = {"group": "", "kind": "Service", "name": STABLE_SERVICE,
 
 @pytest.fixture
 def route(cluster: Any) -> dict[str, Any]:
+    return create_route(cluster)
+
+
+def create_route(cluster: Any) -> dict[str, Any]:
     """The user's HTTPRoute: their Gateway, one rule sending everything to the stable variant."""
     return cluster.create(
         "httproutes",

@@ -64,7 +64,7 @@ def _operator_container(objects: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def _env(container: dict[str, Any]) -> dict[str, str]:
-    return {env["name"]: env["value"] for env in container["env"]}
+    return {env["name"]: env["value"] for env in container["env"] if "value" in env}
 
 
 # ---------------------------------------------------------------- lint, CRDs
@@ -111,6 +111,8 @@ def test_default_values_render_the_operator_and_no_monitoring_objects() -> None:
         "ClusterRole",
         "ClusterRoleBinding",
         "Deployment",
+        "Role",
+        "RoleBinding",
         "ServiceAccount",
     ]
 
@@ -150,14 +152,27 @@ def test_the_operator_pod_meets_the_restricted_profile(values: dict[str, Any] | 
     assert restricted_violations(pod) == []
 
 
-def test_one_operator_runs_probed_on_kopfs_health_endpoint_with_metrics_served() -> None:
+def test_two_leader_elected_operators_run_probed_on_kopfs_health_endpoint_with_metrics_served() -> None:
     objects = render()
     deployment = one(objects, "Deployment", FULLNAME)
-    assert deployment["spec"]["replicas"] == 1
-    assert deployment["spec"]["strategy"]["type"] == "Recreate"
+    assert deployment["spec"]["replicas"] == 2
+    assert deployment["spec"]["strategy"]["type"] == "RollingUpdate"
     container = _operator_container(objects)
     command = container["command"]
-    assert command[:4] == ["specops", "run", "--liveness", "http://0.0.0.0:8080/healthz"]
+    assert command[:7] == [
+        "specops",
+        "run",
+        "--leader-election",
+        "--lease-name",
+        FULLNAME,
+        "--liveness",
+        "http://0.0.0.0:8080/healthz",
+    ]
+    (pod_namespace,) = [env for env in container["env"] if env["name"] == "POD_NAMESPACE"]
+    assert pod_namespace["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.namespace"
+    anti_affinity = deployment["spec"]["template"]["spec"]["affinity"]["podAntiAffinity"]
+    (preferred,) = anti_affinity["preferredDuringSchedulingIgnoredDuringExecution"]
+    assert preferred["podAffinityTerm"]["topologyKey"] == "kubernetes.io/hostname"
     assert command[command.index("--metrics-port") + 1] == "8081"
     assert command[-1] == "--all-namespaces"
     ports = {port["name"]: port["containerPort"] for port in container["ports"]}
@@ -235,15 +250,35 @@ def test_cluster_mode_grants_exactly_the_operator_rules_cluster_wide() -> None:
     binding = one(objects, "ClusterRoleBinding", FULLNAME)
     assert binding["roleRef"]["name"] == FULLNAME
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": FULLNAME, "namespace": NAMESPACE}]
-    assert not [obj for obj in objects if obj["kind"] in ("Role", "RoleBinding")]
+    assert not [
+        obj
+        for obj in objects
+        if obj["kind"] in ("Role", "RoleBinding") and obj["metadata"]["name"] == FULLNAME
+    ]
+
+
+@pytest.mark.parametrize("values", [None, NAMESPACED], ids=["cluster", "namespaced"])
+def test_the_leader_election_role_grants_the_lease_only_in_the_release_namespace(
+    values: dict[str, Any] | None,
+) -> None:
+    objects = render(values)
+    role = one(objects, "Role", f"{FULLNAME}-leader-election")
+    assert role["metadata"]["namespace"] == NAMESPACE
+    assert _granted(role) == rbac.grants(rbac.LEADER_ELECTION_RULES)
+    binding = one(objects, "RoleBinding", f"{FULLNAME}-leader-election")
+    assert binding["metadata"]["namespace"] == NAMESPACE
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": FULLNAME, "namespace": NAMESPACE}]
 
 
 def test_namespaced_mode_grants_the_operator_rules_only_in_the_watched_namespaces() -> None:
     objects = render(NAMESPACED)
     namespaced = tuple(rule for rule in rbac.OPERATOR_RULES if not rule.cluster_scoped)
     cluster_scoped = tuple(rule for rule in rbac.OPERATOR_RULES if rule.cluster_scoped)
-    roles = [obj for obj in objects if obj["kind"] == "Role"]
-    bindings = [obj for obj in objects if obj["kind"] == "RoleBinding"]
+    roles = [obj for obj in objects if obj["kind"] == "Role" and obj["metadata"]["name"] == FULLNAME]
+    bindings = [
+        obj for obj in objects if obj["kind"] == "RoleBinding" and obj["metadata"]["name"] == FULLNAME
+    ]
     assert sorted(role["metadata"]["namespace"] for role in roles) == ["team-a", "team-b"]
     for role in roles:
         assert _granted(role) == rbac.grants(namespaced)
@@ -279,7 +314,7 @@ def test_no_role_uses_wildcards() -> None:
 # ---------------------------------------------------------------- values schema
 
 BAD_VALUES = {
-    "two replicas": ({"replicas": 2}, "/replicas", "got 2, want 1"),
+    "too many replicas": ({"replicas": 9}, "/replicas", "got 9, want 5"),
     "unknown watch mode": ({"watch": {"mode": "everywhere"}}, "/watch/mode", "'cluster', 'namespaced'"),
     "namespaced without namespaces": ({"watch": {"mode": "namespaced"}}, "/watch", "namespaces"),
     "a namespace that is no DNS label": (

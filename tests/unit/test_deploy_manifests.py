@@ -153,15 +153,23 @@ def test_the_restricted_check_catches_a_breach() -> None:
     ]
 
 
-def test_one_operator_runs_with_its_liveness_endpoint_probed() -> None:
+def test_two_leader_elected_operators_run_with_their_liveness_endpoint_probed() -> None:
     deployment = _one("Deployment", OPERATOR)
-    # Kopf runs standalone: two replicas (even briefly, during a rolling update) would both act
-    assert deployment["spec"]["replicas"] == 1
-    assert deployment["spec"]["strategy"]["type"] == "Recreate"
+    # Two replicas, of which only the Lease holder acts; a rolling update adds a follower first
+    assert deployment["spec"]["replicas"] == 2
+    assert deployment["spec"]["strategy"]["type"] == "RollingUpdate"
     pod = deployment["spec"]["template"]["spec"]
     assert pod["serviceAccountName"] == OPERATOR
     (container,) = pod["containers"]
-    assert container["command"] == ["specops", "run", "--liveness", "http://0.0.0.0:8080/healthz"]
+    assert container["command"] == [
+        "specops",
+        "run",
+        "--leader-election",
+        "--liveness",
+        "http://0.0.0.0:8080/healthz",
+    ]
+    (pod_namespace,) = [env for env in container["env"] if env["name"] == "POD_NAMESPACE"]
+    assert pod_namespace["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.namespace"
     ports = {port["name"]: port["containerPort"] for port in container["ports"]}
     probe = container["livenessProbe"]["httpGet"]
     assert probe["path"] == "/healthz" and ports[probe["port"]] == 8080
@@ -196,9 +204,23 @@ def test_the_operator_role_grants_exactly_the_operator_rules() -> None:
     assert granted == USED
 
 
+def test_the_leader_election_role_grants_the_lease_only_in_the_operator_namespace() -> None:
+    role = _one("Role", f"{OPERATOR}-leader-election")
+    assert role["metadata"]["namespace"] == NAMESPACE
+    assert _granted(role) == rbac.grants(rbac.LEADER_ELECTION_RULES)
+    binding = _one("RoleBinding", f"{OPERATOR}-leader-election")
+    assert binding["metadata"]["namespace"] == NAMESPACE
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "Role",
+        "name": role["metadata"]["name"],
+    }
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": OPERATOR, "namespace": NAMESPACE}]
+
+
 def test_no_role_uses_wildcards() -> None:
     for _, obj in OBJECTS:
-        if obj["kind"] != "ClusterRole":
+        if obj["kind"] not in ("ClusterRole", "Role"):
             continue
         for rule in obj["rules"]:
             for field in ("apiGroups", "resources", "verbs"):
@@ -207,7 +229,7 @@ def test_no_role_uses_wildcards() -> None:
 
 def test_every_kind_the_client_can_address_is_granted_or_unused() -> None:
     """A kind added to PLURALS fails here until specops/rbac.py (and so the ClusterRole) says what it needs."""
-    granted = USED
+    granted = rbac.grants(rbac.OPERATOR_RULES + rbac.LEADER_ELECTION_RULES)
     kube_client = SOURCE / "adapters" / "kube.py"
     sources = [path for path in SOURCE.rglob("*.py") if path != kube_client]
     for (api_version, kind), plural in PLURALS.items():

@@ -925,3 +925,42 @@ def test_rendered_job_and_trainer_result_close_the_round() -> None:
     assert rt.training_outcome(finished, [pod("p", 0, result)]) == Succeeded(
         decided.output_version, "pvc://engines/d/new"
     )
+
+
+TRAINER_SECRETS = {
+    "bearer": "Authorization: Bearer eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiJ0cmFpbmVyIn0.c2lnbmF0dXJlLXNlY3JldA",
+    "hf": "hf_AbCdEfGhIjKlMnOpQrStUvWxYz0123456789",
+    "aws": "AKIAIOSFODNN7EXAMPLE",
+    "password": "password=Tr0ub4dor&3",
+    "token": "token=9f8e7d6c5b4a39281706",
+}
+
+
+@pytest.mark.parametrize("kind", list(TRAINER_SECRETS))
+def test_a_trainer_log_tail_reaches_status_and_the_event_without_its_secrets(kind: str) -> None:
+    secret_line = TRAINER_SECRETS[kind]
+    secret = secret_line.split("=", 1)[-1].split()[-1]
+    failed = rt.training_outcome(
+        job("Job", "Failed", reason="BackoffLimitExceeded", message="Job has reached the backoff limit"),
+        [pod("p0", 1, f"connecting to the hub\n{secret_line}\nRuntimeError: 401 Unauthorized")],
+    )
+    assert isinstance(failed, Failed)
+    assert "401 Unauthorized" in failed.message  # the useful part of the tail stays
+    assert secret not in failed.message
+
+    spec = resource().spec
+    state = rt.finish_round(spec, stale_state(active=active_round(), rounds=1), failed, NOW)
+    shown = json.dumps(
+        [state.last_message, [c.message for c in rt.retraining_conditions(spec, state, NOW)]], default=str
+    )
+    assert secret not in shown and "***" in shown
+
+
+def test_a_result_the_trainer_mangled_is_reported_without_its_secrets() -> None:
+    mangled = json.dumps(
+        {"draftVersion": "v3-rt1-2026-10-01", "engineUri": "https://trainer:hunter2-pw@store.local/d/v3"}
+    )
+    outcome = rt.training_outcome(job("Job", "Complete"), [pod("a", 0, mangled)])
+    assert isinstance(outcome, Failed)
+    assert "is not a pvc://" in outcome.message and "trainer:***@store.local" in outcome.message
+    assert "hunter2-pw" not in outcome.message

@@ -38,6 +38,7 @@ PLURALS: dict[tuple[str, str], str] = {
     ("discovery.k8s.io/v1", "EndpointSlice"): "endpointslices",
     ("monitoring.coreos.com/v1", "PodMonitor"): "podmonitors",
     ("gateway.networking.k8s.io/v1", "HTTPRoute"): "httproutes",
+    ("coordination.k8s.io/v1", "Lease"): "leases",
     ("jobset.x-k8s.io/v1alpha2", "JobSet"): "jobsets",
     ("trainer.kubeflow.org/v1alpha1", "TrainJob"): "trainjobs",
     ("kubeflow.org/v1", "PyTorchJob"): "pytorchjobs",

@@ -30,6 +30,7 @@ from specops.domain.metrics import (
     build_snapshot,
     rate_window_s,
 )
+from specops.domain.redaction import redact_text, redact_url
 
 logger = logging.getLogger(__name__)
 
@@ -67,6 +68,8 @@ class PrometheusPoller:
         clock: Clock = utc_now,
     ) -> None:
         self.url = url.rstrip("/")
+        self.shown_url = redact_url(self.url)
+        """The URL as messages and logs show it: credentials masked (requests use ``url``)."""
         self.profile = profile
         self.interval_s = interval_s
         self.window_s = window_s if window_s is not None else rate_window_s(scrape_interval_s)
@@ -74,7 +77,7 @@ class PrometheusPoller:
         self._clock = clock
         self._client = httpx.AsyncClient(timeout=httpx.Timeout(timeout_s))
         self.latest: Snapshot = Snapshot.failed(
-            clock(), f"no poll of {self.url} has completed yet", reason=REASON_PENDING
+            clock(), f"no poll of {self.shown_url} has completed yet", reason=REASON_PENDING
         )
         self.cycles = 0
         self.queries_total = 0
@@ -85,21 +88,23 @@ class PrometheusPoller:
             response = await self._client.get(f"{self.url}/api/v1/query", params={"query": promql})
         except httpx.TimeoutException:
             operator_metrics.count_error("prometheus", "Timeout")
-            raise QueryFailed(f"Prometheus at {self.url} timed out after {self.timeout_s:g}s") from None
+            raise QueryFailed(f"Prometheus at {self.shown_url} timed out after {self.timeout_s:g}s") from None
         except httpx.HTTPError as exc:
             operator_metrics.count_error("prometheus", "Unreachable")
-            raise QueryFailed(f"cannot reach Prometheus at {self.url}: {exc!r}") from None
+            raise QueryFailed(f"cannot reach Prometheus at {self.shown_url}: {exc!r}") from None
         try:
             body: Any = response.json()
         except ValueError:
             body = None
         if not isinstance(body, dict):
             operator_metrics.count_error("prometheus", "BadResponse")
-            raise QueryFailed(f"Prometheus at {self.url} answered HTTP {response.status_code} without JSON")
+            raise QueryFailed(
+                f"Prometheus at {self.shown_url} answered HTTP {response.status_code} without JSON"
+            )
         if body.get("status") != "success":
             operator_metrics.count_error("prometheus", str(body.get("errorType") or "Error"))
             raise QueryFailed(
-                f"Prometheus at {self.url} answered HTTP {response.status_code} "
+                f"Prometheus at {self.shown_url} answered HTTP {response.status_code} "
                 f"{body.get('errorType', 'error')}: {body.get('error', '')} (query: {promql})"
             )
         data = body.get("data") or {}
@@ -121,7 +126,7 @@ class PrometheusPoller:
                 if isinstance(answer, asyncio.CancelledError):
                     raise answer
                 message = str(answer) if isinstance(answer, QueryFailed) else repr(answer)
-                return Snapshot.failed(now, message)
+                return Snapshot.failed(now, redact_text(message))
             results[quantity] = answer
         return build_snapshot(self.profile, results, now)
 
@@ -133,11 +138,11 @@ class PrometheusPoller:
             try:
                 self.latest = await self.poll_once(self._clock())
             except Exception as exc:  # a bug must not end polling for every resource
-                logger.exception("metrics poll of %s failed unexpectedly", self.url)
-                self.latest = Snapshot.failed(self._clock(), f"unexpected error: {exc!r}")
+                logger.exception("metrics poll of %s failed unexpectedly", self.shown_url)
+                self.latest = Snapshot.failed(self._clock(), redact_text(f"unexpected error: {exc!r}"))
             if self.latest.phase != previous_phase or (self.latest.phase == "Error" and self.cycles == 1):
                 log = logger.info if self.latest.phase == "Ok" else logger.warning
-                log("metrics from %s (%s): %s", self.url, self.profile.name, self.latest.error or "ok")
+                log("metrics from %s (%s): %s", self.shown_url, self.profile.name, self.latest.error or "ok")
             remaining = self.interval_s - (time.monotonic() - started)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), timeout=max(remaining, 0.0))
@@ -239,7 +244,9 @@ class MetricsHub:
             return Measurement.failed(now, REASON_METRICS_UNAVAILABLE, f"no metrics profile for {backend!r}")
         running = self._running.get((url.rstrip("/"), backend))
         if running is None:
-            return Measurement.failed(now, REASON_METRICS_UNAVAILABLE, f"{url} is not being polled")
+            return Measurement.failed(
+                now, REASON_METRICS_UNAVAILABLE, f"{redact_url(url)} is not being polled"
+            )
         poller = running.poller
         max_age_s = 3 * poller.interval_s + poller.timeout_s
         return poller.latest.lookup(namespace, name, variant, now, max_age_s, draft_length)

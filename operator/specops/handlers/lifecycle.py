@@ -9,7 +9,7 @@ from typing import Any
 
 import kopf
 
-from specops.adapters import operator_metrics
+from specops.adapters import log_redaction, operator_metrics
 from specops.adapters.kube import load_connection_settings
 from specops.api.models import GROUP, PLURAL, VERSION
 from specops.domain.lifecycle import EventRecord
@@ -32,6 +32,7 @@ def post_events(body: Any, events: list[EventRecord]) -> None:
 @kopf.on.startup()
 async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     """Persist Kopf's bookkeeping under specops.dev annotations, and build clients once."""
+    log_redaction.install()  # before anything logs a resource body
     settings.persistence.finalizer = "specops.dev/finalizer"
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="specops.dev")
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix="specops.dev")

@@ -8,6 +8,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from specops.api.models import ENGINE_URI_PATTERN
+from specops.domain.redaction import redact_text
 from specops.domain.retraining.jobs import job_kind
 from specops.domain.retraining.naming import (
     ANNOTATION_OUTPUT_VERSION,
@@ -39,7 +40,7 @@ def training_outcome(job: Mapping[str, Any], pods: Sequence[Mapping[str, Any]]) 
         failed = conditions["Failed"]
         detail = failed.get("message") or failed.get("reason") or "the training job failed"
         logs = _failure_messages(pods)
-        return Failed(f"{detail}; {logs}" if logs else str(detail))
+        return Failed(redact_text(f"{detail}; {logs}" if logs else str(detail)))
     if kind.success not in conditions:
         suspended = "Suspended" in conditions
         return Running("suspended" if suspended else "")
@@ -59,8 +60,9 @@ def _terminated(pods: Sequence[Mapping[str, Any]]) -> list[tuple[str, Mapping[st
 
 
 def _failure_messages(pods: Sequence[Mapping[str, Any]], limit: int = 500) -> str:
+    """The tails of failed containers' termination messages, with token-like strings masked."""
     messages = [
-        f"{where}: {str(t.get('message')).strip()[-limit:]}"
+        f"{where}: {redact_text(str(t.get('message')).strip())[-limit:]}"
         for where, t in _terminated(pods)
         if t.get("exitCode") not in (0, None) and str(t.get("message") or "").strip()
     ]
@@ -95,11 +97,15 @@ def _published_result(
         else:
             problems.append(f"{where}: {parsed}")
     if not results:
-        return Failed("the training job completed with an invalid result: " + "; ".join(problems))
+        return Failed(
+            redact_text("the training job completed with an invalid result: " + "; ".join(problems))
+        )
     published = {(r.draft_version, r.engine_uri) for _, r in results}
     if len(published) > 1:
         listing = ", ".join(f"{where} -> {r.draft_version} at {r.engine_uri}" for where, r in results)
-        return Failed(f"containers published different drafts ({listing}); publish from one rank only")
+        return Failed(
+            redact_text(f"containers published different drafts ({listing}); publish from one rank only")
+        )
     return results[0][1]
 
 

@@ -1,0 +1,81 @@
+"""Lease leader election against the emulated API server: one holder, takeover, step-down."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import kmock
+import pytest
+
+from specops.adapters.kube import KubeClient
+from specops.adapters.leader import LEASE_API, LEASE_KIND, LeadershipLost, LeaseElector, LeaseTimings, lead
+
+FAST = LeaseTimings(lease_duration_s=3.0, renew_deadline_s=2.0, retry_period_s=0.5)
+NAME = "specops-operator"
+
+
+def elector(kube: KubeClient, identity: str) -> LeaseElector:
+    return LeaseElector(kube, namespace="default", identity=identity, timings=FAST)
+
+
+async def test_one_holder_at_a_time_and_a_release_hands_over_at_once(cluster: Any, kube: KubeClient) -> None:
+    a, b = elector(kube, "a"), elector(kube, "b")
+    assert await a.try_acquire_or_renew()
+    assert not await b.try_acquire_or_renew()
+    assert await a.try_acquire_or_renew()  # renewal
+    await a.release()
+    assert await b.try_acquire_or_renew()
+    lease = await kube.get(LEASE_API, LEASE_KIND, "default", NAME)
+    assert lease is not None and lease["spec"]["holderIdentity"] == "b"
+
+
+async def test_a_crashed_holder_is_replaced_after_the_lease_duration(cluster: Any, kube: KubeClient) -> None:
+    a, b = elector(kube, "a"), elector(kube, "b")
+    assert await a.try_acquire_or_renew()
+    a.abandon()  # killed: it never writes again
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    await asyncio.wait_for(b.acquire(), timeout=10)
+    waited = loop.time() - started
+    assert FAST.lease_duration_s <= waited <= FAST.lease_duration_s + 2 * FAST.retry_period_s
+    lease = await kube.get(LEASE_API, LEASE_KIND, "default", NAME)
+    assert lease is not None and lease["spec"]["leaseTransitions"] == 1
+
+
+async def _run_until_lost(leader: LeaseElector) -> tuple[asyncio.Event, asyncio.Task[None]]:
+    started, stopped = asyncio.Event(), asyncio.Event()
+
+    async def operate(stop_flag: asyncio.Event) -> None:
+        started.set()  # lead() runs the operator only once the Lease is held
+        await stop_flag.wait()
+        stopped.set()
+
+    task = asyncio.ensure_future(lead(leader, operate, stop_grace_s=1.0))
+    await asyncio.wait_for(started.wait(), timeout=10)
+    assert leader.is_leader
+    return stopped, task
+
+
+async def test_a_leader_that_cannot_renew_steps_down_before_the_lease_expires(
+    cluster: Any, kube: KubeClient
+) -> None:
+    leader = elector(kube, "a")
+    stopped, task = await _run_until_lost(leader)
+    cluster.emulator[kmock.method.PATCH, kmock.resource("coordination.k8s.io", "v1", "leases")] << 503
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    with pytest.raises(LeadershipLost, match="not renewed"):
+        await asyncio.wait_for(task, timeout=10)
+    # The operator was told to stop within the renew deadline: before anyone else may take the Lease
+    assert stopped.is_set()
+    assert loop.time() - started < FAST.lease_duration_s
+
+
+async def test_a_leader_whose_lease_was_taken_steps_down(cluster: Any, kube: KubeClient) -> None:
+    leader = elector(kube, "a")
+    stopped, task = await _run_until_lost(leader)
+    await kube.patch(LEASE_API, LEASE_KIND, "default", NAME, {"spec": {"holderIdentity": "intruder"}})
+    with pytest.raises(LeadershipLost, match="held by another replica"):
+        await asyncio.wait_for(task, timeout=10)
+    assert stopped.is_set()
