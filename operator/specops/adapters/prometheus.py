@@ -19,6 +19,7 @@ from typing import Any
 import httpx
 
 from specops.adapters import operator_metrics
+from specops.domain.names import label_value
 from specops.domain.metrics import (
     PROFILES,
     REASON_METRICS_UNAVAILABLE,
@@ -242,7 +243,8 @@ class MetricsHub:
             return Measurement.failed(now, REASON_METRICS_UNAVAILABLE, f"{url} is not being polled")
         poller = running.poller
         max_age_s = 3 * poller.interval_s + poller.timeout_s
-        return poller.latest.lookup(namespace, name, variant, now, max_age_s, draft_length)
+        # Series carry the derived label value (names.label_value), not the raw resource name.
+        return poller.latest.lookup(namespace, label_value(name), variant, now, max_age_s, draft_length)
 
     @staticmethod
     async def _poll_until_stopped(poller: PrometheusPoller, stop: asyncio.Event) -> None:

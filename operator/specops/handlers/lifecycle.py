@@ -11,7 +11,7 @@ import kopf
 
 from specops.adapters import operator_metrics
 from specops.adapters.kube import load_connection_settings
-from specops.api.models import GROUP, PLURAL, VERSION
+from specops.api.models import GROUP, KIND, PLURAL, VERSION
 from specops.domain.lifecycle import EventRecord
 from specops.ports import KubeApiError
 from specops.services.container import Services, build_services
@@ -89,11 +89,19 @@ async def delete(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     post_events(body, events)
 
 
+def owner_name(meta: Any) -> str | None:
+    """The owning SpeculativeDeployment's name: from the ownerReference, since the
+    ``specops.dev/deployment`` label holds a derived (possibly hashed) value."""
+    for ref in meta.get("ownerReferences") or []:
+        if ref.get("kind") == KIND and str(ref.get("apiVersion", "")).startswith(f"{GROUP}/"):
+            return str(ref.get("name") or "") or None
+    return None
+
+
 @kopf.on.event("apps", "v1", "deployments", labels={"app.kubernetes.io/managed-by": "specops"})
 async def serving_deployment_changed(body: kopf.Body, memo: kopf.Memo, type: str | None, **_: Any) -> None:
     """A serving Deployment's status moved: refresh the owner's Ready/Progressing conditions."""
-    labels = body.get("metadata", {}).get("labels", {})
-    owner = labels.get("specops.dev/deployment")
+    owner = owner_name(body.get("metadata", {}))
     if not owner or type is None:
         return
     services: Services = memo.services

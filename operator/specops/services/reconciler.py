@@ -21,6 +21,7 @@ from specops.api.models import API_VERSION, KIND, SpeculativeDeployment
 from specops.api.status import SpeculativeDeploymentStatus
 from specops.domain import drafts, lifecycle, phases
 from specops.domain.lifecycle import EventRecord
+from specops.domain.names import LABEL_DEPLOYMENT, STABLE, label_value, selector_labels
 from specops.domain.render import RenderError, RenderOptions, render_children
 from specops.domain.status_patch import merge_patch
 from specops.ports import KubeApiError, KubePort
@@ -148,7 +149,7 @@ class Reconciler:
         return report
 
     async def prune(self, namespace: str, name: str, keep: set[str], report: ApplyReport) -> None:
-        labels = {"specops.dev/deployment": name, "specops.dev/variant": "stable"}
+        labels = selector_labels(name, STABLE)
         for api_version, kind in MANAGED_KINDS:
             if kind == "PodMonitor" and not self.render_options.pod_monitor:
                 continue
@@ -170,7 +171,9 @@ class Reconciler:
         for api_version, kind in MANAGED_KINDS:
             if kind == "PodMonitor" and not self.render_options.pod_monitor:
                 continue
-            for live in await self.kube.list(api_version, kind, namespace, {"specops.dev/deployment": name}):
+            for live in await self.kube.list(
+                api_version, kind, namespace, {LABEL_DEPLOYMENT: label_value(name)}
+            ):
                 try:
                     if await self.kube.delete(api_version, kind, namespace, live["metadata"]["name"]):
                         removed.append(f"{kind}/{live['metadata']['name']}")
