@@ -51,6 +51,7 @@ class Reason:
     # advisories
     DENSE_DRAFT_FOR_MOE = "DenseDraftForMoE"
     DRAFT_MATCHES_TARGET = "DraftMatchesTarget"
+    DRAFT_IS_TARGET = "DraftIsTarget"
     DRAFT_TOO_LARGE = "DraftTooLarge"
     DRAFT_TOO_SMALL = "DraftTooSmall"
     DRAFT_SIZE_OK = "DraftSizeOK"

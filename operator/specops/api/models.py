@@ -17,7 +17,13 @@ from pydantic import AfterValidator, ConfigDict, Field, model_validator
 
 from specops.api.base import ApiModel, cel_rules, immutable
 from specops.api.status import SpeculativeDeploymentStatus
-from specops.api.units import DURATION_PATTERN, PARAMETERS_PATTERN, parse_duration, parse_parameters
+from specops.api.units import (
+    DURATION_MAX_LENGTH,
+    DURATION_PATTERN,
+    PARAMETERS_PATTERN,
+    parse_duration,
+    parse_parameters,
+)
 
 GROUP = "specops.dev"
 VERSION = "v1alpha1"
@@ -31,8 +37,58 @@ ENGINE_URI_PATTERN = r"^(pvc|s3|gs|file)://.+$"
 DNS_LABEL_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 MAX_ENGINE_DRAFT_LEN = 32
 
-Duration = Annotated[str, Field(pattern=DURATION_PATTERN)]
-Parameters = Annotated[str, Field(pattern=PARAMETERS_PATTERN)]
+Parameters = Annotated[str, Field(pattern=PARAMETERS_PATTERN, max_length=32)]
+
+RESOURCE_NAME_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+"""metadata.name: a DNS-1123 subdomain. Every such name yields valid child names (domain/names.py)."""
+RESOURCE_NAME_MAX = 253
+DATA_URI_PATTERN = r"^(s3|gs|pvc|file|https|hf)://[^\s]+$"
+TEMPLATE_KINDS = (
+    ("batch/v1", "Job"),
+    ("jobset.x-k8s.io/v1alpha2", "JobSet"),
+    ("trainer.kubeflow.org/v1alpha1", "TrainJob"),
+    ("kubeflow.org/v1", "PyTorchJob"),
+)
+"""The training kinds specops creates and reads (domain/retraining/jobs.py SUPPORTED_KINDS)."""
+
+
+def _duration_within(minimum: str, maximum: str) -> Any:
+    low, high = parse_duration(minimum), parse_duration(maximum)
+
+    def check(value: str) -> str:
+        seconds = parse_duration(value)
+        if not low <= seconds <= high:
+            raise ValueError(f"{value!r} must be between {minimum} and {maximum}")
+        return value
+
+    return AfterValidator(check)
+
+
+def BoundedDuration(minimum: str, maximum: str) -> Any:  # noqa: N802 - used like a type
+    """A duration string between ``minimum`` and ``maximum`` (inclusive): schema, CEL and model agree.
+
+    The CEL rule uses Kubernetes' ``duration()``, which reads the same forms ("90s", "1h30m", "250ms").
+    """
+    rule = f"duration(self) >= duration('{minimum}') && duration(self) <= duration('{maximum}')"
+    return Annotated[
+        str,
+        Field(
+            pattern=DURATION_PATTERN,
+            max_length=DURATION_MAX_LENGTH,
+            json_schema_extra=cel_rules((rule, f"must be between {minimum} and {maximum}")),
+        ),
+        _duration_within(minimum, maximum),
+    ]
+
+
+# Bounds of every duration (docs/api.md lists them).
+Interval = BoundedDuration("1s", "1h")
+PhaseDuration = BoundedDuration("0s", "24h")
+DwellDuration = BoundedDuration("0s", "24h")
+PauseDuration = BoundedDuration("0s", "24h")
+LatencyObjective = BoundedDuration("1ms", "1m")
+TriggerDuration = BoundedDuration("1m", "168h")
+CooldownDuration = BoundedDuration("0s", "720h")
 
 
 # ---------------------------------------------------------------- target / draft
@@ -403,11 +459,11 @@ class DraftLength(ApiModel):
 
 
 class Rollout(ApiModel):
-    baseline: Duration = Field(
+    baseline: PhaseDuration = Field(
         default="10m",
         description="How long speculation stays off at first to record baseline per-token latency.",
     )
-    soak: Duration = Field(
+    soak: PhaseDuration = Field(
         default="30m",
         description="How long the initial draft length runs before the loop tunes it (Fixed phase).",
     )
@@ -446,7 +502,7 @@ class BatchGuard(ApiModel):
         le=2.0,
         description="Speculation comes back only when predicted speedup > 1 + margin + hysteresis.",
     )
-    min_dwell: Duration = Field(default="1m", description="Minimum time between two on/off switches.")
+    min_dwell: DwellDuration = Field(default="1m", description="Minimum time between two on/off switches.")
 
 
 class SpeculationSpec(ApiModel):
@@ -466,7 +522,7 @@ class SpeculationSpec(ApiModel):
 
 
 class SloSpec(ApiModel):
-    per_token_latency_p99: Duration | None = Field(
+    per_token_latency_p99: LatencyObjective | None = Field(
         default=None, description='Per-token (inter-token) latency p99 objective, e.g. "45ms".'
     )
     min_acceptance: float = Field(
@@ -488,7 +544,9 @@ class PrometheusSource(ApiModel):
 
 class MetricsSpec(ApiModel):
     prometheus: PrometheusSource = Field(default_factory=PrometheusSource, description="Prometheus to query.")
-    interval: Duration = Field(default="15s", description="How often metrics are read and decisions made.")
+    interval: Interval = Field(
+        default="15s", description="How often metrics are read and decisions made (1s to 1h)."
+    )
 
 
 # ---------------------------------------------------------------- canary
@@ -496,7 +554,7 @@ class MetricsSpec(ApiModel):
 
 class CanaryStep(ApiModel):
     weight: int = Field(ge=1, le=100, description="Percent of traffic sent to the canary in this step.")
-    pause: Duration = Field(default="10m", description="Bake time of this step before the next analysis.")
+    pause: PauseDuration = Field(default="10m", description="Bake time of this step before the next analysis.")
 
 
 def _default_steps() -> list[CanaryStep]:
@@ -586,10 +644,10 @@ class CanarySpec(ApiModel):
 
 
 class AcceptanceTrigger(ApiModel):
-    for_: Duration = Field(
+    for_: TriggerDuration = Field(
         default="30m", alias="for", description="How long acceptance must stay below the SLO to trigger."
     )
-    cooldown: Duration = Field(default="24h", description="Minimum time between two triggered retrainings.")
+    cooldown: CooldownDuration = Field(default="24h", description="Minimum time between two triggered retrainings.")
 
 
 class RetrainingTriggers(ApiModel):
@@ -608,7 +666,12 @@ class OnPolicyKnobs(ApiModel):
 
 
 class RetrainingData(ApiModel):
-    uri: str = Field(max_length=1024, description="Real prompts to train on (s3://, gs:// or pvc://).")
+    uri: str = Field(
+        pattern=DATA_URI_PATTERN,
+        max_length=1024,
+        description="Real prompts to train on: s3://, gs://, pvc://, file://, https:// or hf:// (the trainer "
+        "reads it).",
+    )
 
 
 class RetrainingSpec(ApiModel):
@@ -627,7 +690,32 @@ class RetrainingSpec(ApiModel):
         description="The trainer's template: a batch/v1 Job, a JobSet (jobset.x-k8s.io/v1alpha2), a TrainJob "
         "(trainer.kubeflow.org/v1alpha1) or a PyTorchJob (kubeflow.org/v1). Empty: a batch/v1 Job running "
         "retraining.image. See docs/retraining.md for what specops injects.",
-        json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
+        json_schema_extra={
+            "x-kubernetes-preserve-unknown-fields": True,
+            "properties": {
+                "apiVersion": {
+                    "type": "string",
+                    "maxLength": 253,
+                    "description": "batch/v1, jobset.x-k8s.io/v1alpha2, trainer.kubeflow.org/v1alpha1 or "
+                    "kubeflow.org/v1.",
+                },
+                "kind": {
+                    "type": "string",
+                    "maxLength": 63,
+                    "description": "Job, JobSet, TrainJob or PyTorchJob (with the matching apiVersion).",
+                },
+            },
+            **cel_rules(
+                (
+                    "has(self.apiVersion) && has(self.kind) && ("
+                    + " || ".join(f"(self.apiVersion == '{a}' && self.kind == '{k}')" for a, k in TEMPLATE_KINDS)
+                    + ")",
+                    "retraining.template must be one of: "
+                    + ", ".join(f"{a} {k}" for a, k in TEMPLATE_KINDS),
+                    ".kind",
+                ),
+            ),
+        },
     )
     auto_canary: bool = Field(default=True, description="Canary the trained draft automatically.")
     while_stale: Literal["keepIfAcceptanceHolds", "off"] = Field(
