@@ -1152,7 +1152,9 @@ class FidelityEmulator(kmock.KubernetesEmulator):
         causes = metadata_causes(kind, obj)
         if causes:
             name = str(obj["metadata"].get("name", ""))
-            raise self._invalid(res, name, [(field, "FieldValueInvalid", message) for field, message in causes])
+            raise self._invalid(
+                res, name, [(field, "FieldValueInvalid", message) for field, message in causes]
+            )
 
     def _invalid(self, res: kmock.resource, name: str, causes: list[tuple[str, str, str]]) -> ApiError:
         kind = self.resources[res].kind or str(res.plural)

@@ -143,7 +143,9 @@ async def test_labels_a_real_server_refuses_are_422_invalid(
 
 async def test_selectors_follow_the_label_rules_and_updates_are_checked_too(api: httpx.AsyncClient) -> None:
     long_value = "x" * 64
-    service = await api.post(SERVICES, json={"metadata": {"name": "svc"}, "spec": {"selector": {"a": long_value}}})
+    service = await api.post(
+        SERVICES, json={"metadata": {"name": "svc"}, "spec": {"selector": {"a": long_value}}}
+    )
     deployment = await api.post(
         DEPLOYMENTS,
         json={"metadata": {"name": "dep"}, "spec": {"selector": {"matchLabels": {"a": long_value}}}},

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
@@ -19,7 +20,6 @@ from typing import Any
 import httpx
 
 from specops.adapters import operator_metrics
-from specops.domain.names import label_value
 from specops.domain.metrics import (
     PROFILES,
     REASON_METRICS_UNAVAILABLE,
@@ -31,6 +31,7 @@ from specops.domain.metrics import (
     build_snapshot,
     rate_window_s,
 )
+from specops.domain.names import label_value
 
 logger = logging.getLogger(__name__)
 
@@ -147,6 +148,18 @@ class PrometheusPoller:
         await self._client.aclose()
 
 
+MIN_POLL_INTERVAL_S = 1.0
+"""A floor whatever a resource asks: one poller serves every resource on that Prometheus."""
+MAX_POLL_INTERVAL_S = 3600.0
+
+
+def poll_interval(seconds: float) -> float:
+    """``seconds`` within [MIN_POLL_INTERVAL_S, MAX_POLL_INTERVAL_S]; NaN gives the floor."""
+    if not math.isfinite(seconds):
+        return MAX_POLL_INTERVAL_S if seconds > 0 else MIN_POLL_INTERVAL_S
+    return min(max(seconds, MIN_POLL_INTERVAL_S), MAX_POLL_INTERVAL_S)
+
+
 @dataclass
 class _Running:
     poller: PrometheusPoller
@@ -185,6 +198,8 @@ class MetricsHub:
         return running.poller if running else None
 
     def register(self, key: Hashable, url: str, backend: str, interval_s: float) -> None:
+        """Poll ``url`` for ``backend`` at least every ``interval_s``, never faster than MIN_POLL_INTERVAL_S."""
+        interval_s = poll_interval(interval_s)
         target = (url.rstrip("/"), backend)
         if self._owner.get(key) not in (None, target):
             self.unregister(key)

@@ -39,6 +39,7 @@ class Reason:
     # lifecycle
     SERVING = "Serving"
     INVALID_SPEC = "InvalidSpec"
+    TICK_FAILED = "TickFailed"
     BACKEND_NOT_SUPPORTED = "BackendNotSupported"
     CHILDREN_CREATED = "ChildrenCreated"
     WAITING_FOR_PODS = "WaitingForPods"

@@ -64,7 +64,7 @@ def _duration_within(minimum: str, maximum: str) -> Any:
     return AfterValidator(check)
 
 
-def BoundedDuration(minimum: str, maximum: str) -> Any:  # noqa: N802 - used like a type
+def BoundedDuration(minimum: str, maximum: str) -> Any:
     """A duration string between ``minimum`` and ``maximum`` (inclusive): schema, CEL and model agree.
 
     The CEL rule uses Kubernetes' ``duration()``, which reads the same forms ("90s", "1h30m", "250ms").
@@ -554,7 +554,9 @@ class MetricsSpec(ApiModel):
 
 class CanaryStep(ApiModel):
     weight: int = Field(ge=1, le=100, description="Percent of traffic sent to the canary in this step.")
-    pause: PauseDuration = Field(default="10m", description="Bake time of this step before the next analysis.")
+    pause: PauseDuration = Field(
+        default="10m", description="Bake time of this step before the next analysis."
+    )
 
 
 def _default_steps() -> list[CanaryStep]:
@@ -647,7 +649,9 @@ class AcceptanceTrigger(ApiModel):
     for_: TriggerDuration = Field(
         default="30m", alias="for", description="How long acceptance must stay below the SLO to trigger."
     )
-    cooldown: CooldownDuration = Field(default="24h", description="Minimum time between two triggered retrainings.")
+    cooldown: CooldownDuration = Field(
+        default="24h", description="Minimum time between two triggered retrainings."
+    )
 
 
 class RetrainingTriggers(ApiModel):
@@ -708,10 +712,11 @@ class RetrainingSpec(ApiModel):
             **cel_rules(
                 (
                     "has(self.apiVersion) && has(self.kind) && ("
-                    + " || ".join(f"(self.apiVersion == '{a}' && self.kind == '{k}')" for a, k in TEMPLATE_KINDS)
+                    + " || ".join(
+                        f"(self.apiVersion == '{a}' && self.kind == '{k}')" for a, k in TEMPLATE_KINDS
+                    )
                     + ")",
-                    "retraining.template must be one of: "
-                    + ", ".join(f"{a} {k}" for a, k in TEMPLATE_KINDS),
+                    "retraining.template must be one of: " + ", ".join(f"{a} {k}" for a, k in TEMPLATE_KINDS),
                     ".kind",
                 ),
             ),

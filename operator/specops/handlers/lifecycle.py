@@ -15,8 +15,15 @@ from specops.api.models import GROUP, KIND, PLURAL, VERSION
 from specops.domain.lifecycle import EventRecord
 from specops.ports import KubeApiError
 from specops.services.container import Services, build_services
+from specops.services.reconciler import ReconcileParked
 
 RETRY_DELAY_S = 15.0
+MAX_PARKED_RETRY_DELAY_S = 600.0
+
+
+def parked_retry_delay(retry: int) -> float:
+    """15 s, 30 s, 60 s ... up to 10 minutes: a spec the code cannot process is retried, not hot-looped."""
+    return min(RETRY_DELAY_S * 2.0 ** min(retry, 16), MAX_PARKED_RETRY_DELAY_S)
 
 
 def now() -> datetime:
@@ -68,13 +75,16 @@ def login(**_: Any) -> kopf.ConnectionInfo:
 @kopf.on.create(GROUP, VERSION, PLURAL)
 @kopf.on.update(GROUP, VERSION, PLURAL)
 @kopf.on.resume(GROUP, VERSION, PLURAL)
-async def reconcile(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+async def reconcile(body: kopf.Body, memo: kopf.Memo, retry: int = 0, **_: Any) -> None:
     services: Services = memo.services
     try:
         with operator_metrics.time_reconcile():
             events = await services.reconciler.reconcile(body, now())
     except KubeApiError as error:
         raise kopf.TemporaryError(f"Kubernetes API: {error}", delay=RETRY_DELAY_S) from error
+    except ReconcileParked as parked:
+        post_events(body, parked.events)
+        raise kopf.TemporaryError(str(parked), delay=parked_retry_delay(retry)) from parked
     post_events(body, events)
 
 

@@ -65,6 +65,23 @@ def status_change(
     return mutate
 
 
+MAX_EXCEPTION_MESSAGE = 500
+
+
+def describe_exception(error: BaseException) -> str:
+    """``ZeroDivisionError: float division by zero``, cut to a length a condition can carry."""
+    text = f"{type(error).__name__}: {error}"
+    return text if len(text) <= MAX_EXCEPTION_MESSAGE else text[: MAX_EXCEPTION_MESSAGE - 3] + "..."
+
+
+class ReconcileParked(Exception):
+    """Reconcile failed in pure code; status says InvalidSpec. The handler posts ``events`` and retries later."""
+
+    def __init__(self, message: str, events: list[EventRecord]) -> None:
+        super().__init__(message)
+        self.events = events
+
+
 def _key(obj: Mapping[str, Any]) -> str:
     return f"{obj['kind']}/{obj['metadata']['name']}"
 
@@ -86,6 +103,23 @@ class Reconciler:
             return await self._invalid(
                 namespace, name, generation, lifecycle.describe_validation_error(error), now
             )
+        try:
+            return await self._reconcile_valid(resource, body, now)
+        except KubeApiError:
+            raise
+        except Exception as error:  # pure code failing on a spec that admission let through
+            message = f"could not process the spec: {describe_exception(error)}"
+            events = await self._invalid(namespace, name, generation, message, now)
+            if events:  # logged once: when the condition first says so
+                log.error("reconcile of %s/%s failed: %s", namespace, name, message, exc_info=error)
+            raise ReconcileParked(message, events) from error
+
+    async def _reconcile_valid(
+        self, resource: SpeculativeDeployment, body: Mapping[str, Any], now: datetime
+    ) -> list[EventRecord]:
+        meta = body["metadata"]
+        namespace, name = meta["namespace"], meta["name"]
+        generation = int(meta.get("generation") or 1)
         if resource.spec.serving.backend not in SUPPORTED_BACKENDS:
             message = (
                 f"spec.serving.backend: {resource.spec.serving.backend} is not served by this operator version "
