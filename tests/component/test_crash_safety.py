@@ -130,7 +130,9 @@ async def test_an_exception_in_the_tick_is_a_degraded_condition_with_backoff_the
     assert (degraded["status"], degraded["reason"]) == ("False", "AsExpected")
 
 
-@pytest.mark.parametrize(("text", "seconds"), [("0s", 1.0), ("1ms", 1.0), ("9" * 400 + "s", 15.0), ("2h", 3600.0)])
+@pytest.mark.parametrize(
+    ("text", "seconds"), [("0s", 1.0), ("1ms", 1.0), ("9" * 400 + "s", 15.0), ("2h", 3600.0)]
+)
 def test_a_tick_interval_that_got_past_admission_is_clamped(text: str, seconds: float) -> None:
     interval = interval_of({"spec": {"metrics": {"interval": text}}}, 15.0)
 
