@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import os
 import sys
 import time
 import traceback
@@ -314,7 +315,10 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(
         prog="specops bench fuzz", description="Admitted specs never crash the operator's pure code."
     )
-    parser.add_argument("--examples", type=int, default=3000, help="bodies to draw (default 3000)")
+    default = int(os.environ.get("SPECOPS_FUZZ_EXAMPLES", "3000"))
+    parser.add_argument(
+        "--examples", type=int, default=default, help="bodies to draw (default $SPECOPS_FUZZ_EXAMPLES or 3000)"
+    )
     parser.add_argument("--seed", type=int, default=None, help="random seed (default: derandomized)")
     parser.add_argument("--json", type=Path, default=None, help="write the report here")
     args = parser.parse_args(argv)
