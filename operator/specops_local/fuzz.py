@@ -154,6 +154,13 @@ def bodies(draw: st.DrawFn) -> dict[str, Any]:
         },
     }
     if draw(optional):
+        label_keys = st.one_of(
+            st.from_regex(r"\A([a-z0-9.-]{1,20}/)?[A-Za-z0-9._-]{1,70}\Z"), st.text(min_size=1, max_size=20)
+        )
+        label_values = st.one_of(st.from_regex(r"\A[A-Za-z0-9._-]{0,64}\Z"), st.text(max_size=10))
+        spec["serving"]["podLabels"] = draw(st.dictionaries(label_keys, label_values, max_size=3))
+        spec["serving"]["nodeSelector"] = draw(st.dictionaries(label_keys, label_values, max_size=2))
+    if draw(optional):
         spec["target"]["activeParameters"] = draw(parameters)
     if draw(optional):
         spec["slo"]["perTokenLatencyP99"] = draw(durations(0.001, 60))
@@ -317,7 +324,10 @@ def main(argv: list[str]) -> int:
     )
     default = int(os.environ.get("SPECOPS_FUZZ_EXAMPLES", "3000"))
     parser.add_argument(
-        "--examples", type=int, default=default, help="bodies to draw (default $SPECOPS_FUZZ_EXAMPLES or 3000)"
+        "--examples",
+        type=int,
+        default=default,
+        help="bodies to draw (default $SPECOPS_FUZZ_EXAMPLES or 3000)",
     )
     parser.add_argument("--seed", type=int, default=None, help="random seed (default: derandomized)")
     parser.add_argument("--json", type=Path, default=None, help="write the report here")

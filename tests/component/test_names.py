@@ -102,3 +102,30 @@ def test_the_deployment_event_handler_finds_the_owner_of_a_long_name() -> None:
     }
 
     assert owner_name(meta) == LONG_NAME
+
+
+@pytest.mark.parametrize("key", ["bad key!", "-x.example/team", "example.com/" + "k" * 64])
+async def test_a_pod_label_key_the_server_refuses_is_invalid_spec_not_a_retry_loop(
+    cluster: EmulatedCluster, operator_env: None, key: str
+) -> None:
+    body = _resource()
+    body["spec"]["serving"]["podLabels"] = {key: "v"}
+    cluster.create("speculativedeployments", body)  # keys are not checked at admission
+    services = await build_services(OperatorConfig.from_env())
+    await services.kube.close()
+    services.kube = KubeClient(load_connection_settings(str(cluster.kubeconfig_path)))
+    _rewire(services)
+    try:
+        live = cluster.get("speculativedeployments", body["metadata"]["name"])
+        assert live is not None
+        events = await services.reconciler.reconcile(live, T0)
+    finally:
+        await services.close()
+
+    live = cluster.get("speculativedeployments", body["metadata"]["name"])
+    assert live is not None
+    ready = next(c for c in live["status"]["conditions"] if c["type"] == "Ready")
+    assert (ready["status"], ready["reason"]) == ("False", "InvalidSpec")
+    assert "spec.serving.podLabels" in ready["message"] and key in ready["message"]
+    assert [e.reason for e in events] == ["InvalidSpec"]
+    assert cluster.objects("deployments", NAMESPACE) == []

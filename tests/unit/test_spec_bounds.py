@@ -68,6 +68,8 @@ REFUSED = [
     ("spec.retraining.triggers.acceptanceBelowSLO", {"cooldown": "1000h"}),
     ("spec.canary.steps", [{"weight": 50, "pause": "30h"}]),
     ("metadata.name", "Llama_3"),
+    ("spec.serving.podLabels", {"team": "x" * 64}),
+    ("spec.serving.nodeSelector", {"pool": "has space"}),
 ]
 
 

@@ -42,6 +42,9 @@ Parameters = Annotated[str, Field(pattern=PARAMETERS_PATTERN, max_length=32)]
 RESOURCE_NAME_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 """metadata.name: a DNS-1123 subdomain. Every such name yields valid child names (domain/names.py)."""
 RESOURCE_NAME_MAX = 253
+LABEL_VALUE_PATTERN = r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"
+LabelValue = Annotated[str, Field(max_length=63, pattern=LABEL_VALUE_PATTERN)]
+"""A Kubernetes label value (keys are checked when the pods render: a CEL rule over map keys is costly)."""
 DATA_URI_PATTERN = r"^(s3|gs|pvc|file|https|hf)://[^\s]+$"
 TEMPLATE_KINDS = (
     ("batch/v1", "Job"),
@@ -382,7 +385,7 @@ class ServingSpec(ApiModel):
     resources: ServingResources | None = Field(
         default=None, description="CPU, memory and other resources of the Triton container, besides GPUs."
     )
-    node_selector: dict[str, str] | None = Field(
+    node_selector: dict[str, LabelValue] | None = Field(
         default=None, max_length=32, description="Node labels the serving pods (stable and canary) require."
     )
     tolerations: list[Toleration] = Field(
@@ -409,7 +412,7 @@ class ServingSpec(ApiModel):
         max_length=253,
         description="PriorityClass of the serving pods.",
     )
-    pod_labels: dict[str, str] | None = Field(
+    pod_labels: dict[str, LabelValue] | None = Field(
         default=None, max_length=32, description="Extra labels on the serving pods (specops' own labels win)."
     )
     env: list[EnvVar] = Field(

@@ -40,6 +40,7 @@ _HASH_LEN = 8
 _DNS1035_LABEL = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
 _DNS1123_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 _LABEL_VALUE = re.compile(r"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?")
+_LABEL_NAME = re.compile(r"([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]")
 DNS1035_PREFIX = "sd-"
 """Put before a Service name that would start with a digit (``70b-chat`` -> ``sd-70b-chat-<hash>``)."""
 
@@ -128,6 +129,24 @@ def label_value(resource_name: str) -> str:
         return resource_name
     cleaned = re.sub(r"[^A-Za-z0-9_.-]+", "-", resource_name).strip("-_.")
     return _with_digest(cleaned, resource_name, _MAX_NAME, "-_.")
+
+
+def label_problem(key: str, value: str) -> str | None:
+    """Why the API server would refuse the label ``key: value``; None when it accepts it."""
+    prefix, slash, label_name = key.rpartition("/")
+    if slash and not (prefix and len(prefix) <= 253 and _DNS1123_SUBDOMAIN.fullmatch(prefix)):
+        return f"label key {key!r}: the prefix must be a DNS-1123 subdomain of at most 253 characters"
+    if not (len(label_name) <= _MAX_NAME and _LABEL_NAME.fullmatch(label_name)):
+        return (
+            f"label key {key!r}: the name must be 1-63 characters of letters, digits, '-', '_' or '.', "
+            "starting and ending with a letter or digit"
+        )
+    if not (len(value) <= _MAX_NAME and _LABEL_VALUE.fullmatch(value)):
+        return (
+            f"label value {value!r}: at most 63 characters of letters, digits, '-', '_' or '.', "
+            "starting and ending with a letter or digit"
+        )
+    return None
 
 
 def selector_labels(resource_name: str, variant: str) -> dict[str, str]:
