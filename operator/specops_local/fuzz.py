@@ -6,7 +6,8 @@ templates of every supported kind). Each body goes through ``CrdAdmission`` buil
 generated CRD (defaulting, schema, CEL) first, as the API server would; only what it admits
 is checked. ``check_admitted`` then runs what the reconciler and the tick run without I/O
 (model validation, rendering of the stable and canary children, advisories, readiness,
-policy_config, the training Job) and asserts that nothing raises except the deliberate
+policy_config, the tick interval, the control policy's decisions from Baseline through
+Dynamic, the training Job) and asserts that nothing raises except the deliberate
 refusals (RenderError, TemplateError), and that every rendered name and label is one the
 API server accepts (``object_names``).
 
@@ -26,6 +27,7 @@ import traceback
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -36,10 +38,13 @@ from hypothesis import strategies as st
 from specops.api.models import TEMPLATE_KINDS, SpeculativeDeployment
 from specops.api.units import PARAMETERS_PATTERN
 from specops.domain import control_status, drafts, lifecycle
+from specops.domain.metrics import Measurement
 from specops.domain.names import CANARY, STABLE
+from specops.domain.policy import decide
 from specops.domain.render import RenderError, RenderOptions, render_children
 from specops.domain.retraining import TemplateError, Trigger, render_training_job
 from specops.domain.retraining.naming import output_version
+from specops.services.tick import interval_of
 from specops_local.admission import AdmissionError, CrdAdmission
 from specops_local.object_names import metadata_causes
 
@@ -211,6 +216,37 @@ def _names_refused(children: list[dict[str, Any]]) -> list[str]:
     ]
 
 
+def _decide_through_every_phase(resource: SpeculativeDeployment) -> None:
+    """The control loop's pure decisions from a fresh start through baseline, soak and tuning."""
+    spec = resource.spec
+    config = control_status.policy_config(spec)
+    start = datetime(2026, 12, 1, tzinfo=UTC)
+    state = control_status.state_from_status(
+        resource.status.speculation, resource.status.baseline, config, start
+    )
+    step = max(spec.seconds(spec.metrics.interval), 1.0)
+    horizon = spec.seconds(spec.speculation.rollout.baseline) + spec.seconds(spec.speculation.rollout.soak)
+    moments = [start + timedelta(seconds=t) for t in (0.0, step, horizon + step, horizon + 10 * step)]
+    for index, moment in enumerate(moments):
+        measurement = Measurement(
+            phase="Ok",
+            at=moment,
+            alpha=(0.05, 0.6, 0.95, 0.8)[index],
+            acceptance_rate=0.5,
+            mean_draft_length=4.0,
+            batch=(1.0, 64.0, 4096.0, 8.0)[index],
+            request_rate=5.0,
+            tokens_per_s=500.0,
+            tpot_p50_s=0.01,
+            tpot_p95_s=0.02,
+            tpot_p99_s=0.03,
+            pods_reporting=1,
+        )
+        observation = control_status.observation_from(measurement)
+        decision = decide(config, state, observation, moment)
+        state = decision.state
+
+
 def check_admitted(body: Mapping[str, Any]) -> None:
     """What reconcile and tick compute without I/O, on an admitted body: raises on any crash.
 
@@ -224,8 +260,10 @@ def check_admitted(body: Mapping[str, Any]) -> None:
         seconds = spec.seconds(duration)
         assert 0 <= seconds <= 30 * 86400, f"{duration} -> {seconds}"
     lifecycle.advisories(spec)
-    control_status.policy_config(spec)
     control_status.policy_config(spec, draft_stale=True)
+    drafts.draft_to_status(spec.draft, "Spec")
+    assert 1.0 <= interval_of(dict(body), 15.0) <= 3600.0
+    _decide_through_every_phase(resource)
     for variant in (STABLE, CANARY):
         try:
             children = render_children(
