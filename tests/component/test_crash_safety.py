@@ -122,8 +122,14 @@ async def test_an_exception_in_the_tick_is_a_degraded_condition_with_backoff_the
     assert [e.reason for e in first.events] == ["TickFailed"] and second.events == []
     assert first.interval_s == 2.0 and second.interval_s == 4.0  # 1 s interval, doubling
 
+    # Another writer replaces the condition: the next failing tick says it again, without a new Event
+    await services.reconciler.refresh(NAMESPACE, NAME, T0 + timedelta(seconds=3))
+    assert condition(cluster, "Degraded")["reason"] == "AsExpected"
+    third = await services.tick(NAMESPACE, NAME, lambda: T0 + timedelta(seconds=4))
+    assert condition(cluster, "Degraded")["reason"] == "TickFailed" and third.events == []
+
     monkeypatch.setattr(control, "tick", real_tick)
-    recovered = await services.tick(NAMESPACE, NAME, lambda: T0 + timedelta(seconds=6))
+    recovered = await services.tick(NAMESPACE, NAME, lambda: T0 + timedelta(seconds=12))
 
     assert recovered.interval_s == 1.0
     degraded = condition(cluster, "Degraded")

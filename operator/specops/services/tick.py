@@ -100,6 +100,17 @@ def _condition_change(
     return mutate
 
 
+def _shows(body: dict[str, Any] | None, update: ConditionUpdate) -> bool:
+    conditions = ((body or {}).get("status") or {}).get("conditions") or []
+    return any(
+        c.get("type") == update.type
+        and c.get("reason") == update.reason
+        and c.get("message") == update.message
+        for c in conditions
+        if isinstance(c, dict)
+    )
+
+
 class ResourceTick:
     def __init__(
         self,
@@ -146,13 +157,15 @@ class ResourceTick:
             outcome.interval_s * 2.0 ** min(failures, 16), max(MAX_TICK_BACKOFF_S, outcome.interval_s)
         )
         outcome.gone = False
+        update = ConditionUpdate(cond.DEGRADED, "True", Reason.TICK_FAILED, message)
         if message == last:
             log.debug("tick of %s/%s failed again (%d): %s", namespace, name, failures, message)
             outcome.events = []
-            return outcome
-        log.error("tick of %s/%s failed: %s", namespace, name, message, exc_info=error)
-        outcome.events = [EventRecord("Warning", Reason.TICK_FAILED, message)]
-        update = ConditionUpdate(cond.DEGRADED, "True", Reason.TICK_FAILED, message)
+            if _shows(outcome.body, update):
+                return outcome  # already said; rewritten only if another writer replaced it
+        else:
+            log.error("tick of %s/%s failed: %s", namespace, name, message, exc_info=error)
+            outcome.events = [EventRecord("Warning", Reason.TICK_FAILED, message)]
         try:
             await self.kube.update_status(
                 API_VERSION, KIND, namespace, name, _condition_change(update, now, outcome.body)
@@ -160,6 +173,10 @@ class ResourceTick:
         except Exception as write_error:  # the Event and the log still tell
             log.warning("tick of %s/%s: writing the failure failed: %s", namespace, name, write_error)
         return outcome
+
+    def forget(self, namespace: str, name: str) -> None:
+        """The resource's daemon stopped: drop its failure count."""
+        self._failures.pop((namespace, name), None)
 
     async def _recovered(self, namespace: str, name: str, now: datetime) -> None:
         update = ConditionUpdate(cond.DEGRADED, "False", Reason.AS_EXPECTED, "")
