@@ -22,6 +22,7 @@ from specops.services.config import OperatorConfig
 from specops.services.container import Services, build_services
 from specops.services.reconciler import ReconcileParked
 from specops.services.tick import interval_of
+from specops_local.admission import AdmissionError, FieldCause
 from specops_local.cluster import EmulatedCluster
 from tests.component.test_tick_requests import NAME, NAMESPACE, _ready_pods, _resource, _rewire
 
@@ -97,6 +98,26 @@ async def test_an_exception_in_pure_reconcile_code_parks_the_resource_once(
     assert [e.type for e in first.value.events] == ["Warning"]  # announced once
     assert second.value.events == []
     assert [parked_retry_delay(r) for r in range(8)] == [15, 30, 60, 120, 240, 480, 600, 600]
+
+
+async def test_a_child_the_api_server_refuses_parks_the_resource_with_apply_failed(
+    cluster: EmulatedCluster, services: Services
+) -> None:
+    def refuse(operation: str, new: dict[str, Any], old: dict[str, Any] | None) -> dict[str, Any]:
+        raise AdmissionError(
+            [FieldCause("spec.ports", "FieldValueInvalid", "Invalid value: refused by policy")]
+        )
+
+    cluster.emulator.admission["v1/services"] = refuse
+    stored = dict(cluster.create("speculativedeployments", _resource()))
+
+    with pytest.raises(ReconcileParked) as parked:
+        await services.reconciler.reconcile(stored, T0)
+
+    ready = condition(cluster, "Ready")
+    assert (ready["status"], ready["reason"]) == ("False", "ApplyFailed")
+    assert "422" in ready["message"] and "refused by policy" in ready["message"]
+    assert [e.reason for e in parked.value.events] == ["ApplyFailed"]
 
 
 async def test_an_exception_in_the_tick_is_a_degraded_condition_with_backoff_then_clears(

@@ -38,6 +38,8 @@ MANAGED_KINDS: tuple[tuple[str, str], ...] = (
 )
 
 SUPPORTED_BACKENDS = frozenset({"triton-trtllm"})
+REFUSED_STATUSES = frozenset({400, 422})
+"""Answers to a child write that say the object itself is wrong (BadRequest, Invalid)."""
 
 
 @dataclass
@@ -105,8 +107,15 @@ class Reconciler:
             )
         try:
             return await self._reconcile_valid(resource, body, now)
-        except KubeApiError:
-            raise
+        except KubeApiError as error:
+            if error.status not in REFUSED_STATUSES:
+                raise  # unavailable, conflict, throttled, forbidden: retried as it is
+            # The API server refused a rendered object as invalid: retrying as is cannot help.
+            message = f"the API server refused a serving object: {error}"
+            events = await self._invalid(namespace, name, generation, message, now, Reason.APPLY_FAILED)
+            if events:
+                log.error("reconcile of %s/%s: %s", namespace, name, message)
+            raise ReconcileParked(message, events) from error
         except Exception as error:  # pure code failing on a spec that admission let through
             message = f"could not process the spec: {describe_exception(error)}"
             events = await self._invalid(namespace, name, generation, message, now)
