@@ -40,6 +40,7 @@ from typing_extensions import override
 
 from specops_local import openapi
 from specops_local.admission import AdmissionError, CrdAdmission, prune_unknown
+from specops_local.object_names import metadata_causes
 
 log = logging.getLogger(__name__)
 
@@ -908,6 +909,7 @@ class FidelityEmulator(kmock.KubernetesEmulator):
         if "status" in info.subresources:
             obj.pop("status", None)
         obj = self._prune_fields(resource, obj, field_validation)
+        self._check_names(resource, obj)
         obj = self._admit(resource, "CREATE", obj, None)
         if dry_run:
             return obj
@@ -1061,6 +1063,7 @@ class FidelityEmulator(kmock.KubernetesEmulator):
                         ],
                     )
             new = self._prune_fields(res, new, field_validation)
+            self._check_names(res, new)
             new = self._admit(res, "UPDATE", new, old)
             if _essence(new) != _essence(old):
                 new["metadata"]["generation"] = old_meta.get("generation", 1) + 1
@@ -1142,6 +1145,16 @@ class FidelityEmulator(kmock.KubernetesEmulator):
             causes = [(cause.field, cause.reason, cause.message) for cause in exc.causes]
             raise self._invalid(res, new["metadata"].get("name", ""), causes) from exc
         return admitted
+
+    def _check_names(self, res: kmock.resource, obj: Body) -> None:
+        """The server's name and label rules (object_names.py): 422 Invalid like a cluster."""
+        kind = self.resources[res].kind or str(res.plural)
+        causes = metadata_causes(kind, obj)
+        if causes:
+            name = str(obj["metadata"].get("name", ""))
+            raise self._invalid(
+                res, name, [(field, "FieldValueInvalid", message) for field, message in causes]
+            )
 
     def _invalid(self, res: kmock.resource, name: str, causes: list[tuple[str, str, str]]) -> ApiError:
         kind = self.resources[res].kind or str(res.plural)

@@ -46,7 +46,10 @@ class ServingSet:
     namespace: str
     deployment: str
     owner: str
+    """The owning SpeculativeDeployment's name (from the ownerReference)."""
     variant: str
+    label: str = ""
+    """The ``specops.dev/deployment`` label value: the name, or a hashed form of a long one."""
     pods: list[SimPod] = field(default_factory=list)
     template_key: str | None = None
 
@@ -127,10 +130,20 @@ class ServingController:
     async def _sync_deployment(self, key: tuple[str, str], deployment: dict[str, Any]) -> None:
         namespace, name = key
         labels = deployment["metadata"]["labels"]
-        owner = labels[DEPLOYMENT_LABEL]
+        label = labels[DEPLOYMENT_LABEL]
+        owner = next(
+            (
+                str(ref["name"])
+                for ref in deployment["metadata"].get("ownerReferences") or []
+                if ref.get("kind") == "SpeculativeDeployment" and ref.get("name")
+            ),
+            label,
+        )
         serving = self.sets.get(key)
         if serving is None:
-            serving = self.sets[key] = ServingSet(namespace, name, owner, labels.get(VARIANT_LABEL, "stable"))
+            serving = self.sets[key] = ServingSet(
+                namespace, name, owner, labels.get(VARIANT_LABEL, "stable"), label=label
+            )
         template_key = json.dumps(deployment["spec"]["template"], sort_keys=True)
         if serving.template_key not in (None, template_key):
             await self._scale(serving, 0, None)  # a new pod template: replace every pod (a fast "rollout")
@@ -170,7 +183,7 @@ class ServingController:
             "draft_length": spec.speculation.draft_length.initial if spec.speculation.mode != "off" else 0,
             "draft_version": draft_version,
             "load": self.load,
-            "deployment": serving.owner,
+            "deployment": serving.label,
             "variant": serving.variant,
             "seed": index,
         }
@@ -224,7 +237,7 @@ class ServingController:
                 "targets": [f"127.0.0.1:{pod.metrics_port}"],
                 "labels": {
                     "namespace": serving.namespace,
-                    "specops_deployment": serving.owner,
+                    "specops_deployment": serving.label,
                     "variant": serving.variant,
                     "pod": pod.name,
                 },

@@ -92,6 +92,76 @@ async def test_duplicate_create_is_409_already_exists(api: httpx.AsyncClient) ->
     assert response.json()["kind"] == "Status"
 
 
+SERVICES = "/api/v1/namespaces/default/services"
+DEPLOYMENTS = "/apis/apps/v1/namespaces/default/deployments"
+
+
+@pytest.mark.parametrize(
+    ("path", "name", "field"),
+    [
+        (SERVICES, "70b-chat-stable", "metadata.name"),  # DNS-1035: must start with a letter
+        (SERVICES, "llama-3.1-70b", "metadata.name"),  # DNS-1035: no dots
+        (SERVICES, "s" * 64, "metadata.name"),
+        (CONFIGMAPS, "Upper-Case", "metadata.name"),
+        (CONFIGMAPS, "a" * 254, "metadata.name"),
+        (DEPLOYMENTS, "ends-with-dash-", "metadata.name"),
+    ],
+)
+async def test_names_a_real_server_refuses_are_422_invalid(
+    api: httpx.AsyncClient, path: str, name: str, field: str
+) -> None:
+    response = await api.post(path, json={"metadata": {"name": name}, "spec": {}})
+
+    assert response.status_code == 422, response.text
+    assert response.json()["reason"] == "Invalid"
+    assert [cause["field"] for cause in response.json()["details"]["causes"]] == [field]
+
+
+async def test_names_a_real_server_accepts_are_stored(api: httpx.AsyncClient) -> None:
+    for path, name in ((SERVICES, "llama-3-1-70b"), (CONFIGMAPS, "llama-3.1-70b"), (CONFIGMAPS, "70b-chat")):
+        response = await api.post(path, json={"metadata": {"name": name}})
+        assert response.status_code == 201, response.text
+
+
+@pytest.mark.parametrize(
+    ("labels", "field"),
+    [
+        ({"specops.dev/deployment": "d" * 64}, "metadata.labels"),
+        ({"specops.dev/deployment": "has/slash"}, "metadata.labels"),
+        ({"bad key!": "v"}, "metadata.labels"),
+        ({"-x.example/name": "v"}, "metadata.labels"),
+    ],
+)
+async def test_labels_a_real_server_refuses_are_422_invalid(
+    api: httpx.AsyncClient, labels: dict[str, str], field: str
+) -> None:
+    response = await api.post(CONFIGMAPS, json={"metadata": {"name": "labelled", "labels": labels}})
+
+    assert response.status_code == 422, response.text
+    assert {cause["field"] for cause in response.json()["details"]["causes"]} == {field}
+
+
+async def test_selectors_follow_the_label_rules_and_updates_are_checked_too(api: httpx.AsyncClient) -> None:
+    long_value = "x" * 64
+    service = await api.post(
+        SERVICES, json={"metadata": {"name": "svc"}, "spec": {"selector": {"a": long_value}}}
+    )
+    deployment = await api.post(
+        DEPLOYMENTS,
+        json={"metadata": {"name": "dep"}, "spec": {"selector": {"matchLabels": {"a": long_value}}}},
+    )
+    await create_configmap(api, "fine")
+    relabel = await api.patch(
+        f"{CONFIGMAPS}/fine", json={"metadata": {"labels": {"a": long_value}}}, headers=MERGE
+    )
+
+    assert service.status_code == 422
+    assert service.json()["details"]["causes"][0]["field"] == "spec.selector"
+    assert deployment.status_code == 422
+    assert deployment.json()["details"]["causes"][0]["field"] == "spec.selector.matchLabels"
+    assert relabel.status_code == 422
+
+
 async def test_missing_object_is_404_with_a_status_body(api: httpx.AsyncClient) -> None:
     response = await api.get(f"{CONFIGMAPS}/nope")
 

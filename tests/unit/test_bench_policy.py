@@ -96,7 +96,10 @@ def test_a_one_line_trace_is_refused() -> None:
         parse_trace(["t_seconds,batch,alpha", "0,10,0.8"])
 
 
-def test_bench_all_writes_one_json_per_registered_benchmark(tmp_path: Path) -> None:
+def test_bench_all_writes_one_json_per_registered_benchmark(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SPECOPS_FUZZ_EXAMPLES", "20")  # thousands under `make bench`, a few here
     assert bench.main(["all", "--out", str(tmp_path / "out")]) == 0
     written = sorted(p.name for p in (tmp_path / "out").iterdir())
     assert written == sorted(f"{name}.json" for name in bench.BENCHMARKS)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
@@ -30,6 +31,7 @@ from specops.domain.metrics import (
     build_snapshot,
     rate_window_s,
 )
+from specops.domain.names import label_value
 from specops.domain.redaction import redact_text, redact_url
 
 logger = logging.getLogger(__name__)
@@ -151,6 +153,18 @@ class PrometheusPoller:
         await self._client.aclose()
 
 
+MIN_POLL_INTERVAL_S = 1.0
+"""A floor whatever a resource asks: one poller serves every resource on that Prometheus."""
+MAX_POLL_INTERVAL_S = 3600.0
+
+
+def poll_interval(seconds: float) -> float:
+    """``seconds`` within [MIN_POLL_INTERVAL_S, MAX_POLL_INTERVAL_S]; NaN gives the floor."""
+    if not math.isfinite(seconds):
+        return MAX_POLL_INTERVAL_S if seconds > 0 else MIN_POLL_INTERVAL_S
+    return min(max(seconds, MIN_POLL_INTERVAL_S), MAX_POLL_INTERVAL_S)
+
+
 @dataclass
 class _Running:
     poller: PrometheusPoller
@@ -189,6 +203,8 @@ class MetricsHub:
         return running.poller if running else None
 
     def register(self, key: Hashable, url: str, backend: str, interval_s: float) -> None:
+        """Poll ``url`` for ``backend`` at least every ``interval_s``, never faster than MIN_POLL_INTERVAL_S."""
+        interval_s = poll_interval(interval_s)
         target = (url.rstrip("/"), backend)
         if self._owner.get(key) not in (None, target):
             self.unregister(key)
@@ -249,7 +265,8 @@ class MetricsHub:
             )
         poller = running.poller
         max_age_s = 3 * poller.interval_s + poller.timeout_s
-        return poller.latest.lookup(namespace, name, variant, now, max_age_s, draft_length)
+        # Series carry the derived label value (names.label_value), not the raw resource name.
+        return poller.latest.lookup(namespace, label_value(name), variant, now, max_age_s, draft_length)
 
     @staticmethod
     async def _poll_until_stopped(poller: PrometheusPoller, stop: asyncio.Event) -> None:

@@ -39,6 +39,7 @@ class Reason:
     # lifecycle
     SERVING = "Serving"
     INVALID_SPEC = "InvalidSpec"
+    TICK_FAILED = "TickFailed"
     BACKEND_NOT_SUPPORTED = "BackendNotSupported"
     CHILDREN_CREATED = "ChildrenCreated"
     WAITING_FOR_PODS = "WaitingForPods"
@@ -51,6 +52,7 @@ class Reason:
     # advisories
     DENSE_DRAFT_FOR_MOE = "DenseDraftForMoE"
     DRAFT_MATCHES_TARGET = "DraftMatchesTarget"
+    DRAFT_IS_TARGET = "DraftIsTarget"
     DRAFT_TOO_LARGE = "DraftTooLarge"
     DRAFT_TOO_SMALL = "DraftTooSmall"
     DRAFT_SIZE_OK = "DraftSizeOK"

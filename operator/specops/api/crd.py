@@ -163,7 +163,17 @@ def build_crd() -> dict[str, Any]:
         "properties": {
             "apiVersion": {"type": "string", "description": "specops.dev/v1alpha1"},
             "kind": {"type": "string", "description": "SpeculativeDeployment"},
-            "metadata": {"type": "object"},
+            "metadata": {
+                "type": "object",
+                "properties": {
+                    "name": {
+                        "type": "string",
+                        "description": "A DNS-1123 subdomain; specops derives every child name from it.",
+                        "maxLength": models.RESOURCE_NAME_MAX,
+                        "pattern": models.RESOURCE_NAME_PATTERN,
+                    }
+                },
+            },
             "spec": spec_schema,
             "status": status_schema,
         },

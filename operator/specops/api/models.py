@@ -17,7 +17,13 @@ from pydantic import AfterValidator, ConfigDict, Field, model_validator
 
 from specops.api.base import ApiModel, cel_rules, immutable
 from specops.api.status import SpeculativeDeploymentStatus
-from specops.api.units import DURATION_PATTERN, PARAMETERS_PATTERN, parse_duration, parse_parameters
+from specops.api.units import (
+    DURATION_MAX_LENGTH,
+    DURATION_PATTERN,
+    PARAMETERS_PATTERN,
+    parse_duration,
+    parse_parameters,
+)
 
 GROUP = "specops.dev"
 VERSION = "v1alpha1"
@@ -31,8 +37,57 @@ ENGINE_URI_PATTERN = r"^(pvc|s3|gs|file)://.+$"
 DNS_LABEL_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 MAX_ENGINE_DRAFT_LEN = 32
 
-Duration = Annotated[str, Field(pattern=DURATION_PATTERN)]
-Parameters = Annotated[str, Field(pattern=PARAMETERS_PATTERN)]
+Parameters = Annotated[str, Field(pattern=PARAMETERS_PATTERN, max_length=32)]
+
+RESOURCE_NAME_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+"""metadata.name: a DNS-1123 subdomain. Every such name yields valid child names (domain/names.py)."""
+RESOURCE_NAME_MAX = 253
+LABEL_VALUE_PATTERN = r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"
+LabelValue = Annotated[str, Field(max_length=63, pattern=LABEL_VALUE_PATTERN)]
+"""A Kubernetes label value (keys are checked when the pods render: a CEL rule over map keys is costly)."""
+DATA_URI_PATTERN = r"^(s3|gs|pvc|file|https|hf)://[^\s]+$"
+TEMPLATE_KINDS = (
+    ("batch/v1", "Job"),
+    ("jobset.x-k8s.io/v1alpha2", "JobSet"),
+    ("trainer.kubeflow.org/v1alpha1", "TrainJob"),
+    ("kubeflow.org/v1", "PyTorchJob"),
+)
+"""The training kinds specops creates and reads (domain/retraining/jobs.py SUPPORTED_KINDS)."""
+
+
+def _duration_within(minimum: str, maximum: str) -> Any:
+    low, high = parse_duration(minimum), parse_duration(maximum)
+
+    def check(value: str) -> str:
+        seconds = parse_duration(value)
+        if not low <= seconds <= high:
+            raise ValueError(f"{value!r} must be between {minimum} and {maximum}")
+        return value
+
+    return AfterValidator(check)
+
+
+def _duration_field(minimum: str, maximum: str) -> Any:
+    """Schema of a duration between ``minimum`` and ``maximum`` (inclusive); the model checks the same.
+
+    The CEL rule uses Kubernetes' ``duration()``, which reads the same forms ("90s", "1h30m", "250ms").
+    """
+    rule = f"duration(self) >= duration('{minimum}') && duration(self) <= duration('{maximum}')"
+    return Field(
+        pattern=DURATION_PATTERN,
+        max_length=DURATION_MAX_LENGTH,
+        json_schema_extra=cel_rules((rule, f"must be between {minimum} and {maximum}")),
+    )
+
+
+# Bounds of every duration (docs/api.md lists them and says why).
+Interval = Annotated[str, _duration_field("1s", "1h"), _duration_within("1s", "1h")]
+PhaseDuration = Annotated[str, _duration_field("0s", "24h"), _duration_within("0s", "24h")]
+DwellDuration = Annotated[str, _duration_field("0s", "24h"), _duration_within("0s", "24h")]
+PauseDuration = Annotated[str, _duration_field("0s", "24h"), _duration_within("0s", "24h")]
+LatencyObjective = Annotated[str, _duration_field("1ms", "1m"), _duration_within("1ms", "1m")]
+TriggerDuration = Annotated[str, _duration_field("1m", "168h"), _duration_within("1m", "168h")]
+CooldownDuration = Annotated[str, _duration_field("0s", "720h"), _duration_within("0s", "720h")]
 
 
 # ---------------------------------------------------------------- target / draft
@@ -330,7 +385,7 @@ class ServingSpec(ApiModel):
     resources: ServingResources | None = Field(
         default=None, description="CPU, memory and other resources of the Triton container, besides GPUs."
     )
-    node_selector: dict[str, str] | None = Field(
+    node_selector: dict[str, LabelValue] | None = Field(
         default=None, max_length=32, description="Node labels the serving pods (stable and canary) require."
     )
     tolerations: list[Toleration] = Field(
@@ -357,7 +412,7 @@ class ServingSpec(ApiModel):
         max_length=253,
         description="PriorityClass of the serving pods.",
     )
-    pod_labels: dict[str, str] | None = Field(
+    pod_labels: dict[str, LabelValue] | None = Field(
         default=None, max_length=32, description="Extra labels on the serving pods (specops' own labels win)."
     )
     env: list[EnvVar] = Field(
@@ -403,11 +458,11 @@ class DraftLength(ApiModel):
 
 
 class Rollout(ApiModel):
-    baseline: Duration = Field(
+    baseline: PhaseDuration = Field(
         default="10m",
         description="How long speculation stays off at first to record baseline per-token latency.",
     )
-    soak: Duration = Field(
+    soak: PhaseDuration = Field(
         default="30m",
         description="How long the initial draft length runs before the loop tunes it (Fixed phase).",
     )
@@ -446,7 +501,7 @@ class BatchGuard(ApiModel):
         le=2.0,
         description="Speculation comes back only when predicted speedup > 1 + margin + hysteresis.",
     )
-    min_dwell: Duration = Field(default="1m", description="Minimum time between two on/off switches.")
+    min_dwell: DwellDuration = Field(default="1m", description="Minimum time between two on/off switches.")
 
 
 class SpeculationSpec(ApiModel):
@@ -466,7 +521,7 @@ class SpeculationSpec(ApiModel):
 
 
 class SloSpec(ApiModel):
-    per_token_latency_p99: Duration | None = Field(
+    per_token_latency_p99: LatencyObjective | None = Field(
         default=None, description='Per-token (inter-token) latency p99 objective, e.g. "45ms".'
     )
     min_acceptance: float = Field(
@@ -488,7 +543,9 @@ class PrometheusSource(ApiModel):
 
 class MetricsSpec(ApiModel):
     prometheus: PrometheusSource = Field(default_factory=PrometheusSource, description="Prometheus to query.")
-    interval: Duration = Field(default="15s", description="How often metrics are read and decisions made.")
+    interval: Interval = Field(
+        default="15s", description="How often metrics are read and decisions made (1s to 1h)."
+    )
 
 
 # ---------------------------------------------------------------- canary
@@ -496,7 +553,9 @@ class MetricsSpec(ApiModel):
 
 class CanaryStep(ApiModel):
     weight: int = Field(ge=1, le=100, description="Percent of traffic sent to the canary in this step.")
-    pause: Duration = Field(default="10m", description="Bake time of this step before the next analysis.")
+    pause: PauseDuration = Field(
+        default="10m", description="Bake time of this step before the next analysis."
+    )
 
 
 def _default_steps() -> list[CanaryStep]:
@@ -586,10 +645,12 @@ class CanarySpec(ApiModel):
 
 
 class AcceptanceTrigger(ApiModel):
-    for_: Duration = Field(
+    for_: TriggerDuration = Field(
         default="30m", alias="for", description="How long acceptance must stay below the SLO to trigger."
     )
-    cooldown: Duration = Field(default="24h", description="Minimum time between two triggered retrainings.")
+    cooldown: CooldownDuration = Field(
+        default="24h", description="Minimum time between two triggered retrainings."
+    )
 
 
 class RetrainingTriggers(ApiModel):
@@ -608,7 +669,12 @@ class OnPolicyKnobs(ApiModel):
 
 
 class RetrainingData(ApiModel):
-    uri: str = Field(max_length=1024, description="Real prompts to train on (s3://, gs:// or pvc://).")
+    uri: str = Field(
+        pattern=DATA_URI_PATTERN,
+        max_length=1024,
+        description="Real prompts to train on: s3://, gs://, pvc://, file://, https:// or hf:// (the trainer "
+        "reads it).",
+    )
 
 
 class RetrainingSpec(ApiModel):
@@ -627,7 +693,33 @@ class RetrainingSpec(ApiModel):
         description="The trainer's template: a batch/v1 Job, a JobSet (jobset.x-k8s.io/v1alpha2), a TrainJob "
         "(trainer.kubeflow.org/v1alpha1) or a PyTorchJob (kubeflow.org/v1). Empty: a batch/v1 Job running "
         "retraining.image. See docs/retraining.md for what specops injects.",
-        json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
+        json_schema_extra={
+            "x-kubernetes-preserve-unknown-fields": True,
+            "properties": {
+                "apiVersion": {
+                    "type": "string",
+                    "maxLength": 253,
+                    "description": "batch/v1, jobset.x-k8s.io/v1alpha2, trainer.kubeflow.org/v1alpha1 or "
+                    "kubeflow.org/v1.",
+                },
+                "kind": {
+                    "type": "string",
+                    "maxLength": 63,
+                    "description": "Job, JobSet, TrainJob or PyTorchJob (with the matching apiVersion).",
+                },
+            },
+            **cel_rules(
+                (
+                    "has(self.apiVersion) && has(self.kind) && ("
+                    + " || ".join(
+                        f"(self.apiVersion == '{a}' && self.kind == '{k}')" for a, k in TEMPLATE_KINDS
+                    )
+                    + ")",
+                    "retraining.template must be one of: " + ", ".join(f"{a} {k}" for a, k in TEMPLATE_KINDS),
+                    ".kind",
+                ),
+            ),
+        },
     )
     auto_canary: bool = Field(default=True, description="Canary the trained draft automatically.")
     while_stale: Literal["keepIfAcceptanceHolds", "off"] = Field(

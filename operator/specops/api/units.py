@@ -14,7 +14,12 @@ from typing import Annotated, Any
 from pydantic import BeforeValidator, PlainSerializer, WithJsonSchema
 
 DURATION_PATTERN = r"^([0-9]+(\.[0-9]+)?(ms|s|m|h))+$"
-PARAMETERS_PATTERN = r"^[0-9]+(\.[0-9]+)?([eE][0-9]{1,2}|[KMBT])?$"
+PARAMETERS_PATTERN = (
+    r"^([1-9][0-9]{0,15}(\.[0-9]{1,6})?|0\.[0-9]{0,5}[1-9][0-9]{0,5})([eE](1[0-5]|0?[0-9])|[KMBT])?$"
+)
+"""A count greater than 0 and finite: no leading zeros, at most 16 integer digits, exponents up to e15."""
+DURATION_MAX_LENGTH = 32
+"""Long enough for "1h30m15s500ms"; a 400-digit duration is refused, not slept on."""
 
 _DURATION_PART = re.compile(r"([0-9]+(?:\.[0-9]+)?)(ms|s|m|h)")
 _DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
@@ -25,6 +30,8 @@ def parse_duration(text: str) -> float:
     """Seconds in a duration string such as "1h30m" or "250ms"."""
     if not re.fullmatch(DURATION_PATTERN, text):
         raise ValueError(f"invalid duration {text!r}: use a number with a unit ms|s|m|h, e.g. 90s or 10m")
+    if len(text) > DURATION_MAX_LENGTH:
+        raise ValueError(f"invalid duration {text[:40]!r}...: at most {DURATION_MAX_LENGTH} characters")
     return sum(float(number) * _DURATION_UNITS[unit] for number, unit in _DURATION_PART.findall(text))
 
 

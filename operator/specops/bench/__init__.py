@@ -17,6 +17,7 @@ BENCHMARKS: dict[str, str] = {
     "canary": "specops.bench.canary:main",
     "policy": "specops.bench.policy:main",
     "policy-worlds": "specops.bench.policy:worlds_main",
+    "fuzz": "specops_local.fuzz:main",  # needs the local and dev extras (CRD admission, hypothesis)
 }
 
 Benchmark = Callable[[list[str]], int]

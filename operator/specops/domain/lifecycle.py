@@ -207,7 +207,16 @@ def readiness(desired_replicas: int, deployments: Sequence[Mapping[str, Any] | N
 def advisories(spec: SpeculativeDeploymentSpec) -> tuple[ConditionUpdate, ...]:
     """Advice, never refusal: draft kind vs target architecture, and draft size vs usefulness."""
     target, draft = spec.target, spec.draft
-    if target.architecture == "moe" and draft.kind != "expertDistilled":
+    if draft.model == target.model or draft.engine.uri == target.engine.uri:
+        same = "model" if draft.model == target.model else "engine"
+        mismatch = ConditionUpdate(
+            DRAFT_MISMATCH,
+            "True",
+            Reason.DRAFT_IS_TARGET,
+            f"draft and target are the same {same} ({draft.model if same == 'model' else draft.engine.uri}): "
+            "every drafted token costs a full target step, so speculation cannot pay; use a smaller draft",
+        )
+    elif target.architecture == "moe" and draft.kind != "expertDistilled":
         mismatch = ConditionUpdate(
             DRAFT_MISMATCH,
             "True",

@@ -54,6 +54,7 @@ from specops.domain.names import (
     TRAFFIC_SERVE,
     RenderError,
     child_name,
+    label_problem,
     label_value,
     owner_reference,
     repository_configmap_name,
@@ -544,6 +545,12 @@ def render_children(
     Service (a canary before its lossless check).
     """
     name, namespace, uid = _metadata(resource)
+    serving = resource.spec.serving
+    for field_name, labels in (("podLabels", serving.pod_labels), ("nodeSelector", serving.node_selector)):
+        for key, value in (labels or {}).items():
+            problem = label_problem(key, value)
+            if problem:
+                raise RenderError(f"spec.serving.{field_name}", problem)
     image = resource.spec.serving.image or options.default_image
     if not image:
         raise RenderError(

@@ -11,13 +11,20 @@ import kopf
 
 from specops.adapters import log_redaction, operator_metrics
 from specops.adapters.kube import load_connection_settings
-from specops.api.models import GROUP, PLURAL, VERSION
+from specops.api.models import GROUP, KIND, PLURAL, VERSION
 from specops.domain.lifecycle import EventRecord
 from specops.ports import KubeApiError
 from specops.services.canary import RouteNotReleased
 from specops.services.container import Services, build_services
+from specops.services.reconciler import ReconcileParked
 
 RETRY_DELAY_S = 15.0
+MAX_PARKED_RETRY_DELAY_S = 600.0
+
+
+def parked_retry_delay(retry: int) -> float:
+    """15 s, 30 s, 60 s ... up to 10 minutes: a spec the code cannot process is retried, not hot-looped."""
+    return min(RETRY_DELAY_S * 2.0 ** min(retry, 16), MAX_PARKED_RETRY_DELAY_S)
 
 
 def now() -> datetime:
@@ -70,13 +77,16 @@ def login(**_: Any) -> kopf.ConnectionInfo:
 @kopf.on.create(GROUP, VERSION, PLURAL)
 @kopf.on.update(GROUP, VERSION, PLURAL)
 @kopf.on.resume(GROUP, VERSION, PLURAL)
-async def reconcile(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+async def reconcile(body: kopf.Body, memo: kopf.Memo, retry: int = 0, **_: Any) -> None:
     services: Services = memo.services
     try:
         with operator_metrics.time_reconcile():
             events = await services.reconciler.reconcile(body, now())
     except KubeApiError as error:
         raise kopf.TemporaryError(f"Kubernetes API: {error}", delay=RETRY_DELAY_S) from error
+    except ReconcileParked as parked:
+        post_events(body, parked.events)
+        raise kopf.TemporaryError(str(parked), delay=parked_retry_delay(retry)) from parked
     post_events(body, events)
 
 
@@ -94,11 +104,19 @@ async def delete(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     post_events(body, events)
 
 
+def owner_name(meta: Any) -> str | None:
+    """The owning SpeculativeDeployment's name: from the ownerReference, since the
+    ``specops.dev/deployment`` label holds a derived (possibly hashed) value."""
+    for ref in meta.get("ownerReferences") or []:
+        if ref.get("kind") == KIND and str(ref.get("apiVersion", "")).startswith(f"{GROUP}/"):
+            return str(ref.get("name") or "") or None
+    return None
+
+
 @kopf.on.event("apps", "v1", "deployments", labels={"app.kubernetes.io/managed-by": "specops"})
 async def serving_deployment_changed(body: kopf.Body, memo: kopf.Memo, type: str | None, **_: Any) -> None:
     """A serving Deployment's status moved: refresh the owner's Ready/Progressing conditions."""
-    labels = body.get("metadata", {}).get("labels", {})
-    owner = labels.get("specops.dev/deployment")
+    owner = owner_name(body.get("metadata", {}))
     if not owner or type is None:
         return
     services: Services = memo.services

@@ -45,6 +45,7 @@ class Services:
     def forget(self, namespace: str, name: str) -> None:
         """The resource's daemon stopped: stop polling for it and drop its in-memory state."""
         self.control.unsubscribe(namespace, name)
+        self.ticker.forget(namespace, name)
 
     async def close(self) -> None:
         await self.metrics.close()

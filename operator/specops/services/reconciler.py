@@ -21,6 +21,7 @@ from specops.api.models import API_VERSION, KIND, SpeculativeDeployment
 from specops.api.status import SpeculativeDeploymentStatus
 from specops.domain import drafts, lifecycle, phases
 from specops.domain.lifecycle import EventRecord
+from specops.domain.names import LABEL_DEPLOYMENT, STABLE, label_value, selector_labels
 from specops.domain.render import RenderError, RenderOptions, render_children
 from specops.domain.status_patch import merge_patch
 from specops.ports import KubeApiError, KubePort
@@ -37,6 +38,8 @@ MANAGED_KINDS: tuple[tuple[str, str], ...] = (
 )
 
 SUPPORTED_BACKENDS = frozenset({"triton-trtllm"})
+REFUSED_STATUSES = frozenset({400, 422})
+"""Answers to a child write that say the object itself is wrong (BadRequest, Invalid)."""
 
 
 @dataclass
@@ -64,6 +67,23 @@ def status_change(
     return mutate
 
 
+MAX_EXCEPTION_MESSAGE = 500
+
+
+def describe_exception(error: BaseException) -> str:
+    """``ZeroDivisionError: float division by zero``, cut to a length a condition can carry."""
+    text = f"{type(error).__name__}: {error}"
+    return text if len(text) <= MAX_EXCEPTION_MESSAGE else text[: MAX_EXCEPTION_MESSAGE - 3] + "..."
+
+
+class ReconcileParked(Exception):
+    """Reconcile failed in pure code; status says InvalidSpec. The handler posts ``events`` and retries later."""
+
+    def __init__(self, message: str, events: list[EventRecord]) -> None:
+        super().__init__(message)
+        self.events = events
+
+
 def _key(obj: Mapping[str, Any]) -> str:
     return f"{obj['kind']}/{obj['metadata']['name']}"
 
@@ -85,6 +105,30 @@ class Reconciler:
             return await self._invalid(
                 namespace, name, generation, lifecycle.describe_validation_error(error), now
             )
+        try:
+            return await self._reconcile_valid(resource, body, now)
+        except KubeApiError as error:
+            if error.status not in REFUSED_STATUSES:
+                raise  # unavailable, conflict, throttled, forbidden: retried as it is
+            # The API server refused a rendered object as invalid: retrying as is cannot help.
+            message = f"the API server refused a serving object: {error}"
+            events = await self._invalid(namespace, name, generation, message, now, Reason.APPLY_FAILED)
+            if events:
+                log.error("reconcile of %s/%s: %s", namespace, name, message)
+            raise ReconcileParked(message, events) from error
+        except Exception as error:  # pure code failing on a spec that admission let through
+            message = f"could not process the spec: {describe_exception(error)}"
+            events = await self._invalid(namespace, name, generation, message, now)
+            if events:  # logged once: when the condition first says so
+                log.error("reconcile of %s/%s failed: %s", namespace, name, message, exc_info=error)
+            raise ReconcileParked(message, events) from error
+
+    async def _reconcile_valid(
+        self, resource: SpeculativeDeployment, body: Mapping[str, Any], now: datetime
+    ) -> list[EventRecord]:
+        meta = body["metadata"]
+        namespace, name = meta["namespace"], meta["name"]
+        generation = int(meta.get("generation") or 1)
         if resource.spec.serving.backend not in SUPPORTED_BACKENDS:
             message = (
                 f"spec.serving.backend: {resource.spec.serving.backend} is not served by this operator version "
@@ -148,7 +192,7 @@ class Reconciler:
         return report
 
     async def prune(self, namespace: str, name: str, keep: set[str], report: ApplyReport) -> None:
-        labels = {"specops.dev/deployment": name, "specops.dev/variant": "stable"}
+        labels = selector_labels(name, STABLE)
         for api_version, kind in MANAGED_KINDS:
             if kind == "PodMonitor" and not self.render_options.pod_monitor:
                 continue
@@ -170,7 +214,9 @@ class Reconciler:
         for api_version, kind in MANAGED_KINDS:
             if kind == "PodMonitor" and not self.render_options.pod_monitor:
                 continue
-            for live in await self.kube.list(api_version, kind, namespace, {"specops.dev/deployment": name}):
+            for live in await self.kube.list(
+                api_version, kind, namespace, {LABEL_DEPLOYMENT: label_value(name)}
+            ):
                 try:
                     if await self.kube.delete(api_version, kind, namespace, live["metadata"]["name"]):
                         removed.append(f"{kind}/{live['metadata']['name']}")

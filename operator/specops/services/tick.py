@@ -14,6 +14,8 @@ A part whose API calls fail keeps its blocks as they were; the others still land
 from __future__ import annotations
 
 import logging
+import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -21,7 +23,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from specops.api import conditions as cond
-from specops.api.conditions import ConditionUpdate
+from specops.api.conditions import ConditionUpdate, Reason
 from specops.api.models import API_VERSION, KIND, SpeculativeDeployment
 from specops.api.status import SpeculativeDeploymentStatus
 from specops.api.units import parse_duration
@@ -33,6 +35,7 @@ from specops.domain.status_patch import merge_patch, only_volatile
 from specops.ports import KubeApiError, KubePort
 from specops.services.canary import CanaryResult, CanaryService
 from specops.services.control import ControlLoop
+from specops.services.reconciler import describe_exception
 from specops.services.retraining import RetrainingService, after_canary
 
 log = logging.getLogger(__name__)
@@ -58,12 +61,54 @@ class TickOutcome:
     events: list[EventRecord] = field(default_factory=list)
 
 
+MIN_INTERVAL_S = 1.0
+MAX_INTERVAL_S = 3600.0
+"""spec.metrics.interval's bounds (the CRD refuses others); a body that got past an older CRD is
+clamped, so it neither hot-loops nor sleeps forever."""
+
+
 def interval_of(body: dict[str, Any], default: float) -> float:
     text = ((body.get("spec") or {}).get("metrics") or {}).get("interval")
     try:
-        return parse_duration(text) if text else default
+        seconds = parse_duration(str(text)) if text else default
     except ValueError:
-        return default
+        seconds = default
+    if not math.isfinite(seconds):
+        return MAX_INTERVAL_S if seconds > 0 else MIN_INTERVAL_S
+    return min(max(seconds, MIN_INTERVAL_S), MAX_INTERVAL_S)
+
+
+MAX_TICK_BACKOFF_S = 600.0
+"""A failing tick comes back after interval x 2^failures, at most this (or the interval if longer)."""
+
+
+def _condition_change(
+    update: ConditionUpdate, now: datetime, body: dict[str, Any] | None
+) -> Callable[[dict[str, Any]], dict[str, Any] | None]:
+    generation = int(((body or {}).get("metadata") or {}).get("generation") or 1)
+
+    def mutate(live: dict[str, Any]) -> dict[str, Any] | None:
+        try:
+            current = SpeculativeDeploymentStatus.from_wire(live.get("status"))
+        except ValidationError:
+            current = SpeculativeDeploymentStatus()
+        wanted = current.model_copy(
+            update={"conditions": cond.set_condition(current.conditions, update, now, generation)}
+        )
+        return merge_patch(current.to_wire(), wanted.to_wire()) or None
+
+    return mutate
+
+
+def _shows(body: dict[str, Any] | None, update: ConditionUpdate) -> bool:
+    conditions = ((body or {}).get("status") or {}).get("conditions") or []
+    return any(
+        c.get("type") == update.type
+        and c.get("reason") == update.reason
+        and c.get("message") == update.message
+        for c in conditions
+        if isinstance(c, dict)
+    )
 
 
 class ResourceTick:
@@ -81,9 +126,74 @@ class ResourceTick:
         self.retraining = retraining
         self.canary = canary
         self.default_interval_s = default_interval_s
+        self._failures: dict[tuple[str, str], tuple[int, str]] = {}
+        """(namespace, name) -> (consecutive failed ticks, last message): log and announce once."""
 
     async def run(self, namespace: str, name: str, now: datetime) -> TickOutcome:
+        """One tick; an unexpected exception parks the resource (Degraded=True/TickFailed, one Warning
+        Event, logged once) and comes back after a growing delay instead of crashing the daemon."""
         outcome = TickOutcome(interval_s=self.default_interval_s)
+        try:
+            await self._run(outcome, namespace, name, now)
+        except KubeApiError as error:  # the API is down or refused a write: the next interval retries
+            log.warning("tick of %s/%s: Kubernetes API: %s", namespace, name, error)
+            return outcome
+        except Exception as error:  # any failure becomes a condition, never a crash loop
+            return await self._park(outcome, namespace, name, now, error)
+        if (namespace, name) in self._failures:
+            del self._failures[(namespace, name)]
+            await self._recovered(namespace, name, now)
+        return outcome
+
+    async def _park(
+        self, outcome: TickOutcome, namespace: str, name: str, now: datetime, error: Exception
+    ) -> TickOutcome:
+        key = (namespace, name)
+        failures, last = self._failures.get(key, (0, ""))
+        message = f"tick failed: {describe_exception(error)}"
+        failures += 1
+        self._failures[key] = (failures, message)
+        outcome.interval_s = min(
+            outcome.interval_s * 2.0 ** min(failures, 16), max(MAX_TICK_BACKOFF_S, outcome.interval_s)
+        )
+        outcome.gone = False
+        update = ConditionUpdate(cond.DEGRADED, "True", Reason.TICK_FAILED, message)
+        if message == last:
+            log.debug("tick of %s/%s failed again (%d): %s", namespace, name, failures, message)
+            outcome.events = []
+            if _shows(outcome.body, update):
+                return outcome  # already said; rewritten only if another writer replaced it
+        else:
+            log.error("tick of %s/%s failed: %s", namespace, name, message, exc_info=error)
+            outcome.events = [EventRecord("Warning", Reason.TICK_FAILED, message)]
+        try:
+            await self.kube.update_status(
+                API_VERSION, KIND, namespace, name, _condition_change(update, now, outcome.body)
+            )
+        except Exception as write_error:  # the Event and the log still tell
+            log.warning("tick of %s/%s: writing the failure failed: %s", namespace, name, write_error)
+        return outcome
+
+    def forget(self, namespace: str, name: str) -> None:
+        """The resource's daemon stopped: drop its failure count."""
+        self._failures.pop((namespace, name), None)
+
+    async def _recovered(self, namespace: str, name: str, now: datetime) -> None:
+        update = ConditionUpdate(cond.DEGRADED, "False", Reason.AS_EXPECTED, "")
+
+        def clear(live: dict[str, Any]) -> dict[str, Any] | None:
+            current = SpeculativeDeploymentStatus.from_wire(live.get("status"))
+            degraded = next((c for c in current.conditions if c.type == cond.DEGRADED), None)
+            if degraded is None or degraded.reason != Reason.TICK_FAILED:
+                return None
+            return _condition_change(update, now, live)(live)
+
+        try:
+            await self.kube.update_status(API_VERSION, KIND, namespace, name, clear)
+        except Exception as error:
+            log.warning("tick of %s/%s: clearing TickFailed failed: %s", namespace, name, error)
+
+    async def _run(self, outcome: TickOutcome, namespace: str, name: str, now: datetime) -> TickOutcome:
         try:
             body = await self.kube.get(API_VERSION, KIND, namespace, name)
         except KubeApiError as error:
