@@ -74,6 +74,13 @@ async def test_the_leader_is_killed_mid_canary_and_the_other_replica_finishes_it
         await canary_e2e.new_draft(kube, "v4")
         await eventually(lambda: _canary_phase(kube, "Progressing"), timeout_s=40, what="canary progressing")
 
+        async def step_announced() -> bool:
+            # Events are posted after the status write; a kill in between loses them (Kopf's posting
+            # is best effort), which is not what this test is about.
+            return any(e["reason"] == "CanaryStepStarted" for e in await events_for(kube, NAME))
+
+        await eventually(step_announced, timeout_s=10, what="CanaryStepStarted posted")
+
         # When the leader's pod is killed mid-canary (its Lease stays held until it expires)
         killed = asyncio.get_running_loop().time()
         await first.crash()

@@ -43,23 +43,22 @@ def split_backend_refs(
 
 
 def route_carries(rules: list[dict[str, Any]], stable: str, canary: str, weight: int) -> bool:
-    """Whether every rule that routes to our stable Service carries exactly our split.
+    """Whether every rule that routes to our stable Service gives the canary `weight` % of its traffic.
 
-    Only the fields specops sets are compared (backend name and weight): the API server
-    fills defaults (group, kind) into what it stores, so a whole-object comparison would
-    never confirm a write.
+    Shares are compared, not raw weights: the API server defaults a missing weight to 1, and a
+    lone stable backend of weight 1 already carries 100 %. Only our two backends are looked at.
     """
-    expected = {(stable, 100 - weight)} | ({(canary, weight)} if weight > 0 else set())
     found = False
     for rule in rules:
-        refs = rule.get("backendRefs") or []
-        ours = {
-            (ref.get("name"), ref.get("weight", 1)) for ref in refs if ref.get("name") in (stable, canary)
-        }
-        if not any(name == stable for name, _ in ours):
+        refs = [ref for ref in rule.get("backendRefs") or [] if ref.get("name") in (stable, canary)]
+        if not any(ref.get("name") == stable for ref in refs):
             continue
         found = True
-        if ours != expected:
+        stable_weight = sum(int(ref.get("weight", 1)) for ref in refs if ref.get("name") == stable)
+        canary_weight = sum(int(ref.get("weight", 1)) for ref in refs if ref.get("name") == canary)
+        total = stable_weight + canary_weight
+        share = 100 * canary_weight / total if total else 0.0
+        if abs(share - weight) > 0.5:
             return False
     return found
 
