@@ -243,6 +243,37 @@ class BatchGuard(ApiModel):
     min_dwell: Duration = Field(default="1m", description="Minimum time between two on/off switches.")
 
 
+class Exploration(ApiModel):
+    max_probe_fraction: float = Field(
+        default=0.02,
+        ge=0.0,
+        le=0.2,
+        description="Probes (brief spells at another setting, so the model measures what it would "
+        "otherwise assume) take at most this share of the time. 0 disables probing.",
+    )
+    min_spacing: Duration = Field(
+        default="3m",
+        description="Least time between the end of one probe and the next (a batch region never "
+        "measured at all waits only one probe).",
+    )
+
+
+class Calibration(ApiModel):
+    enabled: bool = Field(
+        default=True,
+        description="Decide from the roofline corrected by this deployment's own measurements; "
+        "false: the roofline alone.",
+    )
+    half_life: Duration = Field(
+        default="30m", description="A measurement's weight in the fit halves every this long."
+    )
+    slowdown_guard: bool = Field(
+        default=True,
+        description="Switch speculation off when measurements show it slower than plain at the "
+        "current load, whatever the model predicts.",
+    )
+
+
 class SpeculationSpec(ApiModel):
     mode: Literal["auto", "on", "off"] = Field(
         default="auto",
@@ -253,6 +284,12 @@ class SpeculationSpec(ApiModel):
     batch_guard: BatchGuard = Field(
         default_factory=BatchGuard,
         description="When speculation switches off and on as batches grow and shrink.",
+    )
+    exploration: Exploration = Field(
+        default_factory=Exploration, description="Bounds of the probes that keep the learned model honest."
+    )
+    calibration: Calibration = Field(
+        default_factory=Calibration, description="Learning the real speedup curve from measurements."
     )
 
 
