@@ -132,7 +132,8 @@ async def test_draft_length_follows_acceptance_one_step_at_a_time(
             seen.append(length)
         return length >= 7
 
-    await eventually(climbed, timeout_s=60, interval_s=0.05, what="draft length follows acceptance")
+    # each step waits until the current length is measured (one rate window): ~12 s a step here
+    await eventually(climbed, timeout_s=90, interval_s=0.05, what="draft length follows acceptance")
     steps = [b - a for a, b in itertools.pairwise(seen)]
     assert steps and all(step == 1 for step in steps), seen
     body = await resource(kube, NAME)

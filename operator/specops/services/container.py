@@ -15,6 +15,7 @@ from specops.adapters.prometheus import MetricsHub
 from specops.adapters.routing import GatewayApiRouter, ReplicaRatioRouter
 from specops.adapters.triton import TritonModelControl
 from specops.assets import bls_model_source
+from specops.domain.metrics import rate_window_s
 from specops.domain.render import RenderOptions
 from specops.ports import TrafficRouter, TrafficRouting
 from specops.services.canary import CanaryService
@@ -63,7 +64,9 @@ async def build_services(config: OperatorConfig | None = None) -> Services:
     metrics = MetricsHub(scrape_interval_s=config.scrape_interval_s)
     triton = TritonModelControl()
     reconciler = Reconciler(kube, options)
-    control = ControlLoop(metrics, triton, retries=config.triton_retries)
+    control = ControlLoop(
+        metrics, triton, retries=config.triton_retries, rate_window_s=rate_window_s(config.scrape_interval_s)
+    )
     routers: dict[TrafficRouting, TrafficRouter] = {
         "GatewayAPI": GatewayApiRouter(kube),
         "ReplicaRatio": ReplicaRatioRouter(),
