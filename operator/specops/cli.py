@@ -59,6 +59,12 @@ def _bench(argv: list[str]) -> int:
     return main(argv)
 
 
+def _profile(argv: list[str]) -> int:
+    from specops.profiling import main
+
+    return main(argv)
+
+
 CANARY_ANNOTATIONS: dict[str, dict[str, str | None]] = {
     "pause": {"specops.dev/canary-paused": "true"},
     "resume": {"specops.dev/canary-paused": None},
@@ -109,6 +115,10 @@ COMMANDS: dict[str, tuple[Callable[[list[str]], int], str]] = {
     "run": (_run, "run the operator against the cluster in $KUBECONFIG or in-cluster"),
     "plan": (_plan, "size drafts and draft lengths with the performance model"),
     "bench": (_bench, "run benchmarks (policy, reaction, ...)"),
+    "profile": (
+        lambda argv: __import__("specops.profiling").profiling.main(argv),
+        "measure a live engine's speedup curve",
+    ),
     "canary": (_canary, "manual canary gates: pause | resume | promote | abort NAME"),
     "crd": (_crd, "print the CRD generated from the API models (or write it to FILE)"),
 }

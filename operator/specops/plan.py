@@ -28,6 +28,7 @@ from specops.domain.perf import (
     latency_ratio,
     speedup,
 )
+from specops.domain.profile import ServingProfile
 
 DEFAULT_ALPHA = 0.8
 DEFAULT_CONTEXT_TOKENS = 2048
@@ -110,11 +111,19 @@ def main(argv: list[str]) -> int:
         description="Predict speculative decoding speedup by batch size and draft length (roofline model).",
         epilog="break_even_batch: smallest batch at which even the best draft length no longer beats 1.0.",
     )
-    parser.add_argument("--gpu", choices=sorted(GPUS), required=True)
-    parser.add_argument("--target-params", type=float, required=True, help="e.g. 70e9")
+    parser.add_argument(
+        "--profile",
+        metavar="NAME|FILE",
+        help="report from a serving profile (e.g. written by specops profile) instead of the roofline",
+    )
+    parser.add_argument("--gpu", choices=sorted(GPUS))
+    parser.add_argument("--target-params", type=float, help="e.g. 70e9")
     parser.add_argument("--draft-params", type=float, help="e.g. 7e9; omit to compare candidate draft sizes")
     parser.add_argument(
-        "--alpha", type=float, default=DEFAULT_ALPHA, help="per-token acceptance (default 0.8, typical)"
+        "--alpha",
+        type=float,
+        default=None,
+        help="per-token acceptance (default 0.8, typical; with --profile the profile's)",
     )
     parser.add_argument(
         "--context-tokens",
@@ -133,6 +142,12 @@ def main(argv: list[str]) -> int:
     )
     parser.add_argument("--json", dest="json_path", help="write the plan as JSON to PATH ('-' for stdout)")
     args = parser.parse_args(argv)
+    if args.profile is not None:
+        return _plan_from_profile(parser, args)
+    if args.gpu is None or args.target_params is None:
+        parser.error("--gpu and --target-params are required (or give --profile)")
+    if args.alpha is None:
+        args.alpha = DEFAULT_ALPHA
     if not 0.0 <= args.alpha <= 1.0:
         parser.error("--alpha must be within [0, 1]")
     if args.max_draft_len < 1 or args.tensor_parallel < 1:
@@ -180,6 +195,58 @@ def main(argv: list[str]) -> int:
     print(header, file=out)
     print(text, file=out)
     write_json(result, args.json_path)
+    return 0
+
+
+def plan_from_profile(profile: ServingProfile, alpha: float, batches: list[int]) -> dict[str, Any]:
+    """The same report as the roofline's, read from measured step times (lengths as profiled)."""
+    by_batch = []
+    for batch in batches:
+        best_length, best_speedup = profile.best_length(alpha, batch)
+        by_batch.append(
+            {
+                "batch": batch,
+                "best_draft_length": best_length,
+                "best_speedup": best_speedup,
+                "speedup_by_length": {str(g): profile.speedup(alpha, g, batch) for g in profile.lengths},
+            }
+        )
+    return {
+        "profile": profile.name,
+        "alpha": alpha,
+        "by_batch": by_batch,
+        "break_even_batch": profile.break_even_batch(alpha),
+    }
+
+
+def _plan_from_profile(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    from specops import profiles
+    from specops.domain.profile import ProfileError
+
+    try:
+        profile = profiles.resolve(args.profile)
+    except (OSError, ProfileError, ValueError) as error:
+        parser.error(f"--profile: {error}")
+    alpha = args.alpha if args.alpha is not None else profile.alpha
+    if alpha is None:
+        alpha = DEFAULT_ALPHA
+    if not 0.0 <= alpha <= 1.0:
+        parser.error("--alpha must be within [0, 1]")
+    try:
+        batches = _parse_batches(args.batches)
+    except (ValueError, argparse.ArgumentTypeError) as error:
+        parser.error(f"--batches: {error}")
+    plan = plan_from_profile(profile, alpha, batches)
+    out = sys.stderr if args.json_path == "-" else sys.stdout
+    print(f"profile {profile.name}, alpha {alpha:.2f} (measured step times, not the roofline)", file=out)
+    print(f"{'batch':>7}  {'best length':>11}  {'speedup':>8}", file=out)
+    for row in plan["by_batch"]:
+        length = row["best_draft_length"]
+        shown = "off" if length == 0 else str(length)
+        print(f"{row['batch']:>7}  {shown:>11}  {row['best_speedup']:>7.2f}x", file=out)
+    found = plan["break_even_batch"]
+    print(f"break-even batch: {found if found is not None else 'none up to 1024'}", file=out)
+    write_json(plan, args.json_path)
     return 0
 
 
