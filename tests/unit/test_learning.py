@@ -34,7 +34,7 @@ def plain_s(batch: float) -> float:
 
 def test_probe_timing_follows_the_rate_window_and_interval() -> None:
     assert CONFIG.settle_s == 12.0
-    assert CONFIG.probes.probe_duration_s == 15.0
+    assert CONFIG.probes.probe_duration_s == 15.0  # one window + lag (12 s), then three decisions
     slow = learning.learning_config(
         enabled=True,
         guard=True,

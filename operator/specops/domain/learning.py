@@ -46,7 +46,7 @@ GUARD_MARGIN = 0.03  # the guard acts below 1 - this measured speedup ...
 GUARD_MIN_OFF_SAMPLES = 2.0  # ... when plain speed near the batch rests on this many samples ...
 GUARD_STREAK = 3  # ... for this many measurements in a row
 GUARD_RELEASE = 0.8  # the guard's hold ends when the batch falls below this share of its batch
-MIN_PROBE_S = 15.0
+MEASURED_FIRST = 2.0  # effective samples of the setting in force near the batch before probing the other
 
 
 @dataclass(frozen=True)
@@ -71,7 +71,7 @@ def learning_config(
     """A probe lasts one rate window plus three decisions (so it yields clean samples); the budget's
     window is at least one hour and long enough for one probe at the configured fraction."""
     settle = rate_window_s + 2.0 * interval_s
-    duration = max(MIN_PROBE_S, settle + 3.0 * interval_s)
+    duration = settle + 3.0 * interval_s
     window = 3600.0 if max_probe_fraction <= 0 else max(3600.0, 1.5 * duration / max_probe_fraction)
     return LearningConfig(
         enabled=enabled,
@@ -230,16 +230,27 @@ def explore(
     now_s = now.timestamp()
     ledger = account(state.ledger, now_s, dt_s, probing=state.probe_length is not None)
     state = replace(state, ledger=ledger)
-    if state.probe_length is not None and (ledger.probing_until_s is None or decision_changed or not allowed):
-        # ended (its time is up, or the decision itself moved: that measures the same thing)
+    reached = (
+        state.probe_length is not None
+        and decision_changed
+        and (decided_length > 0) == (state.probe_length > 0)
+    )
+    if state.probe_length is not None and (ledger.probing_until_s is None or reached or not allowed):
+        # ended: its time is up, or the decision itself switched to the probe's side
         ledger = replace(ledger, probing_until_s=None, last_probe_end_s=now_s)
         state = replace(state, ledger=ledger, probe_length=None)
     if state.probe_length is not None:
         return Exploration(state, state.probe_length, True, state.last_probe_reason or "")
     if not allowed or not config.enabled or config.probes.max_fraction <= 0 or decision_changed:
         return Exploration(state, decided_length, False)
+    seen = fitted.confidence(batch)
+    unseen = (seen.off if enabled else seen.on) < 0.25  # nothing measured on the other side here
+    if unseen and (seen.on if enabled else seen.off) < MEASURED_FIRST:
+        # what runs now is measured at this load first: the comparison needs both sides
+        return Exploration(state, decided_length, False)
     if (
-        state.applied_since is not None
+        not unseen
+        and state.applied_since is not None
         and (now - state.applied_since).total_seconds() < config.probes.probe_duration_s
         and state.applied_length == decided_length
     ):

@@ -23,6 +23,8 @@ class OperatorConfig:
     triton_retries: int = 3
     # Prometheus' scrape interval of the serving pods: rate windows span several scrapes.
     scrape_interval_s: float = 15.0
+    # The span of one measurement's rates; None = max(4 scrapes, 10 s).
+    rate_window_s: float | None = None
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> OperatorConfig:
@@ -33,4 +35,7 @@ class OperatorConfig:
             default_interval_s=float(env.get("SPECOPS_DEFAULT_INTERVAL_SECONDS", "15")),
             triton_retries=int(env.get("SPECOPS_TRITON_RETRIES", "3")),
             scrape_interval_s=float(env.get("SPECOPS_SCRAPE_INTERVAL_SECONDS", "15")),
+            rate_window_s=float(env["SPECOPS_RATE_WINDOW_SECONDS"])
+            if env.get("SPECOPS_RATE_WINDOW_SECONDS")
+            else None,
         )

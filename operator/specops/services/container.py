@@ -61,11 +61,14 @@ async def build_services(config: OperatorConfig | None = None) -> Services:
     options = RenderOptions(
         bls_source=bls_model_source(), default_image=config.default_image, pod_monitor=pod_monitor
     )
-    metrics = MetricsHub(scrape_interval_s=config.scrape_interval_s)
+    metrics = MetricsHub(scrape_interval_s=config.scrape_interval_s, window_s=config.rate_window_s)
     triton = TritonModelControl()
     reconciler = Reconciler(kube, options)
     control = ControlLoop(
-        metrics, triton, retries=config.triton_retries, rate_window_s=rate_window_s(config.scrape_interval_s)
+        metrics,
+        triton,
+        retries=config.triton_retries,
+        rate_window_s=config.rate_window_s or rate_window_s(config.scrape_interval_s),
     )
     routers: dict[TrafficRouting, TrafficRouter] = {
         "GatewayAPI": GatewayApiRouter(kube),

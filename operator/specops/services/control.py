@@ -151,10 +151,16 @@ class ControlLoop:
                 and step > 0
                 and state.enabled
                 and step != state.draft_length
-                and knowledge.applied_length == state.draft_length
-                and not learning.settled(knowledge, learn, now)
+                and (
+                    knowledge.probe_length is not None
+                    or (
+                        knowledge.applied_length == state.draft_length
+                        and not learning.settled(knowledge, learn, now)
+                    )
+                )
             ):
                 # one length step per measured setting: the current one is measured before the next
+                # (and none while a probe runs: the step would go unmeasured)
                 decision = _hold_length(decision, state.draft_length, knowledge, learn, now)
         alpha = decision.state.alpha if decision.state.alpha is not None else PRIOR_ALPHA
         bounds = (max(1, config.min_length), max(1, config.min_length, config.max_length))
