@@ -41,6 +41,9 @@ def fast_resource(prometheus: PrometheusProcess, replicas: int = 2, **spec: Any)
         "draftLength": {"initial": 4, "min": 1, "max": 8},
         "rollout": {"baseline": "3s", "soak": "3s"},
         "batchGuard": {"minDwell": "2s"},
+        # decisions from the calibrated model, without probes: these tests watch the decision
+        # itself (tests/e2e/test_closed_loop.py covers probing)
+        "exploration": {"maxProbeFraction": 0},
         **spec.get("speculation", {}),
     }
     return body
