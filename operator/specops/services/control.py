@@ -161,7 +161,7 @@ class ControlLoop:
             ):
                 # one length step per measured setting: the current one is measured before the next
                 # (and none while a probe runs: the step would go unmeasured)
-                decision = _hold_length(decision, state.draft_length, knowledge, learn, now)
+                decision = _hold_length(decision, state.draft_length, knowledge, learn, now, current.reason)
         alpha = decision.state.alpha if decision.state.alpha is not None else PRIOR_ALPHA
         bounds = (max(1, config.min_length), max(1, config.min_length, config.max_length))
         last = knowledge.decided_at
@@ -258,14 +258,17 @@ def _hold_length(
     knowledge: learning.LearningState,
     learn: learning.LearningConfig,
     now: datetime,
+    reason: str | None,
 ) -> Decision:
+    """Keep the length (and the last reason: a wait is not a new decision; the message says why)."""
     since = 0.0 if knowledge.applied_since is None else (now - knowledge.applied_since).total_seconds()
     message = (
         f"Keeping draft length {length} until it is measured ({since:.0f}/{learn.settle_s:.0f} s); "
         f"then toward {decision.num_draft_tokens}. {decision.message}"
     )
     state = replace(decision.state, draft_length=length)
-    return Decision(state, length, "HeldMeasuring", message, decision.predicted_speedup, changed=False)
+    shown = reason or "BestModelledSpeedup"
+    return Decision(state, length, shown, message, decision.predicted_speedup, changed=False)
 
 
 def _key(resource: SpeculativeDeployment) -> tuple[str, str]:
