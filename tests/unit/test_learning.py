@@ -176,14 +176,17 @@ def test_no_probe_when_the_fraction_is_zero_or_learning_is_not_allowed() -> None
 
 
 def test_break_even_moves_are_announced_past_25_percent_only() -> None:
-    state, first = learning.announce(learning.LearningState(), 200)
-    assert first is None and state.announced == 200
-    state, small = learning.announce(state, 160)
+    # the first comparison is against the roofline prior's break-even
+    state, first = learning.announce(learning.LearningState(), 200, 220)
+    assert first is None and state.announced == 220
+    state, small = learning.announce(state, 170, 220)
     assert small is None
-    state, moved = learning.announce(state, 24)
-    assert moved == "calibration moved the break-even from batch 200 to batch 24"
-    state, gone = learning.announce(state, None)
+    state, moved = learning.announce(state, 24, 220)
+    assert moved == "calibration moved the break-even from batch 220 to batch 24"
+    state, gone = learning.announce(state, None, 220)
     assert gone == "calibration moved the break-even from batch 24 to none up to 1024"
+    _, at_once = learning.announce(learning.LearningState(), 12, None)
+    assert at_once == "calibration moved the break-even from none up to 1024 to batch 12"
 
 
 def test_status_round_trip_resumes_the_same_model_and_ledger() -> None:

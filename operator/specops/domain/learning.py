@@ -293,12 +293,16 @@ def break_even(fitted: CalibratedModel, alpha: float, bounds: tuple[int, int]) -
     return fitted.break_even_batch(alpha, bounds)
 
 
-def announce(state: LearningState, break_even_batch: int | None) -> tuple[LearningState, str | None]:
-    """A message when the break-even moved more than BREAK_EVEN_CHANGE since the last announcement."""
+def announce(
+    state: LearningState, break_even_batch: int | None, prior_break_even_batch: int | None
+) -> tuple[LearningState, str | None]:
+    """A message when the break-even moved more than BREAK_EVEN_CHANGE since the last announcement
+    (the first time: since the roofline prior's)."""
     value = NO_BREAK_EVEN if break_even_batch is None else break_even_batch
-    if not state.announced_known or state.announced is None:
-        return replace(state, announced=value, announced_known=True), None
     before = state.announced
+    if not state.announced_known or before is None:
+        before = NO_BREAK_EVEN if prior_break_even_batch is None else prior_break_even_batch
+        state = replace(state, announced=before, announced_known=True)
     if abs(value - before) <= BREAK_EVEN_CHANGE * before:
         return state, None
 

@@ -449,12 +449,18 @@ def _wants_on(config: PolicyConfig, enabled: bool, batch: float, best_speedup: f
 
 
 def _off_reason(config: PolicyConfig, obs: Observation, alpha: float, lo: int, hi: int) -> str:
-    """High batch when speculation would still pay unbatched at this alpha, low acceptance otherwise."""
+    """High batch when speculation would still pay unbatched at this alpha; with a calibrated model
+    that finds no gain even unbatched where the roofline would, no measured gain (the engine's
+    costs, not the acceptance); low acceptance otherwise."""
     if _overridden(config):
         return "SpeculationDisabledHighBatch"
     _, unbatched = _best_length(config, obs, alpha, 1.0, lo, hi)
     if unbatched >= 1.0 + config.margin:
         return "SpeculationDisabledHighBatch"
+    if config.model is not None:
+        roofline = max(speedup(_setup_for(config, obs), alpha, 1.0, g) for g in range(lo, hi + 1))
+        if roofline >= 1.0 + config.margin:
+            return "SpeculationDisabledNoMeasuredGain"
     return "SpeculationDisabledLowAcceptance"
 
 

@@ -199,7 +199,7 @@ class ControlLoop:
             break_even = learning.break_even(fitted, alpha, bounds)
             prior = learning.model(config.setup, learning.LearningState(), learn)
             prior_break_even = learning.break_even(prior, alpha, bounds)
-            knowledge, moved = learning.announce(knowledge, break_even)
+            knowledge, moved = learning.announce(knowledge, break_even, prior_break_even)
             if moved is not None:
                 events.append(
                     EventRecord(
