@@ -7,7 +7,9 @@ The rollout follows three phases:
 - Fixed: speculation on at `initial_length` for `soak_duration_s`, so the acceptance
   (alpha) settles before it steers anything;
 - Dynamic: every decision picks the draft length with the best modelled speedup
-  (`perf.speedup`) at the smoothed alpha and the observed batch, and moves at most one
+  (`PolicyConfig.model`: in the operator the roofline calibrated by the deployment's own
+  measurements, domain.learning; else `perf.speedup`) at the smoothed alpha and the
+  observed batch, and moves at most one
   step toward it. Speculation goes off when even the best length is predicted to gain
   less than `margin`, and back on only above `margin + hysteresis`, never toggling twice
   within `min_dwell_s`.

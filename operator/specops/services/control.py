@@ -2,9 +2,12 @@
 
 gather: the latest measurement from the metrics hub (in memory; the hub's poller runs one
 grouped query set for every resource) and the ready serving pods (given by the tick);
-decide: domain.policy.decide on the state kept in status (so a restart resumes);
-act: set num_draft_tokens on every pod through Triton's model control. The tick writes
-status; Events come only from decisions that change something.
+learn: the measurement becomes a calibration sample of the setting in force once it has
+settled (domain.learning); decide: domain.policy.decide on the state kept in status (so a
+restart resumes), its Dynamic phase predicting from the calibrated model; the measured-slowdown
+guard and bounded probes may then override what the pods run (domain.learning); act: set
+num_draft_tokens on every pod through Triton's model control. The tick writes status; Events
+come only from decisions that change something, probes, the guard and break-even moves.
 
 A metrics outage is a measured state: the loop holds its last decision (still pushing it
 to pods that lack it, e.g. new ones), sets MetricsUnavailable, and decides nothing until
