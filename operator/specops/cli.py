@@ -295,6 +295,19 @@ def bench(ctx: click.Context, args: tuple[str, ...]) -> None:
     sys.exit(bench_main(list(args)))
 
 
+@main.command(
+    context_settings={"ignore_unknown_options": True, "allow_extra_args": True, "help_option_names": []},
+    add_help_option=False,
+    short_help="measure a live engine's speedup curve into a serving profile",
+)
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+def profile(args: tuple[str, ...]) -> None:
+    """specops profile --url HOST:PORT [...] --out FILE (specops profile --help lists the options)."""
+    from specops.profiling import main as profile_main
+
+    sys.exit(profile_main(list(args)))
+
+
 # ---------------------------------------------------------------- local (the optional package)
 
 

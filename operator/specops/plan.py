@@ -38,6 +38,7 @@ from specops.domain.perf import (
     latency_ratio,
     speedup,
 )
+from specops.domain.profile import ServingProfile
 
 DEFAULT_ALPHA = 0.8
 DEFAULT_DTYPE = "bf16"
@@ -237,15 +238,20 @@ def parse_batches(values: tuple[str, ...]) -> list[int]:
 @click.option(
     "-f", "--filename", "resource", help="plan for a SpeculativeDeployment in this YAML file ('-' = stdin)"
 )
+@click.option(
+    "--profile",
+    "profile_reference",
+    metavar="NAME|FILE",
+    help="report from a serving profile (shipped, or written by specops profile) instead of the roofline",
+)
 @click.option("--gpu", type=click.Choice(sorted(GPUS)), help="accelerator (required without -f)")
 @click.option("--target-params", type=ParameterCount(), help="e.g. 70B, 1.5B or 70e9 (required without -f)")
 @click.option("--draft-params", type=ParameterCount(), help="e.g. 7B; omit to compare candidate draft sizes")
 @click.option(
     "--alpha",
     type=click.FloatRange(0.0, 1.0),
-    default=DEFAULT_ALPHA,
-    show_default=True,
-    help="per-token acceptance (0.8 is typical for a same-family draft)",
+    default=None,
+    help=f"per-token acceptance (default {DEFAULT_ALPHA}, typical for a same-family draft; with --profile the profile's)",
 )
 @click.option(
     "--context-tokens",
@@ -267,10 +273,11 @@ def parse_batches(values: tuple[str, ...]) -> list[int]:
 @click.option("--json", "json_path", metavar="PATH", help="write the plan as JSON to PATH ('-' = stdout)")
 def plan_command(
     resource: str | None,
+    profile_reference: str | None,
     gpu: str | None,
     target_params: float | None,
     draft_params: float | None,
-    alpha: float,
+    alpha: float | None,
     context_tokens: float,
     dtype: str | None,
     tensor_parallel: int | None,
@@ -283,6 +290,11 @@ def plan_command(
     Without a draft size it compares candidate draft sizes. With -f it reads GPU, model sizes,
     precision, tensor parallel and draft-length bounds from the resource; options override them.
     """
+    if profile_reference is not None:
+        _plan_from_profile(profile_reference, alpha, batches, json_path)
+        return
+    if alpha is None:
+        alpha = DEFAULT_ALPHA
     values: dict[str, Any] = {}
     if resource is not None:
         name, spec = read_resource(resource)
@@ -315,3 +327,53 @@ def main(argv: list[str]) -> int:
         error.show()
         return error.exit_code
     return 0
+
+
+def plan_from_profile(profile: ServingProfile, alpha: float, batches: list[int]) -> dict[str, Any]:
+    """The same report as the roofline's, read from measured step times (lengths as profiled)."""
+    by_batch = []
+    for batch in batches:
+        best_length, best_speedup = profile.best_length(alpha, batch)
+        by_batch.append(
+            {
+                "batch": batch,
+                "best_draft_length": best_length,
+                "best_speedup": best_speedup,
+                "speedup_by_length": {str(g): profile.speedup(alpha, g, batch) for g in profile.lengths},
+            }
+        )
+    return {
+        "profile": profile.name,
+        "alpha": alpha,
+        "by_batch": by_batch,
+        "break_even_batch": profile.break_even_batch(alpha),
+    }
+
+
+def _plan_from_profile(
+    reference: str, alpha: float | None, batches: tuple[str, ...], json_path: str | None
+) -> None:
+    from specops import profiles
+    from specops.domain.profile import ProfileError
+
+    try:
+        profile = profiles.resolve(reference)
+    except (OSError, ProfileError, ValueError) as error:
+        raise click.BadParameter(str(error), param_hint="--profile") from error
+    if alpha is None:
+        alpha = profile.alpha if profile.alpha is not None else DEFAULT_ALPHA
+    plan = plan_from_profile(profile, alpha, parse_batches(batches))
+    out = sys.stderr if json_path == "-" else sys.stdout
+    print(f"profile {profile.name}, alpha {alpha:.2f} (measured step times, not the roofline)", file=out)
+    print(f"{'batch':>7}  {'best length':>11}  {'speedup':>8}", file=out)
+    for row in plan["by_batch"]:
+        length = row["best_draft_length"]
+        shown = "off" if length == 0 else str(length)
+        print(f"{row['batch']:>7}  {shown:>11}  {row['best_speedup']:>7.2f}x", file=out)
+    found = plan["break_even_batch"]
+    print(f"break-even batch: {found if found is not None else 'none up to 1024'}", file=out)
+    write_json(plan, json_path)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main(sys.argv[1:]))

@@ -107,7 +107,12 @@ def _resource() -> dict[str, Any]:
     body = yaml.safe_load((EXAMPLES / "dense-70b-7b.yaml").read_text())
     body["metadata"] = {"name": NAME, "namespace": NAMESPACE}
     body["spec"]["metrics"] = {"prometheus": {"url": "http://127.0.0.1:9"}, "interval": "1s"}
-    body["spec"]["speculation"] = {"rollout": {"baseline": "2s", "soak": "2s"}}
+    # The fake metrics below do not move with the setting: calibration would learn from them and
+    # move the length (a decision, written at once). This test is about the cost of a steady tick.
+    body["spec"]["speculation"] = {
+        "rollout": {"baseline": "2s", "soak": "2s"},
+        "calibration": {"enabled": False},
+    }
     return body
 
 

@@ -41,6 +41,9 @@ def fast_resource(prometheus: PrometheusProcess, replicas: int = 2, **spec: Any)
         "draftLength": {"initial": 4, "min": 1, "max": 8},
         "rollout": {"baseline": "3s", "soak": "3s"},
         "batchGuard": {"minDwell": "2s"},
+        # decisions from the calibrated model, without probes: these tests watch the decision
+        # itself (tests/e2e/test_closed_loop.py covers probing)
+        "exploration": {"maxProbeFraction": 0},
         **spec.get("speculation", {}),
     }
     return body
@@ -132,7 +135,8 @@ async def test_draft_length_follows_acceptance_one_step_at_a_time(
             seen.append(length)
         return length >= 7
 
-    await eventually(climbed, timeout_s=60, interval_s=0.05, what="draft length follows acceptance")
+    # each step waits until the current length is measured (one rate window): ~12 s a step here
+    await eventually(climbed, timeout_s=90, interval_s=0.05, what="draft length follows acceptance")
     steps = [b - a for a, b in itertools.pairwise(seen)]
     assert steps and all(step == 1 for step in steps), seen
     body = await resource(kube, NAME)

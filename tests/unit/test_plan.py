@@ -150,3 +150,21 @@ def test_bad_input_is_refused(bad: list[str]) -> None:
     result = run(*bad)
     assert result.exit_code == 2
     assert "Error" in result.output
+
+
+def test_a_profile_replaces_the_roofline(tmp_path: Path) -> None:
+    # the roofline of 8B/1B puts break-even far out; the measured launch-floor profile at batch 12
+    result = plan(tmp_path, "--profile", "llama8b-1b-draft-floor-h100", "--batches", "1,8,16")
+    assert result["profile"] == "llama8b-1b-draft-floor-h100" and result["alpha"] == 0.72
+    rows = {row["batch"]: row for row in result["by_batch"]}
+    assert rows[1]["best_draft_length"] == 1 and rows[1]["best_speedup"] == pytest.approx(1.08, abs=0.01)
+    assert rows[16]["best_draft_length"] == 0
+    assert result["break_even_batch"] == 12
+    roofline = plan(tmp_path, "--gpu", "H100", "--target-params", "8e9", "--draft-params", "1e9")
+    assert roofline["break_even_batch"] is None or roofline["break_even_batch"] > 100
+
+
+def test_a_missing_profile_or_missing_setup_is_refused(tmp_path: Path) -> None:
+    for bad in (["--profile", str(tmp_path / "nope.json")], ["--target-params", "70e9"]):
+        result = run(*bad)
+        assert result.exit_code == 2 and "Error" in result.output

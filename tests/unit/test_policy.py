@@ -15,7 +15,8 @@ from typing import Any
 
 import pytest
 
-from specops.domain.perf import GPUS, ModelSetup
+from specops.domain.calibration import CalibratedModel, StepSample, update
+from specops.domain.perf import GPUS, ModelSetup, expected_tokens, speculative_step_time, target_step_time
 from specops.domain.policy import (
     PRIOR_ALPHA,
     Baseline,
@@ -506,3 +507,22 @@ def test_measured_speedup_compares_per_token_latency_with_the_baseline() -> None
         is None
     )
     assert measured_speedup(BASELINE, Observation(batch=1, alpha=0.8, tpot_p50_s=0.0)) is None
+
+
+def test_dynamic_decides_from_the_speedup_model_it_is_given() -> None:
+    # Given a calibrated model that learned verification costs the roofline does not know
+
+    state = CalibratedModel(SETUP).state
+    for batch in (8, 16, 32, 64):
+        plain = target_step_time(SETUP, batch)
+        state = update(state, StepSample(batch, 0, plain), SETUP, 0.0)
+        round_s = speculative_step_time(SETUP, batch, 4) + 4 * batch * 0.0015
+        state = update(state, StepSample(batch, 4, round_s / expected_tokens(0.8, 4), 0.8), SETUP, 0.0)
+    learned = replace(CONFIG, model=CalibratedModel(SETUP, state))
+
+    # Then at batch 64 the roofline keeps speculating while the calibrated model turns it off
+    observation = Observation(batch=64, alpha=0.8)
+    assert decide(CONFIG, dynamic(), observation, at(NOW)).num_draft_tokens > 0
+    calibrated = decide(learned, dynamic(), observation, at(NOW))
+    assert calibrated.num_draft_tokens == 0 and calibrated.changed
+    assert calibrated.reason == "SpeculationDisabledHighBatch"

@@ -77,6 +77,13 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
         "priority": 1,
     },
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+    {
+        "name": "BreakEven",
+        "type": "integer",
+        "jsonPath": ".status.speculation.calibration.breakEvenBatch",
+        "description": "Learned batch per pod from which speculation no longer pays (empty: none up to 1024)",
+        "priority": 1,
+    },
 ]
 
 

@@ -88,6 +88,8 @@ PauseDuration = Annotated[str, _duration_field("0s", "24h"), _duration_within("0
 LatencyObjective = Annotated[str, _duration_field("1ms", "1m"), _duration_within("1ms", "1m")]
 TriggerDuration = Annotated[str, _duration_field("1m", "168h"), _duration_within("1m", "168h")]
 CooldownDuration = Annotated[str, _duration_field("0s", "720h"), _duration_within("0s", "720h")]
+ProbeSpacingDuration = Annotated[str, _duration_field("0s", "24h"), _duration_within("0s", "24h")]
+HalfLifeDuration = Annotated[str, _duration_field("1m", "168h"), _duration_within("1m", "168h")]
 
 
 # ---------------------------------------------------------------- target / draft
@@ -504,6 +506,37 @@ class BatchGuard(ApiModel):
     min_dwell: DwellDuration = Field(default="1m", description="Minimum time between two on/off switches.")
 
 
+class Exploration(ApiModel):
+    max_probe_fraction: float = Field(
+        default=0.02,
+        ge=0.0,
+        le=0.2,
+        description="Probes (brief spells at another setting, so the model measures what it would "
+        "otherwise assume) take at most this share of the time. 0 disables probing.",
+    )
+    min_spacing: ProbeSpacingDuration = Field(
+        default="3m",
+        description="Least time between the end of one probe and the next (a batch region never "
+        "measured at all waits only one probe).",
+    )
+
+
+class Calibration(ApiModel):
+    enabled: bool = Field(
+        default=True,
+        description="Decide from the roofline corrected by this deployment's own measurements; "
+        "false: the roofline alone.",
+    )
+    half_life: HalfLifeDuration = Field(
+        default="30m", description="A measurement's weight in the fit halves every this long."
+    )
+    slowdown_guard: bool = Field(
+        default=True,
+        description="Switch speculation off when measurements show it slower than plain at the "
+        "current load, whatever the model predicts.",
+    )
+
+
 class SpeculationSpec(ApiModel):
     mode: Literal["auto", "on", "off"] = Field(
         default="auto",
@@ -514,6 +547,12 @@ class SpeculationSpec(ApiModel):
     batch_guard: BatchGuard = Field(
         default_factory=BatchGuard,
         description="When speculation switches off and on as batches grow and shrink.",
+    )
+    exploration: Exploration = Field(
+        default_factory=Exploration, description="Bounds of the probes that keep the learned model honest."
+    )
+    calibration: Calibration = Field(
+        default_factory=Calibration, description="Learning the real speedup curve from measurements."
     )
 
 

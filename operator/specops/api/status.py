@@ -41,6 +41,116 @@ class PodsApplied(ApiModel):
     applied: int = Field(default=0, description="Pods confirmed to run it.")
 
 
+class CalibrationStatistics(ApiModel):
+    """Decayed sufficient statistics of the calibration fit (bounded: 31 + 2 x 11 numbers)."""
+
+    xtx: list[float] = Field(
+        default_factory=list, max_length=64, description="Upper triangle of X'WX, row-major (21 numbers)."
+    )
+    xty: list[float] = Field(default_factory=list, max_length=16, description="X'Wy (6 numbers).")
+    yty: float = Field(default=0.0, description="y'Wy.")
+    weight: float = Field(default=0.0, description="Sum of the decayed sample weights.")
+    on_counts: list[float] = Field(
+        default_factory=list,
+        max_length=16,
+        description="Decayed samples with speculation on, per batch octave (1, 2, 4, ... 1024).",
+    )
+    off_counts: list[float] = Field(
+        default_factory=list, max_length=16, description="Decayed samples with speculation off, per octave."
+    )
+    updated_at: float | None = Field(
+        default=None, description="When the statistics were last decayed (seconds since the Unix epoch)."
+    )
+
+
+class ProbeLedgerStatus(ApiModel):
+    """What exploration has spent, kept so a restart goes on counting."""
+
+    started_at: float | None = Field(
+        default=None, description="When accounting began (seconds since the Unix epoch)."
+    )
+    elapsed_seconds: float = Field(default=0.0, description="Seconds accounted in the Dynamic phase.")
+    probe_seconds: float = Field(default=0.0, description="Of those, seconds spent probing.")
+    last_probe_end: float | None = Field(
+        default=None, description="When the last probe ended (seconds since the Unix epoch)."
+    )
+    probing_until: float | None = Field(
+        default=None, description="When the probe in progress ends (seconds since the Unix epoch)."
+    )
+    probes: int = Field(default=0, description="Probes started so far.")
+
+
+class CalibrationStatus(ApiModel):
+    """What the deployment has learned of its own speedup curve, and how sure it is."""
+
+    model_source: Literal["prior", "calibrated", "profile"] = Field(
+        default="prior",
+        description="Model the decisions use: prior (the roofline, nothing measured yet), "
+        "calibrated (the roofline corrected by this deployment's own measurements), "
+        "profile (a measured serving profile).",
+    )
+    samples: int = Field(default=0, description="Measurements fitted so far.")
+    effective_samples: float | None = Field(
+        default=None, description="Samples still weighing after the half-life decay."
+    )
+    break_even_batch: int | None = Field(
+        default=None,
+        description="Fitted running requests per pod from which no draft length pays, at the "
+        "current alpha; empty when speculation pays up to 1024 (see breakEvenKnown).",
+    )
+    break_even_known: bool = Field(
+        default=False, description="Whether breakEvenBatch was computed (false before the Dynamic phase)."
+    )
+    prior_break_even_batch: int | None = Field(
+        default=None,
+        description="The roofline prior's break-even at the same alpha (empty: none up to 1024).",
+    )
+    announced_break_even_batch: int | None = Field(
+        default=None,
+        description="Break-even at the last CalibrationMovedBreakEven Event (or the first computed).",
+    )
+    relative_fit_error: float | None = Field(
+        default=None, description="Weighted RMS of the fit's relative residuals over the samples remembered."
+    )
+    confidence_on: float | None = Field(
+        default=None, description="Effective samples with speculation on near the current batch."
+    )
+    confidence_off: float | None = Field(
+        default=None, description="Effective samples with speculation off near the current batch."
+    )
+    applied_length: int | None = Field(
+        default=None, description="num_draft_tokens the pods were last set to (a probe's too)."
+    )
+    applied_since: Timestamp | None = Field(
+        default=None, description="Since when they run it; samples count only once a full rate window has."
+    )
+    probing: bool = Field(default=False, description="Whether the pods run a probe now, not the decision.")
+    probe_length: int | None = Field(default=None, description="num_draft_tokens of the probe in progress.")
+    last_probe_time: Timestamp | None = Field(default=None, description="When the last probe started.")
+    last_probe_length: int | None = Field(
+        default=None, description="num_draft_tokens of the last probe (0 = a probe with speculation off)."
+    )
+    last_probe_reason: str | None = Field(default=None, description="Why the last probe ran.")
+    probe_duration_seconds: float | None = Field(default=None, description="How long one probe lasts.")
+    probe_cost_fraction: float | None = Field(
+        default=None, description="Share of the Dynamic phase's time spent probing so far."
+    )
+    slowdown_streak: int = Field(
+        default=0, description="Measurements in a row showing speculation slower than plain at this load."
+    )
+    slowdown_batch: float | None = Field(
+        default=None,
+        description="Batch at which the measured-slowdown guard last switched speculation off; it "
+        "stays off at this load or above until the load falls below 80 % of it.",
+    )
+    statistics: CalibrationStatistics = Field(
+        default_factory=CalibrationStatistics, description="The fit's persisted sufficient statistics."
+    )
+    ledger: ProbeLedgerStatus = Field(
+        default_factory=ProbeLedgerStatus, description="The probe budget's accounting."
+    )
+
+
 class SpeculationStatus(ApiModel):
     state: Literal["on", "off"] = Field(default="off", description="Whether pods speculate now.")
     draft_length: int = Field(default=0, description="num_draft_tokens the pods run (0 = off).")
@@ -61,6 +171,10 @@ class SpeculationStatus(ApiModel):
     last_toggle_time: Timestamp | None = Field(default=None, description="Last on/off switch.")
     last_decision_time: Timestamp | None = Field(default=None, description="Last decision.")
     pods: PodsApplied = Field(default_factory=PodsApplied, description="Rollout of the setting to pods.")
+    calibration: CalibrationStatus = Field(
+        default_factory=CalibrationStatus,
+        description="The learned speedup model, its confidence, and exploration (probes).",
+    )
 
 
 class BaselineStatus(ApiModel):

@@ -15,6 +15,8 @@ from specops.api.models import SpeculativeDeploymentSpec
 from specops.api.status import BaselineStatus, ObservedStatus, PodsApplied, SpeculationStatus
 from specops.api.units import parse_duration
 from specops.domain import perf
+from specops.domain.learning import LearningConfig
+from specops.domain.learning import learning_config as _learning_config
 from specops.domain.metrics import Measurement
 from specops.domain.policy import (
     Baseline,
@@ -58,6 +60,21 @@ def policy_config(spec: SpeculativeDeploymentSpec, *, draft_stale: bool = False)
         on_below_batch=guard.on_below,
         min_acceptance=spec.slo.min_acceptance,
         draft_stale_off=draft_stale and spec.retraining.while_stale == "off",
+    )
+
+
+def learning_config(spec: SpeculativeDeploymentSpec, rate_window_s: float) -> LearningConfig:
+    """Calibration, probes and the slowdown guard as the spec sets them (probe timing from the
+    metrics interval and the rate window one measurement spans)."""
+    speculation = spec.speculation
+    return _learning_config(
+        enabled=speculation.calibration.enabled,
+        guard=speculation.calibration.slowdown_guard,
+        half_life_s=parse_duration(speculation.calibration.half_life),
+        max_probe_fraction=speculation.exploration.max_probe_fraction,
+        min_spacing_s=parse_duration(speculation.exploration.min_spacing),
+        interval_s=parse_duration(spec.metrics.interval),
+        rate_window_s=rate_window_s,
     )
 
 

@@ -32,6 +32,7 @@ Q_TOKENS = "output_tokens_per_s"
 Q_TPOT_P50 = "tpot_p50_s"
 Q_TPOT_P95 = "tpot_p95_s"
 Q_TPOT_P99 = "tpot_p99_s"
+Q_TPOT_MEAN = "tpot_mean_s"
 
 # Reasons carried by error measurements (usable as condition reasons).
 REASON_METRICS_UNAVAILABLE = "MetricsUnavailable"
@@ -96,6 +97,8 @@ class BackendProfile:
             Q_TPOT_P50: quantile(0.5),
             Q_TPOT_P95: quantile(0.95),
             Q_TPOT_P99: quantile(0.99),
+            # the exact mean (histogram sum / count): what calibration fits, free of bucket rounding
+            Q_TPOT_MEAN: f"{summed_rate(self.tpot_histogram + '_sum')} / {summed_rate(self.tpot_histogram + '_count')}",
         }
         if self.drafted_tokens is not None:
             result[Q_DRAFTED] = summed_rate(self.drafted_tokens)
@@ -182,6 +185,7 @@ class Measurement:
     tpot_p50_s: float | None = None
     tpot_p95_s: float | None = None
     tpot_p99_s: float | None = None
+    tpot_mean_s: float | None = None
     pods_reporting: int = 0
 
     @property
@@ -316,6 +320,7 @@ def measurement_from_values(
         tpot_p50_s=values.get(Q_TPOT_P50),
         tpot_p95_s=values.get(Q_TPOT_P95),
         tpot_p99_s=values.get(Q_TPOT_P99),
+        tpot_mean_s=values.get(Q_TPOT_MEAN),
         pods_reporting=round(pods) if pods is not None else 0,
     )
 

@@ -7,7 +7,9 @@ The rollout follows three phases:
 - Fixed: speculation on at `initial_length` for `soak_duration_s`, so the acceptance
   (alpha) settles before it steers anything;
 - Dynamic: every decision picks the draft length with the best modelled speedup
-  (`perf.speedup`) at the smoothed alpha and the observed batch, and moves at most one
+  (`PolicyConfig.model`: in the operator the roofline calibrated by the deployment's own
+  measurements, domain.learning; else `perf.speedup`) at the smoothed alpha and the
+  observed batch, and moves at most one
   step toward it. Speculation goes off when even the best length is predicted to gain
   less than `margin`, and back on only above `margin + hysteresis`, never toggling twice
   within `min_dwell_s`.
@@ -32,11 +34,21 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from datetime import datetime
-from typing import Literal
+from typing import Literal, Protocol
 
 from specops.domain.perf import ModelSetup, speedup
 
 Mode = Literal["auto", "on", "off"]
+
+
+class SpeedupModel(Protocol):
+    """Predicted speedup of draft length g at a batch (1.0 for g = 0)."""
+
+    def predict_speedup(
+        self, alpha: float, draft_length: int, batch: float, context_tokens: float | None = None
+    ) -> float: ...
+
+
 Phase = Literal["Baseline", "Fixed", "Dynamic"]
 
 # Used until the first acceptance is measured. 0.7 is a middling per-token acceptance for a
@@ -68,6 +80,9 @@ class PolicyConfig:
     enable_evidence: float = 5.0  # speedup-seconds above the on threshold needed to switch back on
     # The draft is stale for the target in service and spec.retraining.whileStale is off.
     draft_stale_off: bool = False
+    # The speedup model the decisions use; None = the roofline of `setup` (domain.calibration
+    # supplies one corrected by the deployment's own measurements).
+    model: SpeedupModel | None = None
 
 
 @dataclass(frozen=True)
@@ -193,7 +208,7 @@ def _baseline(config: PolicyConfig, state: PolicyState, obs: Observation, now: d
         "FixedSoak",
         f"Baseline recorded ({baseline.samples} samples{_p50_text(baseline)}); "
         f"speculating at the initial draft length {length} for {config.soak_duration_s:.0f} s.",
-        speedup(_setup_for(config, obs), alpha, obs.batch, length),
+        _speedup(config, obs, alpha, obs.batch, length),
     )
 
 
@@ -212,7 +227,7 @@ def _fixed(config: PolicyConfig, state: PolicyState, obs: Observation, now: date
         "FixedSoak",
         f"Soaking draft length {length}: {elapsed:.0f}/{config.soak_duration_s:.0f} s, "
         f"smoothed alpha {_alpha_text(alpha)}.",
-        speedup(_setup_for(config, obs), shown_alpha, obs.batch, length),
+        _speedup(config, obs, shown_alpha, obs.batch, length),
     )
 
 
@@ -228,9 +243,8 @@ def _dynamic(
     before = previous if previous is not None else state
     alpha, prior_note = _smooth_alpha(state.alpha, obs.alpha, config.alpha_smoothing)
     use_alpha = alpha if alpha is not None else PRIOR_ALPHA
-    setup = _setup_for(config, obs)
     lo, hi = _length_bounds(config)
-    target, target_speedup = _best_length(setup, use_alpha, obs.batch, lo, hi)
+    target, target_speedup = _best_length(config, obs, use_alpha, obs.batch, lo, hi)
     current = _clamp(state.draft_length, lo, hi)
     state = replace(state, alpha=alpha, draft_length=current)
     state = _update_evidence(config, state, target_speedup, now)
@@ -240,7 +254,7 @@ def _dynamic(
     def hold(reason: str, message: str) -> Decision:
         length = current if state.enabled else 0
         return _decision(
-            before, state, reason, prefix + message, speedup(setup, use_alpha, obs.batch, length)
+            before, state, reason, prefix + message, _speedup(config, obs, use_alpha, obs.batch, length)
         )
 
     want_on, why = _wants_on(config, state.enabled, obs.batch, target_speedup)
@@ -278,26 +292,26 @@ def _dynamic(
                 next_state,
                 "SpeculationEnabledLowBatch",
                 f"{prefix}Speculation on at draft length {length} ({why}; {facts}).",
-                speedup(setup, use_alpha, obs.batch, length),
+                _speedup(config, obs, use_alpha, obs.batch, length),
             )
         next_state = replace(state, enabled=False, last_toggle=now, enable_evidence=0.0, evidence_at=now)
         return _decision(
             before,
             next_state,
-            _off_reason(config, setup, use_alpha, lo, hi),
+            _off_reason(config, obs, use_alpha, lo, hi),
             f"{prefix}Speculation off ({why}; {facts}).",
             1.0,
         )
 
     if not state.enabled:
-        off_reason = _off_reason(config, setup, use_alpha, lo, hi)
+        off_reason = _off_reason(config, obs, use_alpha, lo, hi)
         off_for = None if state.last_toggle is None else _seconds(now, state.last_toggle)
         if (
             off_reason == "SpeculationDisabledLowAcceptance"
             and not _overridden(config)
             and off_for is not None
             and off_for >= config.reprobe_after_s
-            and speedup(setup, PRIOR_ALPHA, obs.batch, lo) > 1.0 + config.margin + config.hysteresis
+            and _speedup(config, obs, PRIOR_ALPHA, obs.batch, lo) > 1.0 + config.margin + config.hysteresis
         ):
             # Alpha cannot be measured while speculation is off; without a probe a passing dip in
             # acceptance would keep it off for good. Forget the old estimate and measure again.
@@ -316,13 +330,13 @@ def _dynamic(
                 "ProbingAcceptance",
                 f"Speculation was off for low acceptance for {off_for:.0f} s; probing at draft length {lo} "
                 f"to measure acceptance again ({facts}).",
-                speedup(setup, PRIOR_ALPHA, obs.batch, lo),
+                _speedup(config, obs, PRIOR_ALPHA, obs.batch, lo),
             )
         return hold(off_reason, f"Speculation stays off ({why}; {facts}).")
 
     length = _step_toward(current, target)
     next_state = replace(state, draft_length=length)
-    predicted = speedup(setup, use_alpha, obs.batch, length)
+    predicted = _speedup(config, obs, use_alpha, obs.batch, length)
     if length != current:
         reason = "DraftLengthIncreased" if length > current else "DraftLengthDecreased"
         message = (
@@ -386,9 +400,8 @@ def _forced_on(config: PolicyConfig, state: PolicyState, obs: Observation, now: 
     clocks restart, since neither phase's conditions hold while forced on."""
     alpha, prior_note = _smooth_alpha(state.alpha, obs.alpha, config.alpha_smoothing)
     use_alpha = alpha if alpha is not None else PRIOR_ALPHA
-    setup = _setup_for(config, obs)
     lo, hi = _length_bounds(config)
-    length, predicted = _best_length(setup, use_alpha, obs.batch, lo, hi)
+    length, predicted = _best_length(config, obs, use_alpha, obs.batch, lo, hi)
     phase_since = now if state.phase in ("Baseline", "Fixed") else state.phase_since
     next_state = replace(
         state,
@@ -437,21 +450,29 @@ def _wants_on(config: PolicyConfig, enabled: bool, batch: float, best_speedup: f
     return False, f"best predicted speedup {best_speedup:.2f}x <= {on_above:.2f}x"
 
 
-def _off_reason(config: PolicyConfig, setup: ModelSetup, alpha: float, lo: int, hi: int) -> str:
-    """High batch when speculation would still pay unbatched at this alpha, low acceptance otherwise."""
+def _off_reason(config: PolicyConfig, obs: Observation, alpha: float, lo: int, hi: int) -> str:
+    """High batch when speculation would still pay unbatched at this alpha; with a calibrated model
+    that finds no gain even unbatched where the roofline would, no measured gain (the engine's
+    costs, not the acceptance); low acceptance otherwise."""
     if _overridden(config):
         return "SpeculationDisabledHighBatch"
-    _, unbatched = _best_length(setup, alpha, 1.0, lo, hi)
+    _, unbatched = _best_length(config, obs, alpha, 1.0, lo, hi)
     if unbatched >= 1.0 + config.margin:
         return "SpeculationDisabledHighBatch"
+    if config.model is not None:
+        roofline = max(speedup(_setup_for(config, obs), alpha, 1.0, g) for g in range(lo, hi + 1))
+        if roofline >= 1.0 + config.margin:
+            return "SpeculationDisabledNoMeasuredGain"
     return "SpeculationDisabledLowAcceptance"
 
 
-def _best_length(setup: ModelSetup, alpha: float, batch: float, lo: int, hi: int) -> tuple[int, float]:
+def _best_length(
+    config: PolicyConfig, obs: Observation, alpha: float, batch: float, lo: int, hi: int
+) -> tuple[int, float]:
     """The length in [lo, hi] with the highest modelled speedup (ties to the shorter), and that speedup."""
-    best_g, best_s = lo, speedup(setup, alpha, batch, lo)
+    best_g, best_s = lo, _speedup(config, obs, alpha, batch, lo)
     for g in range(lo + 1, hi + 1):
-        s = speedup(setup, alpha, batch, g)
+        s = _speedup(config, obs, alpha, batch, g)
         if s > best_s:
             best_g, best_s = g, s
     return best_g, best_s
@@ -500,6 +521,13 @@ def _decision(
 
 def _draft_tokens(state: PolicyState) -> int:
     return state.draft_length if state.enabled else 0
+
+
+def _speedup(config: PolicyConfig, obs: Observation, alpha: float, batch: float, length: int) -> float:
+    """Modelled speedup of `length` at `batch`: the configured model, else the roofline."""
+    if config.model is not None:
+        return config.model.predict_speedup(alpha, length, batch, obs.context_tokens)
+    return speedup(_setup_for(config, obs), alpha, batch, length)
 
 
 def _setup_for(config: PolicyConfig, obs: Observation) -> ModelSetup:

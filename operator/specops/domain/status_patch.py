@@ -21,6 +21,7 @@ VOLATILE_FIELDS: dict[str, frozenset[str] | None] = {
             "smoothedAlpha",
             "enableEvidence",
             "evidenceAt",
+            "calibration",  # the fit's statistics move with every sample
         }
     ),
     "observed": None,

@@ -26,6 +26,8 @@ class OperatorConfig:
     # How long one tick waits for the pods to take a setting: a slow or hung pod is reported as
     # not applied and keeps trying in the background, so it never holds the others' decisions.
     triton_deadline_s: float = 5.0
+    # The span of one measurement's rates; None = max(4 scrapes, 10 s).
+    rate_window_s: float | None = None
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> OperatorConfig:
@@ -37,4 +39,7 @@ class OperatorConfig:
             triton_retries=int(env.get("SPECOPS_TRITON_RETRIES", "3")),
             scrape_interval_s=float(env.get("SPECOPS_SCRAPE_INTERVAL_SECONDS", "15")),
             triton_deadline_s=float(env.get("SPECOPS_TRITON_DEADLINE_SECONDS", "5")),
+            rate_window_s=float(env["SPECOPS_RATE_WINDOW_SECONDS"])
+            if env.get("SPECOPS_RATE_WINDOW_SECONDS")
+            else None,
         )

@@ -15,6 +15,7 @@ from specops.adapters.prometheus import MetricsHub
 from specops.adapters.routing import GatewayApiRouter, ReplicaRatioRouter
 from specops.adapters.triton import TritonModelControl
 from specops.assets import bls_model_source
+from specops.domain.metrics import rate_window_s
 from specops.domain.render import RenderOptions
 from specops.ports import TrafficRouter, TrafficRouting
 from specops.services.canary import CanaryService
@@ -61,10 +62,15 @@ async def build_services(config: OperatorConfig | None = None) -> Services:
     options = RenderOptions(
         bls_source=bls_model_source(), default_image=config.default_image, pod_monitor=pod_monitor
     )
-    metrics = MetricsHub(scrape_interval_s=config.scrape_interval_s)
+    metrics = MetricsHub(scrape_interval_s=config.scrape_interval_s, window_s=config.rate_window_s)
     triton = TritonModelControl(apply_deadline_s=config.triton_deadline_s)
     reconciler = Reconciler(kube, options)
-    control = ControlLoop(metrics, triton, retries=config.triton_retries)
+    control = ControlLoop(
+        metrics,
+        triton,
+        retries=config.triton_retries,
+        rate_window_s=config.rate_window_s or rate_window_s(config.scrape_interval_s),
+    )
     routers: dict[TrafficRouting, TrafficRouter] = {
         "GatewayAPI": GatewayApiRouter(kube),
         "ReplicaRatio": ReplicaRatioRouter(),

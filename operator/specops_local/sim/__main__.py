@@ -46,6 +46,11 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--noise-sigma", type=float, default=0.05)
     parser.add_argument("--batch-noise", type=float, default=1.0)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--realtime-generate",
+        action="store_true",
+        help="generate takes the engine's wall time at the batch in flight (for specops profile)",
+    )
     return parser
 
 
@@ -74,6 +79,7 @@ async def _serve(args: argparse.Namespace) -> None:
             seed=args.seed + index,
             profile=args.profile,
             serving_profile=serving_profile,
+            realtime_generate=args.realtime_generate,
         )
         for index in range(args.pods)
     ]

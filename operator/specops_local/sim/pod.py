@@ -293,6 +293,7 @@ class SimPod:
         tick_interval: float | None = 0.2,
         load_latency: float = 0.0,
         serving_profile: ServingProfile | None = None,
+        realtime_generate: bool = False,
     ) -> None:
         if not 0 <= draft_length <= max_draft_len:
             raise ValueError(f"draft_length {draft_length} outside [0, {max_draft_len}]")
@@ -304,6 +305,10 @@ class SimPod:
         self.name = name
         self.setup = setup
         self.serving_profile = serving_profile
+        # generate answers after the time the engine would take, at a batch of the requests in
+        # flight (plus the load's), and counts its tokens: what `specops profile` measures
+        self.realtime_generate = realtime_generate
+        self._in_flight = 0
         self.max_draft_len = max_draft_len
         self.lossless = lossless
         self.noise_sigma = noise_sigma
@@ -843,6 +848,8 @@ class SimPod:
         if temperature > 0:
             prompt = f"{prompt}\x00sample{self._random.random()}"
         self.generate_requests += 1
+        if self.realtime_generate:
+            await self._decode_in_real_time(draft, length, max_tokens)
         self._totals.successes += 1
         return web.json_response(
             {
@@ -851,6 +858,35 @@ class SimPod:
                 "text_output": greedy_text(prompt, max_tokens, salt),
             }
         )
+
+    async def _decode_in_real_time(self, draft: str, length: int, max_tokens: int) -> None:
+        """Take the wall time `max_tokens` would take at the batch in flight, in ~20 ms chunks."""
+        point = self.load_point
+        setup = self.setup.with_context(point.context_tokens)
+        alpha = self.alpha_for(draft, point.alpha)
+        per_step = perf.expected_tokens(alpha, length)
+        counters = self._totals.by_draft.setdefault(draft, _SpecCounters())
+        loop = asyncio.get_running_loop()
+        due = loop.time()
+        self._in_flight += 1
+        try:
+            produced = 0.0
+            while produced < max_tokens - 1e-9:
+                batch = max(1, self._in_flight + round(self.load_point.batch))
+                step = self._round_seconds(setup, batch, length)
+                steps = min(max(1.0, 0.02 / step), (max_tokens - produced) / per_step)
+                due += steps * step  # sleep to a deadline, so timer lateness does not add up
+                await asyncio.sleep(max(0.0, due - loop.time()))
+                produced += steps * per_step
+                for sink in (counters, self._totals.all_drafts):
+                    sink.drafted += steps * length
+                    sink.accepted += steps * (per_step - 1.0)
+                    if length > 0:
+                        sink.steps += steps
+                    sink.output_tokens += steps * per_step
+                    sink.tpot.observe(step / per_step, max(1, round(steps * per_step)))
+        finally:
+            self._in_flight -= 1
 
     # ----------------------------------------------------------------- metrics
 
