@@ -40,6 +40,6 @@ class OperatorConfig:
             scrape_interval_s=float(env.get("SPECOPS_SCRAPE_INTERVAL_SECONDS", "15")),
             triton_deadline_s=float(env.get("SPECOPS_TRITON_DEADLINE_SECONDS", "5")),
             rate_window_s=float(env["SPECOPS_RATE_WINDOW_SECONDS"])
-            if env.get("SPECOPS_RATE_WINDOW_SECONDS")
+            if float(env.get("SPECOPS_RATE_WINDOW_SECONDS") or 0) > 0
             else None,
         )
