@@ -8,12 +8,12 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from specops.sim import LoadPoint, SimPod
 
 from specops import profiles
 from specops.domain import perf
 from specops.domain.profile import ServingProfile
 from specops.profiling import main, parse_counters
+from specops_local.sim import LoadPoint, SimPod
 
 TRUTH = profiles.load_builtin("llama8b-1b-draft-floor-h100")
 SETUP = perf.ModelSetup(perf.GPUS["H100"], target_params=8e9, draft_params=1e9)

@@ -13,17 +13,17 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-from specops.sim import LoadPoint
 
 from specops import profiles
 from specops.adapters.kube import KubeClient
 from specops.api.models import SpeculativeDeployment
 from specops.domain.control_status import policy_config
 from specops.domain.profile import ServingProfile, profile_from_setup
+from specops_local.prometheus import PrometheusProcess
+from specops_local.serving import ServingController
+from specops_local.sim import LoadPoint
 from tests.e2e.conftest import Operator, example
 from tests.e2e.waiting import events_for, eventually, resource
-from tests.harness.prometheus import PrometheusProcess
-from tests.harness.serving import ServingController
 
 pytestmark = [pytest.mark.e2e, pytest.mark.emulated_only]
 
