@@ -156,6 +156,7 @@ async def calibration(kube: KubeClient) -> dict[str, Any]:
     return dict(((body or {}).get("status") or {}).get("speculation", {}).get("calibration") or {})
 
 
+@pytest.mark.timeout(300)
 async def test_early_break_even_is_learned_speculation_goes_off_past_it_and_back_on_below(
     cluster: Any,
     kube: KubeClient,
@@ -207,7 +208,14 @@ async def test_early_break_even_is_learned_speculation_goes_off_past_it_and_back
     # When the load falls below the break-even again, then speculation comes back on
     serving.set_load(LOW)
     lowered = loop.time()
-    await all_pods_at(serving, lambda n: n > 0, 45, "speculation back on at low load")
+    try:
+        # Up to the minimum dwell after the last switch off, then the evidence to switch on again.
+        await all_pods_at(serving, lambda n: n > 0, 90, "speculation back on at low load")
+    except AssertionError:
+        found = await calibration(kube)
+        found.pop("statistics", None)
+        events = [(e["reason"], e["message"]) for e in await events_for(kube, NAME)]
+        raise AssertionError(f"not back on at low load; calibration: {found}, events: {events}") from None
     print(
         f"{loop.time() - started:.0f} s in all: off {off_after_s:.1f} s after the load passed break-even, back on "
         f"{loop.time() - lowered:.1f} s after it fell; learned break-even {shown['breakEvenBatch']} "

@@ -44,7 +44,7 @@ async def test_demo_switches_speculation_off_past_break_even_and_back_on(tmp_pat
         )
     columns = ["NAME", *(c["name"].upper() for c in printer_columns())]
     assert columns == [
-        "NAME", "PHASE", "READY", "SPECULATION", "DRAFT", "LEN", "ACCEPT", "P99", "WEIGHT", "SPEEDUP", "AGE"
+        "NAME", "PHASE", "READY", "SPECULATION", "DRAFT", "LEN", "ACCEPT", "P99", "WEIGHT", "SPEEDUP", "BREAKEVEN", "AGE"
     ]  # fmt: skip
     assert any(line.split() == columns for line in printed.splitlines())
     assert printed.count("$ kubectl get sdep -o wide") >= 2

@@ -76,7 +76,6 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
         "description": "Measured speedup over the baseline",
         "priority": 1,
     },
-    {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
     {
         "name": "BreakEven",
         "type": "integer",
@@ -84,6 +83,7 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
         "description": "Learned batch per pod from which speculation no longer pays (empty: none up to 1024)",
         "priority": 1,
     },
+    {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
 ]
 
 
