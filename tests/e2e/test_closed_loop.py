@@ -44,6 +44,8 @@ def fast_resource(prometheus: PrometheusProcess, replicas: int = 1, soak: str = 
         "rollout": {"baseline": "8s", "soak": soak},
         "batchGuard": {"minDwell": "2s"},
         "calibration": {"halfLife": "10m"},
+        # time runs ~60x faster than in production here (1 s intervals): so do probe spacings
+        "exploration": {"minSpacing": "5s"},
     }
     return body
 
