@@ -48,6 +48,7 @@ def env_of(job: dict[str, Any]) -> dict[str, str]:
     return {e["name"]: e.get("value", "") for e in container.get("env", [])}
 
 
+@pytest.mark.timeout(300)  # a canary and a training round, each at the calibrated loop's pace
 async def test_target_bump_retrains_once_and_promotes_the_new_draft(
     cluster: Any,
     kube: KubeClient,
