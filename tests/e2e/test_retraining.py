@@ -131,6 +131,12 @@ async def test_stale_draft_policy_off_switches_speculation_off_until_a_new_draft
     # When the target changes, then speculation goes off on every pod, saying why
     await kube.patch(API_VERSION, KIND, NAMESPACE, NAME, {"spec": {"target": {"version": "2026-11-15"}}})
     await all_pods_at(serving, lambda n: n == 0, 30, "speculation off while stale")
-    live = await resource(kube, NAME)
-    assert live["status"]["speculation"].get("reason") == "SpeculationOffDraftStale", live["status"]
+
+    # the pods are set before the tick's one status write lands, so wait for the write
+    async def off_for_staleness() -> dict[str, Any] | None:
+        body = await resource(kube, NAME)
+        speculation = ((body or {}).get("status") or {}).get("speculation") or {}
+        return body if speculation.get("reason") == "SpeculationOffDraftStale" else None
+
+    live = await eventually(off_for_staleness, timeout_s=10, what="status saying speculation is off as stale")
     assert condition(live, "DraftStale")["status"] == "True"
