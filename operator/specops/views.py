@@ -19,17 +19,15 @@ from rich.text import Text
 from rich.tree import Tree
 
 from specops.api import columns
+from specops.api.conditions import find_condition
 from specops.api.crd import PRINTER_COLUMNS
 from specops.api.models import SpeculativeDeploymentSpec
-from specops.api.units import parse_duration
+from specops.api.status import SpeculativeDeploymentStatus
+from specops.api.units import format_duration, parse_duration
 from specops.domain import perf
 from specops.plan import PlanInputs, inputs_from_spec
 
 RECENT_EVENTS = 6
-
-
-def _conditions(status: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
-    return {c.get("type", ""): c for c in status.get("conditions") or []}
 
 
 @functools.lru_cache(maxsize=64)
@@ -67,59 +65,84 @@ def _seconds(text: str | None) -> float | None:
         return None
 
 
+def _status(body: Mapping[str, Any]) -> SpeculativeDeploymentStatus:
+    """The typed status; one the schema would refuse (written by hand) shows as empty, never a crash."""
+    try:
+        return SpeculativeDeploymentStatus.from_wire(body.get("status"))
+    except ValueError:
+        return SpeculativeDeploymentStatus()
+
+
+def shown_break_even(body: Mapping[str, Any], status: SpeculativeDeploymentStatus) -> tuple[int | None, str]:
+    """The break-even batch the decisions use, and where it comes from.
+
+    Once the deployment has learned its own curve (or runs from a measured profile), that is
+    what the control loop acts on, so that is what the view shows; before, the roofline prior.
+    """
+    calibration = status.speculation.calibration
+    if calibration.break_even_known and calibration.model_source != "prior":
+        return calibration.break_even_batch, calibration.model_source
+    return break_even_batch(body, status.observed.alpha or status.speculation.smoothed_alpha), "roofline"
+
+
 def summary(body: Mapping[str, Any]) -> dict[str, Any]:
     """The numbers the view shows, as JSON (`--json`): one flat record per resource."""
-    status = body.get("status") or {}
+    status = _status(body)
     spec = body.get("spec") or {}
-    speculation = status.get("speculation") or {}
-    observed = status.get("observed") or {}
-    canary = status.get("canary") or None
-    retraining = status.get("retraining") or {}
-    alpha = observed.get("alpha") if observed.get("alpha") is not None else speculation.get("smoothedAlpha")
+    speculation, observed, canary, retraining = (
+        status.speculation,
+        status.observed,
+        status.canary,
+        status.retraining,
+    )
+    alpha = observed.alpha if observed.alpha is not None else speculation.smoothed_alpha
     slo = (spec.get("slo") or {}).get("perTokenLatencyP99")
-    p99 = observed.get("perTokenLatencyP99")
-    p99_s, slo_s = _seconds(p99), _seconds(slo)
-    conditions = _conditions(status)
+    p99_s, slo_s = observed.per_token_latency_p99, _seconds(slo)
+    p99 = None if p99_s is None else format_duration(p99_s)
+    ready = find_condition(status.conditions, "Ready")
+    break_even, break_even_source = shown_break_even(body, status)
     return {
         "name": body["metadata"]["name"],
         "namespace": body["metadata"].get("namespace"),
-        "phase": status.get("phase"),
-        "ready": (conditions.get("Ready") or {}).get("status"),
-        "speculation": speculation.get("state"),
-        "controlPhase": speculation.get("controlPhase"),
-        "draftLength": speculation.get("draftLength"),
-        "draft": (status.get("draft") or {}).get("version"),
+        "phase": status.phase,
+        "ready": ready.status if ready else None,
+        "speculation": speculation.state if body.get("status") else None,
+        "controlPhase": speculation.control_phase,
+        "draftLength": speculation.draft_length if body.get("status") else None,
+        "draft": status.draft.version,
         "alpha": alpha,
-        "batch": observed.get("batch"),
-        "breakEvenBatch": break_even_batch(body, alpha),
+        "batch": observed.batch,
+        "breakEvenBatch": break_even,
+        "breakEvenSource": break_even_source,
         "perTokenLatencyP99": p99,
         "sloPerTokenLatencyP99": slo,
         "withinSlo": None if p99_s is None or slo_s is None else p99_s <= slo_s,
-        "measuredSpeedup": speculation.get("measuredSpeedup"),
-        "reason": speculation.get("reason"),
-        "message": speculation.get("message"),
+        "measuredSpeedup": speculation.measured_speedup,
+        "reason": speculation.reason,
+        "message": speculation.message,
         "canary": None
         if canary is None
         else {
-            "phase": canary.get("phase"),
-            "draft": (canary.get("draft") or {}).get("version"),
-            "step": canary.get("step"),
+            "phase": canary.phase,
+            "draft": canary.draft.version,
+            "step": canary.step,
             "steps": [s.get("weight") for s in (spec.get("canary") or {}).get("steps") or []],
-            "weight": canary.get("weight"),
-            "paused": bool(canary.get("paused")),
-            "verdict": (canary.get("lastAnalysis") or {}).get("verdict"),
-            "trafficRouting": canary.get("trafficRouting"),
+            "weight": canary.weight,
+            "paused": canary.paused,
+            "verdict": canary.last_analysis.verdict if canary.last_analysis else None,
+            "trafficRouting": canary.traffic_routing,
         },
         "retraining": {
-            "rounds": retraining.get("rounds", 0),
-            "active": (retraining.get("active") or {}).get("jobName") if retraining.get("active") else None,
-            "lastResult": retraining.get("lastResult"),
-            "lastMessage": retraining.get("lastMessage"),
+            "rounds": retraining.rounds,
+            "active": retraining.active.job_name if retraining.active else None,
+            "lastResult": retraining.last_result,
+            "lastMessage": retraining.last_message or None,
         }
-        if retraining
+        if retraining is not None
         else None,
         "conditions": [
-            {k: c.get(k) for k in ("type", "status", "reason", "message")} for c in conditions.values()
+            {"type": c.type, "status": c.status, "reason": c.reason, "message": c.message}
+            for c in status.conditions
         ],
     }
 
@@ -161,10 +184,13 @@ def resource_view(
     speculation.add(f"alpha {_number(alpha)}")
     batch, break_even = info["batch"], info["breakEvenBatch"]
     below = None if batch is None or break_even is None else batch < break_even
+    learned = info["breakEvenSource"] != "roofline"
+    unbounded = (">1024" if learned else ">4096") if learned or alpha else "-"
     speculation.add(
         Text.assemble(
             f"batch {_number(batch, '{:.0f}')} vs break-even ",
-            _styled(below, str(break_even) if break_even is not None else ">4096" if alpha else "-"),
+            _styled(below, str(break_even) if break_even is not None else unbounded),
+            f" ({info['breakEvenSource']})",
         )
     )
     speculation.add(

@@ -47,7 +47,8 @@ STATUS: dict[str, Any] = {
         "draft": {"version": "v4"},
         "step": 1,
         "weight": 50,
-        "trafficRouting": "HTTPRoute",
+        "startedAt": "2026-12-01T00:00:00Z",
+        "trafficRouting": "GatewayAPI",
         "lastAnalysis": {"verdict": "Pass"},
     },
     "retraining": {"rounds": 2, "lastResult": "Succeeded", "lastMessage": "round 2 trained v4-rt2"},
@@ -208,7 +209,7 @@ async def test_plugin_get_shows_what_a_rollout_watcher_asks(cluster: EmulatedClu
         "speculation on",
         "length 5",
         "alpha 0.83",
-        "batch 40 vs break-even 256",  # 70B/7B on 4x H100 at alpha 0.83 (251 at 0.8)
+        "batch 40 vs break-even 256 (roofline)",  # 70B/7B on 4x H100 at alpha 0.83 (251 at 0.8)
         "p99 31ms vs SLO 45ms",
         "canary v4 Progressing",
         "weight 50%",
@@ -238,6 +239,24 @@ async def test_plugin_json_list_and_namespace(cluster: EmulatedCluster) -> None:
     assert "No resources found." in empty.output
     missing = await invoke(kubectl_plugin.main, "get", "nope")
     assert missing.exit_code == 1 and 'speculativedeployments.specops.dev "nope" not found' in missing.output
+
+
+async def test_plugin_shows_the_learned_break_even_once_calibrated(cluster: EmulatedCluster) -> None:
+    # Given a deployment that learned its speculation stops paying at batch 24 (the roofline says 256)
+    learned = {
+        "speculation": {
+            **STATUS["speculation"],
+            "calibration": {"modelSource": "calibrated", "breakEvenKnown": True, "breakEvenBatch": 24},
+        }
+    }
+    cluster.patch_status("sdep", NAME, learned, namespace=NAMESPACE)
+    # Then the view shows what the control loop acts on, and says so
+    got = await invoke(kubectl_plugin.main, "get", NAME, "--json", "-")
+    summary = json.loads(got.stdout)
+    assert (summary["breakEvenBatch"], summary["breakEvenSource"]) == (24, "calibrated")
+    code, out, err = await run("kubectl", "specops", "get", NAME)
+    assert code == 0, err
+    assert "batch 40 vs break-even 24 (calibrated)" in out
 
 
 async def test_plugin_gates_and_plan(cluster: EmulatedCluster) -> None:
