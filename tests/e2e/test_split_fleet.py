@@ -15,7 +15,6 @@ import pytest
 from specops.adapters.kube import KubeClient
 from specops_local.prometheus import PrometheusProcess
 from specops_local.serving import ServingController
-from specops_local.sim import LoadPoint
 from tests.e2e.conftest import Operator
 from tests.e2e.test_closed_loop import (
     HIGH,
@@ -34,6 +33,19 @@ from tests.e2e.test_closed_loop import (
 from tests.e2e.waiting import events_for, eventually, resource
 
 pytestmark = [pytest.mark.e2e, pytest.mark.emulated_only]
+
+
+async def events_named(kube: KubeClient, reason: str) -> list[dict[str, Any]]:
+    """The Events with this reason, once one is there (Events land just after the status write)."""
+
+    async def probe() -> list[dict[str, Any]] | None:
+        found = [e for e in await events_for(kube, NAME) if e["reason"] == reason]
+        return found or None
+
+    try:
+        return await eventually(probe, timeout_s=5, interval_s=0.2, what=f"an Event {reason}")
+    except AssertionError as error:
+        raise AssertionError(f"{error}\n{await story(kube)}") from None
 
 
 @pytest.mark.timeout(120)
@@ -80,9 +92,8 @@ async def test_two_pods_run_a_split_ab_and_its_measured_slowdown_switches_specul
     # And its measured slowdown is what switches speculation off, the Event naming the evidence
     await decided_off(kube, serving, 40, "speculation off after the split")
     off_after_s = loop.time() - raised
+    split_off = await events_named(kube, "SpeculationOffSplitSlowdown")
     events = await events_for(kube, NAME)
-    split_off = [e for e in events if e["reason"] == "SpeculationOffSplitSlowdown"]
-    assert split_off, await story(kube)
     assert split_off[0]["type"] == "Warning"
     message = split_off[0]["message"]
     assert "split-fleet A/B" in message and "ms per token" in message and "measured speedup" in message, message
@@ -115,21 +126,29 @@ async def test_where_the_prior_promises_a_gain_the_measured_slowdown_guard_switc
     loop = asyncio.get_running_loop()
     started = loop.time()
     # Given one pod at batch 48, where this world's speculation is slower than plain, while the
-    # roofline prior says it pays; the baseline measures plain speed there
+    # roofline prior says it pays and so does an explicit limit (on below 64, as measured on other
+    # hardware); the baseline measures plain speed there
     body = fast_resource(prometheus, replicas=1, soak="2s")
-    body["spec"]["speculation"]["rollout"]["baseline"] = "14s"
+    body["spec"]["speculation"]["rollout"]["baseline"] = "10s"
+    body["spec"]["speculation"]["draftLength"]["initial"] = 1  # the least-bad length: no steps to wait for
+    body["spec"]["speculation"]["batchGuard"].update({"onBelow": 64, "offAbove": 96})
     await kube.create(body)
     await in_dynamic(kube)
 
-    # Then the guard switches speculation off from what the pod measures, young calibration or not
+    # Then the guard switches speculation off from what the pod measures, whatever the limit and
+    # the young calibration say
     await decided_off(kube, serving, 60, "speculation off by the measured-slowdown guard")
-    events = await events_for(kube, NAME)
-    guarded = [e for e in events if e["reason"] == "SpeculationOffMeasuredSlowdown"]
-    assert guarded, await story(kube)
+    guarded = await events_named(kube, "SpeculationOffMeasuredSlowdown")
     assert guarded[0]["type"] == "Warning"
     message = guarded[0]["message"]
     assert "ms plain at batch 48" in message and "measurements in a row" in message, message
     found = await calibration(kube)
     assert found["slowdownBatch"] is not None and found["slowdownBatch"] >= 40, found
+    # And it stays off at this load (the limit alone would switch it straight back on)
+    await asyncio.sleep(5)
+    body = await resource(kube, NAME)
+    assert body is not None
+    assert body["status"]["speculation"]["state"] == "off"
+    assert body["status"]["speculation"]["reason"] in ("HeldMeasuredSlowdown", "SpeculationOffMeasuredSlowdown")
+    assert not any(pod_lengths(serving)), pod_lengths(serving)
     print(f"guard fired {loop.time() - started:.1f} s after creation: {message}")
-    _ = LoadPoint
