@@ -96,7 +96,9 @@ async def test_two_pods_run_a_split_ab_and_its_measured_slowdown_switches_specul
     events = await events_for(kube, NAME)
     assert split_off[0]["type"] == "Warning"
     message = split_off[0]["message"]
-    assert "split-fleet A/B" in message and "ms per token" in message and "measured speedup" in message, message
+    assert "split-fleet A/B" in message and "ms per token" in message and "measured speedup" in message, (
+        message
+    )
     body = await resource(kube, NAME)
     assert body is not None
     speculation = body["status"]["speculation"]
@@ -149,6 +151,9 @@ async def test_where_the_prior_promises_a_gain_the_measured_slowdown_guard_switc
     body = await resource(kube, NAME)
     assert body is not None
     assert body["status"]["speculation"]["state"] == "off"
-    assert body["status"]["speculation"]["reason"] in ("HeldMeasuredSlowdown", "SpeculationOffMeasuredSlowdown")
+    assert body["status"]["speculation"]["reason"] in (
+        "HeldMeasuredSlowdown",
+        "SpeculationOffMeasuredSlowdown",
+    )
     assert not any(pod_lengths(serving)), pod_lengths(serving)
     print(f"guard fired {loop.time() - started:.1f} s after creation: {message}")

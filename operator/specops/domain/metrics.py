@@ -374,7 +374,7 @@ def build_snapshot(profile: BackendProfile, results: Mapping[str, RawVector], at
     pods = _per_pod(results)
     results = {q: vector for q, vector in results.items() if q not in POD_QUANTITIES}
     indexed = {quantity: _by_key(vector) for quantity, vector in results.items()}
-    keys: set[Key] = set()
+    keys: set[Key] = set(pods)
     for per_key in indexed.values():
         keys.update(per_key)
     measurements = {
