@@ -109,6 +109,12 @@ class CalibrationStatus(ApiModel):
         "calibrated (the roofline corrected by this deployment's own measurements), "
         "profile (a measured serving profile).",
     )
+    prior_source: Literal["roofline", "profile"] = Field(
+        default="roofline",
+        description="What the fit starts from: the roofline of the spec, or the serving profile of "
+        "spec.speculation.calibration.profile.",
+    )
+    profile_name: str | None = Field(default=None, description="Name of that serving profile.")
     samples: int = Field(default=0, description="Measurements fitted so far.")
     effective_samples: float | None = Field(
         default=None, description="Samples still weighing after the half-life decay."

@@ -26,14 +26,17 @@ from specops.api.conditions import ConditionUpdate, Reason
 from specops.api.models import SpeculativeDeployment
 from specops.api.status import CalibrationStatus, PodsApplied, SpeculativeDeploymentStatus, SplitResultStatus
 from specops.domain import control_status as cs
-from specops.domain import learning, split_fleet
-from specops.domain.calibration import update
+from specops.domain import learning, profile_prior, split_fleet
+from specops.domain.calibration import CalibrationState, update
 from specops.domain.discovery import PodEndpoint
 from specops.domain.lifecycle import EventRecord
 from specops.domain.metrics import REASON_PENDING
 from specops.domain.names import STABLE
 from specops.domain.policy import PRIOR_ALPHA, Decision, PolicyConfig, PolicyState, decide
-from specops.ports import FleetResult, MetricsSource, ModelControl
+from specops.domain.profile import ProfileError, ServingProfile
+from specops.ports import FleetResult, KubeApiError, KubePort, MetricsSource, ModelControl
+
+PROFILE_REFRESH_S = 60.0  # a calibration profile's ConfigMap is read again at most this often
 
 
 @dataclass
@@ -49,16 +52,87 @@ class ControlLoop:
     """One tick = gather, decide, act for one resource."""
 
     def __init__(
-        self, metrics: MetricsSource, triton: ModelControl, *, retries: int = 2, rate_window_s: float = 60.0
+        self,
+        metrics: MetricsSource,
+        triton: ModelControl,
+        *,
+        retries: int = 2,
+        rate_window_s: float = 60.0,
+        kube: KubePort | None = None,
     ) -> None:
         self.metrics = metrics
         self.triton = triton
+        self.kube = kube  # reads a calibration profile's ConfigMap
+        self._profiles: dict[tuple[str, str], _LoadedProfile] = {}
         self.retries = retries
         self.rate_window_s = rate_window_s  # what one measurement spans: samples wait for it to settle
         # The policy and learning state between ticks, per resource (uid-checked). Status holds the
         # same state, written when a decision changes something and at least every refresh period,
         # so a restart resumes from status with at most that much smoothing and learning lost.
         self._memory: dict[tuple[str, str], _Memory] = {}
+
+    async def _profile(
+        self,
+        resource: SpeculativeDeployment,
+        config: PolicyConfig,
+        learn: learning.LearningConfig,
+        now: datetime,
+    ) -> _LoadedProfile | None:
+        """The spec's calibration profile as prior statistics, read again at most every PROFILE_REFRESH_S;
+        None when the spec names none. A missing or invalid one falls back to the roofline."""
+        namespace, name = _key(resource)
+        ref = resource.spec.speculation.calibration.profile
+        if ref is None:
+            self._profiles.pop((namespace, name), None)
+            return None
+        source = (ref.config_map_ref.name, ref.config_map_ref.key, resource.metadata.get("generation"))
+        cached = self._profiles.get((namespace, name))
+        if (
+            cached is not None
+            and cached.source == source
+            and (now - cached.read_at).total_seconds() < PROFILE_REFRESH_S
+        ):
+            return cached
+        where = f"ConfigMap {namespace}/{ref.config_map_ref.name} key {ref.config_map_ref.key!r}"
+
+        def failed(reason: str, why: str) -> _LoadedProfile:
+            message = f"{why}; deciding from the roofline prior instead"
+            return _LoadedProfile(
+                source, now, None, None, ConditionUpdate(cond.CALIBRATION_PROFILE, "False", reason, message)
+            )
+
+        if self.kube is None:
+            loaded = failed(Reason.PROFILE_NOT_FOUND, f"cannot read {where}: no Kubernetes API client")
+        else:
+            try:
+                config_map = await self.kube.get("v1", "ConfigMap", namespace, ref.config_map_ref.name)
+            except KubeApiError as error:
+                config_map, loaded = None, failed(Reason.PROFILE_NOT_FOUND, f"cannot read {where}: {error}")
+            else:
+                text = ((config_map or {}).get("data") or {}).get(ref.config_map_ref.key)
+                if config_map is None:
+                    loaded = failed(Reason.PROFILE_NOT_FOUND, f"{where}: the ConfigMap does not exist")
+                elif not isinstance(text, str):
+                    loaded = failed(Reason.PROFILE_NOT_FOUND, f"{where}: the ConfigMap has no such key")
+                else:
+                    try:
+                        profile = ServingProfile.from_json(text)
+                    except ProfileError as error:
+                        loaded = failed(Reason.PROFILE_INVALID, f"{where} is not a serving profile: {error}")
+                    else:
+                        statistics = profile_prior.prior_statistics(
+                            profile, config.setup, learn.calibration, max(1, config.max_length)
+                        )
+                        message = (
+                            f"serving profile {profile.name!r} from {where} is the prior "
+                            f"(break-even at alpha 0.8: {profile.break_even_batch(0.8) or 'none up to 1024'})"
+                        )
+                        condition = ConditionUpdate(
+                            cond.CALIBRATION_PROFILE, "True", Reason.PROFILE_LOADED, message
+                        )
+                        loaded = _LoadedProfile(source, now, profile.name, statistics, condition)
+        self._profiles[(namespace, name)] = loaded
+        return loaded
 
     async def _apply_split(
         self, endpoints: Sequence[PodEndpoint], split: split_fleet.Split, probe: int, base: int
@@ -79,6 +153,7 @@ class ControlLoop:
     def unsubscribe(self, namespace: str, name: str) -> None:
         self.metrics.unregister((namespace, name))
         self._memory.pop((namespace, name), None)
+        self._profiles.pop((namespace, name), None)
 
     async def tick(
         self,
@@ -146,9 +221,16 @@ class ControlLoop:
         ):
             # the fleet's measurement mixes two settings: each pod is measured with its own
             split = split_fleet.measure(split, measurement.per_pod, observation.alpha)
-        fitted = learning.model(config.setup, knowledge, learn)
+        loaded = await self._profile(resource, config, learn, now)
+        if loaded is not None:
+            updates.append(loaded.condition)
+        prior_stats = loaded.statistics if loaded is not None else None
+        fitted = profile_prior.model(config.setup, knowledge.calibration, learn.calibration, prior_stats)
+        prior_model = profile_prior.model(config.setup, CalibrationState(), learn.calibration, prior_stats)
         if learn.enabled:
             config = replace(config, model=fitted)
+        elif prior_stats is not None:  # no learning: the profile alone
+            config = replace(config, model=prior_model)
         decision = decide(config, state, observation, now)
         smoothed = decision.state.alpha if decision.state.alpha is not None else PRIOR_ALPHA
         ending = split is not None and (
@@ -293,8 +375,7 @@ class ControlLoop:
         break_even = prior_break_even = None
         if computed:
             break_even = learning.break_even(fitted, alpha, bounds)
-            prior = learning.model(config.setup, learning.LearningState(), learn)
-            prior_break_even = learning.break_even(prior, alpha, bounds)
+            prior_break_even = learning.break_even(prior_model, alpha, bounds)
             knowledge, moved = learning.announce(knowledge, break_even, prior_break_even)
             if moved is not None:
                 events.append(
@@ -324,7 +405,10 @@ class ControlLoop:
             computed=computed,
         )
         calibration = calibration.model_copy(
-            update=_probe_fields(current.calibration, exploration, split, last_split)
+            update={
+                **_probe_fields(current.calibration, exploration, split, last_split),
+                **_prior_fields(loaded, knowledge, learn),
+            }
         )
         speculation = speculation.model_copy(update={"calibration": calibration})
         if (
@@ -339,6 +423,29 @@ class ControlLoop:
             }
         )
         return ControlResult(new_status, updates, events)
+
+
+@dataclass(frozen=True)
+class _LoadedProfile:
+    """A calibration profile as last read: its prior statistics, or None when it could not be used."""
+
+    source: tuple[object, ...]
+    read_at: datetime
+    name: str | None
+    statistics: CalibrationState | None
+    condition: ConditionUpdate
+
+
+def _prior_fields(
+    loaded: _LoadedProfile | None, knowledge: learning.LearningState, learn: learning.LearningConfig
+) -> dict[str, object]:
+    """Which prior the model starts from; the model source reads `profile` until a sample lands."""
+    if loaded is None or loaded.statistics is None:
+        return {"prior_source": "roofline", "profile_name": None}
+    fields: dict[str, object] = {"prior_source": "profile", "profile_name": loaded.name}
+    if not learn.enabled or knowledge.calibration.weight <= 0:
+        fields["model_source"] = "profile"
+    return fields
 
 
 @dataclass(frozen=True)
