@@ -1,4 +1,5 @@
-"""Split-fleet A/B and the measured-slowdown guard, end to end, in a world the roofline gets wrong.
+"""Split-fleet A/B, the measured-slowdown guard and a profile prior, end to end, in a world the
+roofline gets wrong.
 
 Real operator, emulated API server, Debian's Prometheus scraping simulated Triton pods every
 second; the pods serve a profile that breaks even near batch 24 while the operator's roofline
@@ -8,11 +9,13 @@ prior says ~250 (tests/e2e/test_closed_loop.py builds it). Time is compressed as
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Any
 
 import pytest
 
 from specops.adapters.kube import KubeClient
+from specops.domain.profile import ServingProfile
 from specops_local.prometheus import PrometheusProcess
 from specops_local.serving import ServingController
 from tests.e2e.conftest import Operator
@@ -30,7 +33,7 @@ from tests.e2e.test_closed_loop import (
     story,
     world,  # noqa: F401
 )
-from tests.e2e.waiting import events_for, eventually, resource
+from tests.e2e.waiting import condition, events_for, eventually, resource
 
 pytestmark = [pytest.mark.e2e, pytest.mark.emulated_only]
 
@@ -157,3 +160,45 @@ async def test_where_the_prior_promises_a_gain_the_measured_slowdown_guard_switc
     )
     assert not any(pod_lengths(serving)), pod_lengths(serving)
     print(f"guard fired {loop.time() - started:.1f} s after creation: {message}")
+
+
+@pytest.mark.timeout(120)
+async def test_a_profile_in_a_config_map_is_the_prior_the_operator_decides_from(
+    cluster: Any,
+    kube: KubeClient,
+    operator: Operator,
+    serving: ServingController,  # noqa: F811
+    prometheus: PrometheusProcess,
+    world: ServingProfile,  # noqa: F811
+) -> None:
+    # Given the world's own profile (as `specops profile` would measure it) in a ConfigMap
+    await kube.create(
+        {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"name": "measured-profile", "namespace": "default"},
+            "data": {"profile.json": json.dumps(world.to_dict())},
+        }
+    )
+    body = fast_resource(prometheus)
+    body["spec"]["speculation"]["calibration"]["profile"] = {"configMapRef": {"name": "measured-profile"}}
+    await kube.create(body)
+
+    # Then status names the profile as the prior, and its break-even is the profile's, not the roofline's
+    truth = world.break_even_batch(0.8)
+    assert truth is not None
+
+    async def from_profile() -> dict[str, Any] | None:
+        found = await calibration(kube)
+        prior = found.get("priorBreakEvenBatch")
+        ok = found.get("priorSource") == "profile" and prior is not None and abs(prior - truth) <= 0.3 * truth
+        return found if ok else None
+
+    try:
+        shown = await eventually(from_profile, timeout_s=60, interval_s=0.5, what="the profile as the prior")
+    except AssertionError as error:
+        raise AssertionError(f"{error}\n{await story(kube)}") from None
+    assert shown["profileName"] == world.name
+    loaded = condition(await resource(kube, NAME), "CalibrationProfile")
+    assert loaded is not None and loaded["status"] == "True" and loaded["reason"] == "ProfileLoaded", loaded
+    print(f"prior break-even {shown['priorBreakEvenBatch']} (profile {truth}); model {shown['modelSource']}")
