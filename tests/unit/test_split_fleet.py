@@ -7,6 +7,7 @@ so a split shows the two settings side by side at one load, as Prometheus's per-
 from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -227,3 +228,34 @@ async def test_a_restart_during_a_split_resumes_it_from_status() -> None:
     apart = [pod for pod, g in split_lengths.items() if g == status.speculation.calibration.probe_length]
     assert status.speculation.calibration.probe_pods == apart and len(apart) == 1
     assert status.speculation.calibration.probe_kind == "split" and status.speculation.calibration.probing
+
+
+def verdict_of(speedup: float) -> split_fleet.SplitVerdict:
+    return split_fleet.SplitVerdict(speedup, 3, ("pod-0",), ("pod-1",), 0.02, 0.02 * speedup, 64.0, 0.8, 3)
+
+
+def test_a_split_switches_on_a_clear_gain_while_off_past_the_dwell_and_leaves_explicit_limits_alone() -> None:
+    from specops.domain.control_status import policy_config
+    from specops.domain.policy import Decision, PolicyState
+    from specops.services.control import _split_decision
+
+    config = policy_config(resource().spec)  # margin 0.05, hysteresis 0.10, min dwell 2 s
+    now = T0 + timedelta(seconds=60)
+    off = PolicyState("Dynamic", T0, False, 3, 0.8, T0 + timedelta(seconds=50), None)
+    held = Decision(off, 0, "SpeculationDisabledHighBatch", "off", 1.0, changed=False)
+    decision, acted = _split_decision(held, off, config, verdict_of(1.4), now)
+    assert acted and decision.changed and decision.num_draft_tokens == 3
+    assert decision.reason == "SpeculationOnSplitGain" and "measured speedup 1.40x" in decision.message
+    assert decision.state.enabled and decision.state.last_toggle == now
+    # a gain inside the on threshold, or within the dwell, changes nothing
+    assert _split_decision(held, off, config, verdict_of(1.1), now) == (held, False)
+    recent = PolicyState("Dynamic", T0, False, 3, 0.8, now - timedelta(seconds=1), None)
+    assert _split_decision(held, recent, config, verdict_of(1.4), now)[1] is False
+    # explicit batch limits rule on/off whatever a split measured
+    pinned = replace(config, off_above_batch=96.0, on_below_batch=64.0)
+    assert _split_decision(held, off, pinned, verdict_of(1.4), now)[1] is False
+    # while on, a measured slowdown switches off
+    on = replace(off, enabled=True)
+    speculating = Decision(on, 3, "BestModelledSpeedup", "on", 1.5, changed=False)
+    decision, acted = _split_decision(speculating, on, config, verdict_of(0.8), now)
+    assert acted and decision.num_draft_tokens == 0 and decision.reason == "SpeculationOffSplitSlowdown"
