@@ -86,8 +86,12 @@ async def test_speculation_follows_load_through_break_even_without_flapping(
     # When the load rises far past break-even, then every pod stops speculating
     serving.set_load(HIGH)
     await all_pods_at(serving, lambda n: n == 0, 20, "speculation off at high load")
-    body = await resource(kube, NAME)
-    assert body["status"]["speculation"]["state"] == "off"
+
+    async def decided_off() -> dict[str, Any] | None:  # pods are set before the tick's status write
+        found = await resource(kube, NAME)
+        return found if found and found["status"]["speculation"]["state"] == "off" else None
+
+    body = await eventually(decided_off, timeout_s=5, interval_s=0.1, what="status off")
     assert body["status"]["speculation"]["pods"] == {"desired": 2, "applied": 2}
 
     # When the load falls again, then speculation comes back on every pod

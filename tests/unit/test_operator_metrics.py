@@ -211,3 +211,18 @@ async def test_an_unreachable_api_server_is_counted_as_a_kubernetes_error() -> N
     finally:
         await kube.close()
     assert operator_metrics.METRICS.registry.get_sample_value("specops_errors_total", counted) == before + 1
+
+
+def test_the_learned_break_even_is_exported_infinite_when_none_and_absent_before_it_is_computed(
+    metrics: OperatorMetrics,
+) -> None:
+    status = copy.deepcopy(STATUS)
+    status["speculation"]["calibration"] = {"breakEvenKnown": True, "breakEvenBatch": 24}
+    metrics.observe_status("ml", "chat", status)
+    assert value(metrics, "specops_learned_break_even_batch") == 24.0
+    status["speculation"]["calibration"] = {"breakEvenKnown": True, "breakEvenBatch": None}
+    metrics.observe_status("ml", "chat", status)
+    assert value(metrics, "specops_learned_break_even_batch") == float("inf")
+    status["speculation"]["calibration"] = {"breakEvenKnown": False}
+    metrics.observe_status("ml", "chat", status)
+    assert value(metrics, "specops_learned_break_even_batch") is None

@@ -13,6 +13,7 @@ ratios), ``_total`` on counters. Every per-resource series carries ``namespace``
 from __future__ import annotations
 
 import contextlib
+import math
 import threading
 import time
 from collections.abc import Iterator, Mapping
@@ -40,6 +41,14 @@ def _number(value: Any) -> float | None:
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None
     return float(value)
+
+
+def _break_even(calibration: Mapping[str, Any]) -> float | None:
+    """status.speculation.calibration.breakEvenBatch; +Inf when computed and none up to 1024."""
+    if not calibration.get("breakEvenKnown"):
+        return None
+    batch = _number(calibration.get("breakEvenBatch"))
+    return math.inf if batch is None else batch
 
 
 def _seconds(value: Any) -> float | None:
@@ -93,6 +102,11 @@ class OperatorMetrics:
         )
         self.measured_speedup = gauge(
             "specops_measured_speedup_ratio", "Baseline p50 per-token latency / current p50 (while on)."
+        )
+        self.learned_break_even = gauge(
+            "specops_learned_break_even_batch",
+            "Fitted running requests per pod from which no draft length pays, at the current alpha "
+            "(+Inf: none up to 1024; absent before the Dynamic phase).",
         )
         self.pods_desired = gauge("specops_pods_desired", "Ready serving pods that should run the setting.")
         self.pods_applied = gauge("specops_pods_applied", "Serving pods confirmed to run the setting.")
@@ -172,6 +186,7 @@ class OperatorMetrics:
             self.baseline_tpot_p99,
             self.predicted_speedup,
             self.measured_speedup,
+            self.learned_break_even,
             self.pods_desired,
             self.pods_applied,
             self.canary_active,
@@ -219,6 +234,7 @@ class OperatorMetrics:
             self._set(self.smoothed_alpha, key, _number(speculation.get("smoothedAlpha")))
             self._set(self.predicted_speedup, key, _number(speculation.get("predictedSpeedup")))
             self._set(self.measured_speedup, key, _number(speculation.get("measuredSpeedup")))
+            self._set(self.learned_break_even, key, _break_even(speculation.get("calibration") or {}))
             self._set(self.pods_desired, key, _number(pods.get("desired")))
             self._set(self.pods_applied, key, _number(pods.get("applied")))
             self._set(self.alpha, key, _number(observed.get("alpha")))

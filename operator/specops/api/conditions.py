@@ -31,6 +31,7 @@ ACCEPTANCE_BELOW_SLO = "AcceptanceBelowSLO"
 CANARY_ROLLOUT = "CanaryRollout"
 DRAFT_STALE = "DraftStale"
 RETRAINING = "Retraining"
+CALIBRATION_PROFILE = "CalibrationProfile"
 
 
 class Reason:
@@ -65,6 +66,9 @@ class Reason:
     ALL_PODS_APPLIED = "AllPodsApplied"
     PARTIALLY_APPLIED = "PartiallyApplied"
     SPECULATION_OFF_DRAFT_STALE = "SpeculationOffDraftStale"
+    PROFILE_LOADED = "ProfileLoaded"
+    PROFILE_NOT_FOUND = "ProfileNotFound"
+    PROFILE_INVALID = "ProfileInvalid"
     # canary
     CANARY_STARTED = "CanaryStarted"
     CANARY_PROGRESSING = "CanaryProgressing"
@@ -102,6 +106,7 @@ EVENTFUL_CONDITIONS: dict[str, str] = {
     METRICS_UNAVAILABLE: "True",
     SPECULATION_APPLIED: "False",
     DRAFT_STALE: "True",
+    CALIBRATION_PROFILE: "False",
 }
 
 

@@ -521,6 +521,19 @@ class Exploration(ApiModel):
     )
 
 
+class ProfileConfigMapRef(ApiModel):
+    name: str = Field(
+        pattern=DNS_LABEL_PATTERN, max_length=253, description="ConfigMap name (same namespace)."
+    )
+    key: str = Field(default="profile.json", max_length=253, description="Key holding the profile JSON.")
+
+
+class CalibrationProfile(ApiModel):
+    config_map_ref: ProfileConfigMapRef = Field(
+        description="ConfigMap holding a serving profile measured offline (specops profile; docs/profiles.md)."
+    )
+
+
 class Calibration(ApiModel):
     enabled: bool = Field(
         default=True,
@@ -534,6 +547,12 @@ class Calibration(ApiModel):
         default=True,
         description="Switch speculation off when measurements show it slower than plain at the "
         "current load, whatever the model predicts.",
+    )
+    profile: CalibrationProfile | None = Field(
+        default=None,
+        description="A measured serving profile to start from instead of the roofline: the prior the "
+        "deployment's own measurements then correct. A missing or invalid one falls back to the roofline "
+        "(condition CalibrationProfile=False).",
     )
 
 

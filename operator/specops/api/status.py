@@ -80,6 +80,26 @@ class ProbeLedgerStatus(ApiModel):
     probes: int = Field(default=0, description="Probes started so far.")
 
 
+class SplitResultStatus(ApiModel):
+    """What the last split-fleet A/B measured: pods at different settings at the same moment."""
+
+    time: Timestamp | None = Field(default=None, description="When the split ended.")
+    on_pods: list[str] = Field(default_factory=list, max_length=64, description="Pods that speculated.")
+    off_pods: list[str] = Field(default_factory=list, max_length=64, description="Pods that ran plain.")
+    on_length: int | None = Field(default=None, description="num_draft_tokens of the speculating pods.")
+    on_tpot_seconds: float | None = Field(default=None, description="Their mean per-token latency.")
+    off_tpot_seconds: float | None = Field(
+        default=None, description="The plain pods' mean per-token latency."
+    )
+    batch: float | None = Field(default=None, description="Running requests per pod during the split.")
+    alpha: float | None = Field(default=None, description="Acceptance the speedup is taken at.")
+    measured_speedup: float | None = Field(
+        default=None, description="Plain / speculating per-token latency at that alpha: <1 is a slowdown."
+    )
+    comparisons: int = Field(default=0, description="Settled measurements the speedup rests on.")
+    acted: bool = Field(default=False, description="Whether it switched speculation on or off.")
+
+
 class CalibrationStatus(ApiModel):
     """What the deployment has learned of its own speedup curve, and how sure it is."""
 
@@ -89,6 +109,12 @@ class CalibrationStatus(ApiModel):
         "calibrated (the roofline corrected by this deployment's own measurements), "
         "profile (a measured serving profile).",
     )
+    prior_source: Literal["roofline", "profile"] = Field(
+        default="roofline",
+        description="What the fit starts from: the roofline of the spec, or the serving profile of "
+        "spec.speculation.calibration.profile.",
+    )
+    profile_name: str | None = Field(default=None, description="Name of that serving profile.")
     samples: int = Field(default=0, description="Measurements fitted so far.")
     effective_samples: float | None = Field(
         default=None, description="Samples still weighing after the half-life decay."
@@ -142,6 +168,20 @@ class CalibrationStatus(ApiModel):
         default=None,
         description="Batch at which the measured-slowdown guard last switched speculation off; it "
         "stays off at this load or above until the load falls below 80 % of it.",
+    )
+    probe_kind: Literal["fleet", "split"] | None = Field(
+        default=None,
+        description="Kind of the probe in progress, else of the last: fleet (every pod, in time) or "
+        "split (some pods at the probe setting while the others keep the decision, at the same moment).",
+    )
+    probe_pods: list[str] = Field(
+        default_factory=list, max_length=64, description="Pods at the probe setting in a split in progress."
+    )
+    probe_share: float | None = Field(
+        default=None, description="Share of the ready pods at the probe setting (1 for a fleet probe)."
+    )
+    last_split: SplitResultStatus | None = Field(
+        default=None, description="What the last split-fleet A/B measured."
     )
     statistics: CalibrationStatistics = Field(
         default_factory=CalibrationStatistics, description="The fit's persisted sufficient statistics."

@@ -225,10 +225,17 @@ def explore(
     dt_s: float,
     config: LearningConfig,
     now: datetime,
+    probe_share: float = 1.0,
 ) -> Exploration:
-    """Account the last interval, continue a probe in progress, or start one where the model is unsure."""
+    """Account the last interval, continue a probe in progress, or start one where the model is unsure.
+
+    `probe_share` is the share of token throughput the probe in progress took (a split-fleet
+    probe sets only some pods apart): its cost is that share of the interval.
+    """
     now_s = now.timestamp()
     ledger = account(state.ledger, now_s, dt_s, probing=state.probe_length is not None)
+    if state.probe_length is not None and probe_share < 1.0:
+        ledger = replace(ledger, probe_s=ledger.probe_s - dt_s * (1.0 - max(0.0, probe_share)))
     state = replace(state, ledger=ledger)
     reached = (
         state.probe_length is not None

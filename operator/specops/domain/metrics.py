@@ -33,6 +33,10 @@ Q_TPOT_P50 = "tpot_p50_s"
 Q_TPOT_P95 = "tpot_p95_s"
 Q_TPOT_P99 = "tpot_p99_s"
 Q_TPOT_MEAN = "tpot_mean_s"
+# Per pod (grouped by pod as well): what a split-fleet A/B compares, pods at different settings.
+Q_POD_BATCH = "pod_batch"
+Q_POD_TPOT_MEAN = "pod_tpot_mean_s"
+POD_QUANTITIES = (Q_POD_BATCH, Q_POD_TPOT_MEAN)
 
 # Reasons carried by error measurements (usable as condition reasons).
 REASON_METRICS_UNAVAILABLE = "MetricsUnavailable"
@@ -86,6 +90,9 @@ class BackendProfile:
         def summed_rate(selector: str) -> str:
             return f"sum by ({_GROUP}) (rate({selector}[{w}]))"
 
+        def pod_rate(selector: str) -> str:
+            return f"sum by ({_GROUP}, pod) (rate({selector}[{w}]))"
+
         def quantile(q: float) -> str:
             return f"histogram_quantile({q}, sum by ({_GROUP}, le) (rate({self.tpot_histogram}_bucket[{w}])))"
 
@@ -99,6 +106,9 @@ class BackendProfile:
             Q_TPOT_P99: quantile(0.99),
             # the exact mean (histogram sum / count): what calibration fits, free of bucket rounding
             Q_TPOT_MEAN: f"{summed_rate(self.tpot_histogram + '_sum')} / {summed_rate(self.tpot_histogram + '_count')}",
+            # per pod, still one query for every resource: pods at different settings side by side
+            Q_POD_BATCH: per_pod_batch,
+            Q_POD_TPOT_MEAN: f"{pod_rate(self.tpot_histogram + '_sum')} / {pod_rate(self.tpot_histogram + '_count')}",
         }
         if self.drafted_tokens is not None:
             result[Q_DRAFTED] = summed_rate(self.drafted_tokens)
@@ -164,6 +174,14 @@ PROFILES: dict[str, BackendProfile] = {
 
 
 @dataclass(frozen=True)
+class PodMeasurement:
+    """One pod's own batch and mean per-token latency over the rate window."""
+
+    batch: float | None = None
+    tpot_mean_s: float | None = None
+
+
+@dataclass(frozen=True)
 class Measurement:
     """What one (namespace, deployment, variant) looked like over the last rate window.
 
@@ -187,6 +205,7 @@ class Measurement:
     tpot_p99_s: float | None = None
     tpot_mean_s: float | None = None
     pods_reporting: int = 0
+    per_pod: Mapping[str, PodMeasurement] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -325,18 +344,45 @@ def measurement_from_values(
     )
 
 
+def _per_pod(results: Mapping[str, RawVector]) -> dict[Key, dict[str, PodMeasurement]]:
+    """The per-pod quantities indexed by resource key, then pod name."""
+    values: dict[Key, dict[str, dict[str, float | None]]] = {}
+    for quantity in POD_QUANTITIES:
+        for sample in results.get(quantity, ()):
+            labels = sample.get("metric") or {}
+            deployment, pod = labels.get("specops_deployment"), labels.get("pod")
+            if not deployment or not pod:
+                continue
+            key = (str(labels.get("namespace", "")), str(deployment), str(labels.get("variant", "")))
+            value = sample.get("value")
+            number = _finite(value[1]) if isinstance(value, list | tuple) and len(value) == 2 else None
+            values.setdefault(key, {}).setdefault(str(pod), {})[quantity] = number
+    return {
+        key: {
+            pod: PodMeasurement(batch=got.get(Q_POD_BATCH), tpot_mean_s=got.get(Q_POD_TPOT_MEAN))
+            for pod, got in pods.items()
+        }
+        for key, pods in values.items()
+    }
+
+
 def build_snapshot(profile: BackendProfile, results: Mapping[str, RawVector], at: datetime) -> Snapshot:
     """Turn the raw vectors of one cycle (quantity -> vector) into per-resource measurements.
 
     A resource appears when any quantity mentions it; quantities it lacks stay None.
     """
+    pods = _per_pod(results)
+    results = {q: vector for q, vector in results.items() if q not in POD_QUANTITIES}
     indexed = {quantity: _by_key(vector) for quantity, vector in results.items()}
-    keys: set[Key] = set()
+    keys: set[Key] = set(pods)
     for per_key in indexed.values():
         keys.update(per_key)
     measurements = {
-        key: measurement_from_values(
-            profile, {quantity: per_key.get(key) for quantity, per_key in indexed.items()}, at
+        key: replace(
+            measurement_from_values(
+                profile, {quantity: per_key.get(key) for quantity, per_key in indexed.items()}, at
+            ),
+            per_pod=pods.get(key, {}),
         )
         for key in keys
     }

@@ -70,6 +70,7 @@ async def build_services(config: OperatorConfig | None = None) -> Services:
         triton,
         retries=config.triton_retries,
         rate_window_s=config.rate_window_s or rate_window_s(config.scrape_interval_s),
+        kube=kube,
     )
     routers: dict[TrafficRouting, TrafficRouter] = {
         "GatewayAPI": GatewayApiRouter(kube),

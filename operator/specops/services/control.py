@@ -16,6 +16,7 @@ fresh data returns.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
@@ -23,15 +24,19 @@ from datetime import datetime
 from specops.api import conditions as cond
 from specops.api.conditions import ConditionUpdate, Reason
 from specops.api.models import SpeculativeDeployment
-from specops.api.status import PodsApplied, SpeculativeDeploymentStatus
+from specops.api.status import CalibrationStatus, PodsApplied, SpeculativeDeploymentStatus, SplitResultStatus
 from specops.domain import control_status as cs
-from specops.domain import learning
+from specops.domain import learning, profile_prior, split_fleet
+from specops.domain.calibration import CalibrationState, update
 from specops.domain.discovery import PodEndpoint
 from specops.domain.lifecycle import EventRecord
 from specops.domain.metrics import REASON_PENDING
 from specops.domain.names import STABLE
-from specops.domain.policy import PRIOR_ALPHA, Decision, PolicyState, decide
-from specops.ports import MetricsSource, ModelControl
+from specops.domain.policy import PRIOR_ALPHA, Decision, PolicyConfig, PolicyState, decide
+from specops.domain.profile import ProfileError, ServingProfile
+from specops.ports import FleetResult, KubeApiError, KubePort, MetricsSource, ModelControl
+
+PROFILE_REFRESH_S = 60.0  # a calibration profile's ConfigMap is read again at most this often
 
 
 @dataclass
@@ -47,16 +52,99 @@ class ControlLoop:
     """One tick = gather, decide, act for one resource."""
 
     def __init__(
-        self, metrics: MetricsSource, triton: ModelControl, *, retries: int = 2, rate_window_s: float = 60.0
+        self,
+        metrics: MetricsSource,
+        triton: ModelControl,
+        *,
+        retries: int = 2,
+        rate_window_s: float = 60.0,
+        kube: KubePort | None = None,
     ) -> None:
         self.metrics = metrics
         self.triton = triton
+        self.kube = kube  # reads a calibration profile's ConfigMap
+        self._profiles: dict[tuple[str, str], _LoadedProfile] = {}
         self.retries = retries
         self.rate_window_s = rate_window_s  # what one measurement spans: samples wait for it to settle
         # The policy and learning state between ticks, per resource (uid-checked). Status holds the
         # same state, written when a decision changes something and at least every refresh period,
         # so a restart resumes from status with at most that much smoothing and learning lost.
-        self._memory: dict[tuple[str, str], tuple[str, PolicyState, learning.LearningState]] = {}
+        self._memory: dict[tuple[str, str], _Memory] = {}
+
+    async def _profile(
+        self,
+        resource: SpeculativeDeployment,
+        config: PolicyConfig,
+        learn: learning.LearningConfig,
+        now: datetime,
+    ) -> _LoadedProfile | None:
+        """The spec's calibration profile as prior statistics, read again at most every PROFILE_REFRESH_S;
+        None when the spec names none. A missing or invalid one falls back to the roofline."""
+        namespace, name = _key(resource)
+        ref = resource.spec.speculation.calibration.profile
+        if ref is None:
+            self._profiles.pop((namespace, name), None)
+            return None
+        source = (ref.config_map_ref.name, ref.config_map_ref.key, resource.metadata.get("generation"))
+        cached = self._profiles.get((namespace, name))
+        if (
+            cached is not None
+            and cached.source == source
+            and (now - cached.read_at).total_seconds() < PROFILE_REFRESH_S
+        ):
+            return cached
+        where = f"ConfigMap {namespace}/{ref.config_map_ref.name} key {ref.config_map_ref.key!r}"
+
+        def failed(reason: str, why: str) -> _LoadedProfile:
+            message = f"{why}; deciding from the roofline prior instead"
+            return _LoadedProfile(
+                source, now, None, None, ConditionUpdate(cond.CALIBRATION_PROFILE, "False", reason, message)
+            )
+
+        if self.kube is None:
+            loaded = failed(Reason.PROFILE_NOT_FOUND, f"cannot read {where}: no Kubernetes API client")
+        else:
+            try:
+                config_map = await self.kube.get("v1", "ConfigMap", namespace, ref.config_map_ref.name)
+            except KubeApiError as error:
+                config_map, loaded = None, failed(Reason.PROFILE_NOT_FOUND, f"cannot read {where}: {error}")
+            else:
+                text = ((config_map or {}).get("data") or {}).get(ref.config_map_ref.key)
+                if config_map is None:
+                    loaded = failed(Reason.PROFILE_NOT_FOUND, f"{where}: the ConfigMap does not exist")
+                elif not isinstance(text, str):
+                    loaded = failed(Reason.PROFILE_NOT_FOUND, f"{where}: the ConfigMap has no such key")
+                else:
+                    try:
+                        profile = ServingProfile.from_json(text)
+                    except ProfileError as error:
+                        loaded = failed(Reason.PROFILE_INVALID, f"{where} is not a serving profile: {error}")
+                    else:
+                        statistics = profile_prior.prior_statistics(
+                            profile, config.setup, learn.calibration, max(1, config.max_length)
+                        )
+                        message = (
+                            f"serving profile {profile.name!r} from {where} is the prior "
+                            f"(break-even at alpha 0.8: {profile.break_even_batch(0.8) or 'none up to 1024'})"
+                        )
+                        condition = ConditionUpdate(
+                            cond.CALIBRATION_PROFILE, "True", Reason.PROFILE_LOADED, message
+                        )
+                        loaded = _LoadedProfile(source, now, profile.name, statistics, condition)
+        self._profiles[(namespace, name)] = loaded
+        return loaded
+
+    async def _apply_split(
+        self, endpoints: Sequence[PodEndpoint], split: split_fleet.Split, probe: int, base: int
+    ) -> FleetResult:
+        """The probe setting on the split's pods and the decision on the others, at once."""
+        probed = [e for e in endpoints if e.name in split.pods]
+        others = [e for e in endpoints if e.name not in split.pods]
+        results = await asyncio.gather(
+            self.triton.apply_to_all(probed, num_draft_tokens=probe, retries=self.retries),
+            self.triton.apply_to_all(others, num_draft_tokens=base, retries=self.retries),
+        )
+        return _merge(results)
 
     def subscribe(self, resource: SpeculativeDeployment, interval_s: float) -> None:
         spec = resource.spec
@@ -65,6 +153,7 @@ class ControlLoop:
     def unsubscribe(self, namespace: str, name: str) -> None:
         self.metrics.unregister((namespace, name))
         self._memory.pop((namespace, name), None)
+        self._profiles.pop((namespace, name), None)
 
     async def tick(
         self,
@@ -112,19 +201,48 @@ class ControlLoop:
         learn = cs.learning_config(spec, self.rate_window_s)
         uid = str(resource.metadata.get("uid", ""))
         remembered = self._memory.get((namespace, name))
-        if remembered is not None and remembered[0] == uid:
-            state, knowledge = remembered[1], remembered[2]
+        if remembered is not None and remembered.uid == uid:
+            state, knowledge, split = remembered.state, remembered.knowledge, remembered.split
+            last_split = remembered.last_split
         else:
             state = cs.state_from_status(current, status.baseline, config, now)
             knowledge = learning.from_status(current.calibration, current.last_decision_time)
+            split = _split_from_status(current.calibration, knowledge)
+            last_split = current.calibration.last_split
         observation = cs.observation_from(measurement)
         tpot = measurement.tpot_mean_s if measurement.tpot_mean_s is not None else measurement.tpot_p50_s
         seen = learning.Observed(observation.batch, tpot, observation.alpha)
-        knowledge = learning.observe(knowledge, seen, config.setup, learn, now)
-        fitted = learning.model(config.setup, knowledge, learn)
+        if split is None:
+            knowledge = learning.observe(knowledge, seen, config.setup, learn, now)
+        elif (
+            learn.enabled
+            and learning.settled(knowledge, learn, now)
+            and (now - split.since).total_seconds() >= (learn.settle_s)
+        ):
+            # the fleet's measurement mixes two settings: each pod is measured with its own
+            split = split_fleet.measure(split, measurement.per_pod, observation.alpha)
+        loaded = await self._profile(resource, config, learn, now)
+        if loaded is not None:
+            updates.append(loaded.condition)
+        prior_stats = loaded.statistics if loaded is not None else None
+        fitted = profile_prior.model(config.setup, knowledge.calibration, learn.calibration, prior_stats)
+        prior_model = profile_prior.model(config.setup, CalibrationState(), learn.calibration, prior_stats)
         if learn.enabled:
             config = replace(config, model=fitted)
+        elif prior_stats is not None:  # no learning: the profile alone
+            config = replace(config, model=prior_model)
         decision = decide(config, state, observation, now)
+        smoothed = decision.state.alpha if decision.state.alpha is not None else PRIOR_ALPHA
+        ending = split is not None and (
+            status.canary is not None
+            or knowledge.ledger.probing_until_s is None
+            or now.timestamp() >= knowledge.ledger.probing_until_s
+        )
+        split_verdict = None
+        if split is not None and ending:
+            others = [p for p in measurement.per_pod if p not in split.pods]
+            split_verdict = split_fleet.verdict(split, smoothed, others)
+        warned: str | None = None  # the reason of a Warning Event already posted for the decision
         learns = config.mode == "auto" and not config.draft_stale_off and decision.state.phase == "Dynamic"
         learns = learns and state.phase == "Dynamic"
         if learns:
@@ -139,6 +257,7 @@ class ControlLoop:
                     changed=True,
                 )
                 events.append(EventRecord("Warning", decision.reason, decision.message))
+                warned = decision.reason
             elif decision.num_draft_tokens > 0 and not state.enabled and learning.holds_off(knowledge, seen):
                 decision = _off(
                     decision,
@@ -165,6 +284,27 @@ class ControlLoop:
                 # one length step per measured setting: the current one is measured before the next
                 # (and none while a probe runs: the step would go unmeasured)
                 decision = _hold_length(decision, state.draft_length, knowledge, learn, now, current.reason)
+        acted = False
+        if split_verdict is not None and learns:
+            # the split's measured speedup at this very load outranks the model's prediction
+            decision, acted = _split_decision(decision, state, config, split_verdict, now)
+            if acted and decision.num_draft_tokens == 0:
+                knowledge = replace(knowledge, slowdown_batch=split_verdict.batch)
+                events.append(EventRecord("Warning", decision.reason, decision.message))
+                warned = decision.reason
+            elif acted:
+                knowledge = replace(knowledge, slowdown_batch=None)
+            else:
+                events.append(
+                    EventRecord(
+                        "Normal",
+                        "CalibrationSplitResult",
+                        f"{_sentence(split_verdict.evidence())}; the decision stays "
+                        f"{decision.num_draft_tokens}.",
+                    )
+                )
+        if split_verdict is not None:
+            last_split = _split_result(split_verdict, now, acted)
         alpha = decision.state.alpha if decision.state.alpha is not None else PRIOR_ALPHA
         bounds = (max(1, config.min_length), max(1, config.min_length, config.max_length))
         last = knowledge.decided_at
@@ -182,26 +322,60 @@ class ControlLoop:
             dt_s=dt if learns else 0.0,
             config=learn,
             now=now,
+            probe_share=split.share if split is not None else 1.0,
         )
         knowledge = exploration.state
         tokens = exploration.num_draft_tokens
-        if exploration.probe and knowledge.last_probe_at == now:
+        names = [e.name for e in endpoints]
+        if split is not None and (not exploration.probe or not set(split.pods) & set(names)):
+            # the split ended: its per-pod samples join the fit (after its verdict: the split decides
+            # first); every pod runs the decision again, so the fleet's samples wait to settle
+            for sample in split.samples if learn.enabled else ():
+                fit = update(knowledge.calibration, sample, config.setup, now.timestamp(), learn.calibration)
+                knowledge = replace(knowledge, calibration=fit)
+            split = None
+            knowledge = replace(knowledge, applied_since=None)
+            if exploration.probe:  # its probe pods are gone: end the probe with it
+                ledger = replace(knowledge.ledger, probing_until_s=None, last_probe_end_s=now.timestamp())
+                knowledge = replace(knowledge, ledger=ledger, probe_length=None)
+                tokens = decision.num_draft_tokens
+                exploration = replace(exploration, state=knowledge, num_draft_tokens=tokens, probe=False)
+        started = exploration.probe and knowledge.last_probe_at == now
+        if started and split is None and len(measurement.per_pod) >= split_fleet.SPLIT_MIN_PODS:
+            split = split_fleet.start(names, knowledge.ledger.probes, tokens, decision.num_draft_tokens, now)
+        if started:
+            where = (
+                f"on {', '.join(split.pods)} while the other {len(names) - len(split.pods)} pod(s) keep "
+                f"{decision.num_draft_tokens} (split-fleet A/B)"
+                if split is not None
+                else "on every pod"
+            )
             events.append(
                 EventRecord(
                     "Normal",
                     "CalibrationProbe",
-                    f"Probing num_draft_tokens={tokens} for {learn.probes.probe_duration_s:.0f} s "
+                    f"Probing num_draft_tokens={tokens} {where} for {learn.probes.probe_duration_s:.0f} s "
                     f"({exploration.reason}); the decision stays {decision.num_draft_tokens}.",
                 )
             )
-        fleet = await self.triton.apply_to_all(endpoints, num_draft_tokens=tokens, retries=self.retries)
-        knowledge = learning.applied(knowledge, tokens, now)
+        if split is not None:
+            base = decision.num_draft_tokens
+            fleet = await self._apply_split(endpoints, split, tokens, base)
+            knowledge = learning.applied(knowledge, base, now)
+            if knowledge.applied_since is None:
+                knowledge = replace(knowledge, applied_since=split.since)
+            tokens_shown = base
+        else:
+            fleet = await self.triton.apply_to_all(endpoints, num_draft_tokens=tokens, retries=self.retries)
+            if knowledge.applied_since is None:  # a split just ended: restart the settle clock
+                knowledge = replace(knowledge, applied_length=None)
+            knowledge = learning.applied(knowledge, tokens, now)
+            tokens_shown = tokens
         computed = decision.state.phase == "Dynamic"
         break_even = prior_break_even = None
         if computed:
             break_even = learning.break_even(fitted, alpha, bounds)
-            prior = learning.model(config.setup, learning.LearningState(), learn)
-            prior_break_even = learning.break_even(prior, alpha, bounds)
+            prior_break_even = learning.break_even(prior_model, alpha, bounds)
             knowledge, moved = learning.announce(knowledge, break_even, prior_break_even)
             if moved is not None:
                 events.append(
@@ -213,11 +387,11 @@ class ControlLoop:
                     )
                 )
         knowledge = replace(knowledge, decided_at=now)
-        self._memory[(namespace, name)] = (uid, decision.state, knowledge)
+        self._memory[(namespace, name)] = _Memory(uid, decision.state, knowledge, split, last_split)
         updates.append(ConditionUpdate(cond.METRICS_UNAVAILABLE, "False", Reason.METRICS_OK, ""))
         updates.append(cs.acceptance_condition(decision, spec.slo.min_acceptance))
-        updates.append(cs.applied_condition(fleet.desired, fleet.applied, dict(fleet.errors), tokens))
-        if decision.changed:
+        updates.append(cs.applied_condition(fleet.desired, fleet.applied, dict(fleet.errors), tokens_shown))
+        if decision.changed and decision.reason != warned:
             events.append(EventRecord("Normal", decision.reason, decision.message))
         pods = PodsApplied(desired=fleet.desired, applied=fleet.applied)
         speculation = cs.speculation_status(decision, observation, now, pods)
@@ -230,8 +404,16 @@ class ControlLoop:
             prior_break_even_batch=prior_break_even,
             computed=computed,
         )
+        calibration = calibration.model_copy(
+            update={
+                **_probe_fields(current.calibration, exploration, split, last_split),
+                **_prior_fields(loaded, knowledge, learn),
+            }
+        )
         speculation = speculation.model_copy(update={"calibration": calibration})
-        if exploration.probe:  # state stays the decision's; draftLength is what the pods run
+        if (
+            exploration.probe and split is None
+        ):  # state stays the decision's; draftLength is what the pods run
             speculation = speculation.model_copy(update={"draft_length": tokens})
         new_status = status.model_copy(
             update={
@@ -241,6 +423,124 @@ class ControlLoop:
             }
         )
         return ControlResult(new_status, updates, events)
+
+
+@dataclass(frozen=True)
+class _LoadedProfile:
+    """A calibration profile as last read: its prior statistics, or None when it could not be used."""
+
+    source: tuple[object, ...]
+    read_at: datetime
+    name: str | None
+    statistics: CalibrationState | None
+    condition: ConditionUpdate
+
+
+def _prior_fields(
+    loaded: _LoadedProfile | None, knowledge: learning.LearningState, learn: learning.LearningConfig
+) -> dict[str, object]:
+    """Which prior the model starts from; the model source reads `profile` until a sample lands."""
+    if loaded is None or loaded.statistics is None:
+        return {"prior_source": "roofline", "profile_name": None}
+    fields: dict[str, object] = {"prior_source": "profile", "profile_name": loaded.name}
+    if not learn.enabled or knowledge.calibration.weight <= 0:
+        fields["model_source"] = "profile"
+    return fields
+
+
+@dataclass(frozen=True)
+class _Memory:
+    uid: str
+    state: PolicyState
+    knowledge: learning.LearningState
+    split: split_fleet.Split | None = None
+    last_split: SplitResultStatus | None = None
+
+
+def _split_decision(
+    decision: Decision,
+    before: PolicyState,
+    config: PolicyConfig,
+    verdict: split_fleet.SplitVerdict,
+    now: datetime,
+) -> tuple[Decision, bool]:
+    """The decision after a split's verdict: off when it measured speculation slower, on when it
+    measured a clear gain while off (past the minimum dwell; explicit batch limits still rule)."""
+    if config.off_above_batch is not None or config.on_below_batch is not None:
+        return decision, False
+    if verdict.slower and decision.num_draft_tokens > 0:
+        message = f"Speculation off: {verdict.evidence()}."
+        return _off(decision, now, "SpeculationOffSplitSlowdown", message, changed=before.enabled), True
+    on_above = 1.0 + config.margin + config.hysteresis
+    since = None if before.last_toggle is None else (now - before.last_toggle).total_seconds()
+    if (
+        verdict.speedup > on_above
+        and decision.num_draft_tokens == 0
+        and not before.enabled
+        and (since is None or since >= config.min_dwell_s)
+    ):
+        state = replace(
+            decision.state,
+            enabled=True,
+            draft_length=verdict.on_length,
+            last_toggle=now,
+            enable_evidence=0.0,
+            evidence_at=None,
+        )
+        message = f"Speculation on at draft length {verdict.on_length}: {verdict.evidence()}."
+        return Decision(
+            state, verdict.on_length, "SpeculationOnSplitGain", message, verdict.speedup, True
+        ), True
+    return decision, False
+
+
+def _split_result(verdict: split_fleet.SplitVerdict, now: datetime, acted: bool) -> SplitResultStatus:
+    return SplitResultStatus(
+        time=now,
+        on_pods=list(verdict.on_pods),
+        off_pods=list(verdict.off_pods),
+        on_length=verdict.on_length,
+        on_tpot_seconds=round(verdict.on_tpot_s, 6),
+        off_tpot_seconds=round(verdict.off_tpot_s, 6),
+        batch=round(verdict.batch, 2),
+        alpha=round(verdict.alpha, 4),
+        measured_speedup=round(verdict.speedup, 4),
+        comparisons=verdict.comparisons,
+        acted=acted,
+    )
+
+
+def _probe_fields(
+    previous: CalibrationStatus,
+    exploration: learning.Exploration,
+    split: split_fleet.Split | None,
+    last_split: SplitResultStatus | None,
+) -> dict[str, object]:
+    """status.speculation.calibration's probe kind, pods and share, and the last split's result."""
+    kind = previous.probe_kind
+    if exploration.probe:
+        kind = "split" if split is not None else "fleet"
+    return {
+        "probe_kind": kind,
+        "probe_pods": list(split.pods) if split is not None else [],
+        "probe_share": round(split.share, 4) if split is not None else (1.0 if exploration.probe else None),
+        "last_split": last_split,
+    }
+
+
+def _split_from_status(
+    shown: CalibrationStatus, knowledge: learning.LearningState
+) -> split_fleet.Split | None:
+    """The split in progress as status recorded it (its measurements start again)."""
+    if not shown.probing or shown.probe_kind != "split" or not shown.probe_pods or shown.probe_length is None:
+        return None
+    since = shown.last_probe_time or knowledge.applied_since
+    if since is None:
+        return None
+    base = knowledge.applied_length if knowledge.applied_length is not None else 0
+    return split_fleet.Split(
+        tuple(shown.probe_pods), shown.probe_length, base, since, shown.probe_share or 0.5
+    )
 
 
 def _off(decision: Decision, now: datetime, reason: str, message: str, *, changed: bool) -> Decision:
@@ -272,6 +572,20 @@ def _hold_length(
     state = replace(decision.state, draft_length=length)
     shown = reason or "BestModelledSpeedup"
     return Decision(state, length, shown, message, decision.predicted_speedup, changed=False)
+
+
+def _sentence(text: str) -> str:
+    return text[:1].upper() + text[1:]
+
+
+def _merge(results: Sequence[FleetResult]) -> FleetResult:
+    return FleetResult(
+        desired=sum(r.desired for r in results),
+        applied=sum(r.applied for r in results),
+        changed=sum(r.changed for r in results),
+        errors={pod: message for r in results for pod, message in r.errors.items()},
+        results=tuple(x for r in results for x in r.results),
+    )
 
 
 def _key(resource: SpeculativeDeployment) -> tuple[str, str]:
