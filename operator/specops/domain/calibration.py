@@ -34,6 +34,7 @@ keep plain speed at the current batch known.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
@@ -260,8 +261,9 @@ class CalibratedModel:
         """The length in [lo, hi] with the highest predicted speedup, or (0, 1.0) when none beats plain."""
         lo, hi = max(1, bounds[0]), max(1, bounds[1])
         best_g, best_s = 0, 1.0
+        plain = self.step_s(0, batch, context_tokens)
         for g in range(lo, hi + 1):
-            s = self.predict_speedup(alpha, g, batch, context_tokens)
+            s = expected_tokens(alpha, g) * plain / self.step_s(g, batch, context_tokens)
             if s > best_s:
                 best_g, best_s = g, s
         return best_g, best_s
@@ -344,6 +346,11 @@ class ProbeConfig:
     min_samples: float = 0.5  # fewer effective samples than this near the batch = uncertain
     near_break_even: float = 0.05  # |predicted best speedup - 1| below this = worth checking
     refresh_off_after_s: float = 1800.0  # while on, re-measure plain speed at least this often
+    # While on, skip the probe off where the predicted best speedup is at least this and the
+    # measured rounds agree with the prior's within `prior_agrees` (the roofline holds here): a
+    # spell off costs most where speculation gains most, and could not change the decision.
+    off_below_speedup: float = 1.5
+    prior_agrees: float = 0.2
 
 
 @dataclass(frozen=True)
@@ -433,6 +440,14 @@ def plan_probe(
         if abs(closest - 1.0) < config.near_break_even:
             return ProbePlan(True, length, f"predicted {closest:.2f}x is near break-even")
         return ProbePlan(False, 0, "the model is sure speculation does not pay here")
+    predicted = max_speedup(model, alpha, batch, bounds)
+    if predicted >= config.off_below_speedup and current_length > 0:
+        prior = CalibratedModel(model.setup, CalibrationState(), model.config)
+        deviation = model.step_s(current_length, batch) / prior.step_s(current_length, batch) - 1.0
+        if abs(deviation) <= config.prior_agrees:
+            return ProbePlan(
+                False, current_length, f"predicted {predicted:.2f}x where the rounds match the prior"
+            )
     stale = ledger.last_probe_end_s is None or now_s - ledger.last_probe_end_s >= config.refresh_off_after_s
     if seen.off < config.min_samples:
         return ProbePlan(True, 0, f"only {seen.off:.1f} samples off near batch {batch:.0f}")
@@ -456,12 +471,16 @@ def max_speedup(model: CalibratedModel, alpha: float, batch: float, bounds: tupl
 # --------------------------------------------------------------------- linear algebra
 
 
+@functools.lru_cache(maxsize=64)
 def _reference_seconds(setup: ModelSetup) -> float:
     """T1: the roofline's plain step at batch 1 without context; features and targets are in its units."""
     return target_step_time(setup.with_context(0.0), 1.0)
 
 
+@functools.lru_cache(maxsize=65536)
 def _features(setup: ModelSetup, draft_length: int, batch: float) -> tuple[float, ...]:
+    """The regression's features (the roofline in T1 units, then the correction terms); cached:
+    break-even searches evaluate the same (setup, length, batch) points every decision."""
     scale = _reference_seconds(setup)
     b = max(1.0, batch)
     if draft_length <= 0:
