@@ -91,7 +91,7 @@ def main() -> None:
     requests = read_requests(args.data / SOURCE)
     batches = running_per_interval(requests, args.interval, args.tpot_ms / 1e3, args.scale / args.replicas)
     # the first interval starts with an empty replica: drop the first minute of warm-up
-    warm_up = int(math.ceil(60.0 / args.interval))
+    warm_up = math.ceil(60.0 / args.interval)
     batches = batches[warm_up:]
     alphas = alpha_series(len(batches), args.interval, args.seed)
     with args.out.open("w", newline="") as handle:

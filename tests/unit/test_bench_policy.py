@@ -1,21 +1,24 @@
-"""`specops bench policy`: the policy against an oracle and simple rules on the shipped traces."""
+"""`specops bench policy`: the operator's control loop against an oracle and simple rules."""
 
 from __future__ import annotations
 
 import csv
 import itertools
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from specops import bench, profiles
-from specops.bench.policy import RESULT_KEYS, default_config, parse_trace, replay, shipped_traces
+from specops.bench.policy import RESULT_KEYS, load_trace, parse_trace, replay, replay_lengths, shipped_traces
 from specops.domain.perf import GPUS, ModelSetup
+from specops.domain.policy import Decision
+from specops.services import control
 
 SETUP = ModelSetup(GPUS["H100"], 70e9, 7e9)
-SHIPPED = ("bursty", "diurnal_ramp", "noisy_break_even", "steady_low")
+SHIPPED = ("azure_conv", "bursty", "diurnal_ramp", "noisy_break_even", "steady_low")
 
 
 @pytest.fixture(scope="module")
@@ -86,9 +89,46 @@ def test_replay_is_deterministic_per_seed() -> None:
     points = parse_trace(
         ["t_seconds,batch,alpha", *(f"{5 * i},{60 + 25 * (i % 9)},0.78" for i in range(100))]
     )
-    config = default_config(SETUP)
-    assert replay(points, SETUP, config, seed=1) == replay(points, SETUP, config, seed=1)
-    assert replay(points, SETUP, config, seed=1) != replay(points, SETUP, config, seed=2)
+    assert replay(points, SETUP, seed=1) == replay(points, SETUP, seed=1)
+    assert replay(points, SETUP, seed=1) != replay(points, SETUP, seed=2)
+
+
+def test_the_bench_replays_the_operators_own_decision_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What the control loop decides is what the bench scores: a loop that never speculates scores 1.0."""
+    points = parse_trace(["t_seconds,batch,alpha", *(f"{15 * i},30,0.8" for i in range(40))])
+    assert replay(points, SETUP)["policy_speedup"] > 2.0  # low load: the operator speculates
+    decisions: list[int] = []
+    real_decide = control.decide
+
+    def never_speculate(*args: Any, **kwargs: Any) -> Decision:
+        decision = real_decide(*args, **kwargs)
+        decisions.append(decision.num_draft_tokens)
+        return replace(decision, num_draft_tokens=0, state=replace(decision.state, enabled=False))
+
+    monkeypatch.setattr(control, "decide", never_speculate)
+    result = replay(points, SETUP)
+    assert len(decisions) == len(points) - 1  # one decision per interval after the first
+    assert result["policy_speedup"] == pytest.approx(
+        1.0, abs=0.1
+    )  # the first interval ran the initial length
+
+
+def test_the_roofline_policy_is_the_operator_with_calibration_off() -> None:
+    trace = load_trace(shipped_traces()["steady_low"])
+    roofline = replay_lengths(trace, SETUP, policy="roofline")
+    assert roofline.result["probe_cost_fraction"] == 0.0 and not any(roofline.probes)
+    assert "SpeculationOffMeasuredSlowdown" not in roofline.reasons
+
+
+def test_the_azure_trace_loads_and_is_the_conversation_load() -> None:
+    points = load_trace(shipped_traces()["azure_conv"])
+    gaps = {b.t_seconds - a.t_seconds for a, b in itertools.pairwise(points)}
+    assert gaps == {10.0}
+    assert 3000 <= points[-1].t_seconds <= 3600
+    batches = [p.batch for p in points]
+    # the recorded arrivals on one replica: tens of running requests, swinging across 63 and 78
+    assert 40 < sum(batches) / len(batches) < 80
+    assert min(batches) < 63 < 78 < max(batches)
 
 
 def test_a_one_line_trace_is_refused() -> None:
@@ -147,7 +187,7 @@ def test_the_roofline_world_is_the_prior_itself(capsys: pytest.CaptureFixture[st
     trace = shipped_traces()["diurnal_ramp"]
     assert bench.main(["policy", "--trace", str(trace), "--world", "roofline", "--json", "-"]) == 0
     in_world = json.loads(capsys.readouterr().out)
-    plain = replay(parse_trace(trace.read_text().splitlines()), SETUP, default_config(SETUP))
+    plain = replay(parse_trace(trace.read_text().splitlines()), SETUP)
     assert in_world["policy_speedup"] == pytest.approx(plain["policy_speedup"])
     assert in_world["oracle_speedup"] == pytest.approx(plain["oracle_speedup"])
     assert in_world["world_break_even_batch"] == in_world["prior_break_even_batch"]
@@ -185,10 +225,10 @@ def test_an_unknown_world_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -
 @pytest.fixture(scope="module")
 def calibrated_in_every_world(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
     out = tmp_path_factory.mktemp("bench") / "worlds.json"
-    assert bench.main(["policy", "--world", "all", "--policy", "calibrated", "--json", str(out)]) == 0
+    assert bench.main(["policy-worlds", "--json", str(out)]) == 0
     return [
         {"world": world["world"], **row}
-        for world in json.loads(out.read_text())["worlds"]
+        for world in json.loads(out.read_text())["policies"]["calibrated"]["worlds"]
         for row in world["traces"]
     ]
 

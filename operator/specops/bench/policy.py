@@ -604,7 +604,9 @@ def main(argv: list[str]) -> int:
     table_out = sys.stderr if args.json_path == "-" else sys.stdout
     result: dict[str, Any]
     if not args.world:
-        rows = run(traces, setup, args.seed, policy=args.policy, lengths_out=args.lengths_out, replicas=args.replicas)
+        rows = run(
+            traces, setup, args.seed, policy=args.policy, lengths_out=args.lengths_out, replicas=args.replicas
+        )
         print(_format_table(rows), file=table_out)
         result = {**described, **rows[0]} if args.trace else {**described, "traces": rows}
         write_json(result, args.json_path)
@@ -632,8 +634,91 @@ def main(argv: list[str]) -> int:
 
 
 def worlds_main(argv: list[str]) -> int:
-    """The calibrated policy in every shipped world and the roofline, over the shipped traces."""
-    return main(["--world", "all", "--policy", "calibrated", *argv])
+    """Before and after: the operator with calibration off (the roofline) and on (its defaults), in
+    every shipped world and the roofline, over the shipped traces; prints one table of both."""
+    parser = argparse.ArgumentParser(
+        prog="specops bench policy-worlds",
+        description="The operator with and without calibration in every shipped world, over the shipped traces.",
+    )
+    parser.add_argument("--json", dest="json_path", help="write results as JSON to PATH ('-' for stdout)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the measurement noise")
+    args = parser.parse_args(argv)
+    setup = ModelSetup(GPUS["H100"], 70e9, 7e9)
+    traces = shipped_traces()
+    worlds = worlds_from(["all"], setup)
+    policies: dict[str, Any] = {}
+    for policy in ("roofline", "calibrated"):
+        per_world = [
+            {"world": world.name, "traces": run(traces, setup, args.seed, world, policy)} for world in worlds
+        ]
+        policies[policy] = {"worlds": per_world, "summary": summarise(per_world)}
+    table_out = sys.stderr if args.json_path == "-" else sys.stdout
+    print(
+        format_before_after(policies["roofline"]["worlds"], policies["calibrated"]["worlds"]), file=table_out
+    )
+    result = {
+        "benchmark": "policy-worlds",
+        "gpu": "H100",
+        "target_params": 70e9,
+        "draft_params": 7e9,
+        "seed": args.seed,
+        "batch_noise_sigma": BATCH_NOISE_SIGMA,
+        "alpha_noise_sigma": ALPHA_NOISE_SIGMA,
+        "tpot_noise_sigma": TPOT_NOISE_SIGMA,
+        "policies": policies,
+    }
+    write_json(result, args.json_path)
+    return 0
+
+
+def summarise(per_world: list[dict[str, Any]]) -> dict[str, float]:
+    """Means and extremes over every world x trace pair: what the targets are stated in."""
+    rows = [row for world in per_world for row in world["traces"]]
+
+    def values(key: str) -> list[float]:
+        return [float(row[key]) for row in rows]
+
+    return {
+        "pairs": float(len(rows)),
+        "mean_ratio_to_oracle": sum(values("ratio_to_oracle")) / len(rows),
+        "min_ratio_to_oracle": min(values("ratio_to_oracle")),
+        "mean_slowdown_time_fraction": sum(values("slowdown_time_fraction")) / len(rows),
+        "max_slowdown_time_fraction": max(values("slowdown_time_fraction")),
+        "max_toggles_per_hour": max(values("toggles_per_hour")),
+        "max_probe_cost_fraction": max(values("probe_cost_fraction")),
+    }
+
+
+def format_before_after(before: list[dict[str, Any]], after: list[dict[str, Any]]) -> str:
+    """One Markdown table: world x trace, roofline (before) / calibrated (after) side by side."""
+
+    def batch(value: float | None) -> str:
+        return "none" if value is None else f"{value:.0f}"
+
+    lines = [
+        "| world | trace | ratio before / after | slower before / after | toggles/h before / after "
+        "| probe cost | break-even world / learned |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for world_before, world_after in zip(before, after, strict=True):
+        for b, a in zip(world_before["traces"], world_after["traces"], strict=True):
+            lines.append(
+                f"| {world_after['world']} | {a['trace']} "
+                f"| {b['ratio_to_oracle']:.3f} / {a['ratio_to_oracle']:.3f} "
+                f"| {b['slowdown_time_fraction']:.1%} / {a['slowdown_time_fraction']:.1%} "
+                f"| {b['toggles_per_hour']:.1f} / {a['toggles_per_hour']:.1f} "
+                f"| {a['probe_cost_fraction']:.1%} "
+                f"| {batch(a['world_break_even_batch'])} / {batch(a['learned_break_even_batch'])} |"
+            )
+    for name, per_world in (("before (roofline)", before), ("after (calibrated)", after)):
+        m = summarise(per_world)
+        lines.append(
+            f"\n{name}: mean ratio {m['mean_ratio_to_oracle']:.3f} (worst {m['min_ratio_to_oracle']:.3f}), "
+            f"slower than plain {m['mean_slowdown_time_fraction']:.1%} of the time on average "
+            f"(worst {m['max_slowdown_time_fraction']:.1%}), toggles/h at most {m['max_toggles_per_hour']:.1f}, "
+            f"probe cost at most {m['max_probe_cost_fraction']:.1%}"
+        )
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":  # pragma: no cover

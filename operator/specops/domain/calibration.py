@@ -43,6 +43,8 @@ from specops.domain.perf import ModelSetup, expected_tokens, speculative_step_ti
 
 PARAMETERS = ("s", "p0", "p1", "q0", "q1", "q2")
 N_PARAMS = len(PARAMETERS)
+# p1 and q2, the per-sequence costs, set how the fit extrapolates in batch: kept >= 0 (below)
+NON_NEGATIVE = (2, 5)
 N_BUCKETS = 11  # batch octaves 1, 2, 4, ..., 1024 (and above)
 MAX_BATCH = 1024
 
@@ -441,7 +443,7 @@ def plan_probe(
             return ProbePlan(True, length, f"predicted {closest:.2f}x is near break-even")
         return ProbePlan(False, 0, "the model is sure speculation does not pay here")
     predicted = max_speedup(model, alpha, batch, bounds)
-    if predicted >= config.off_below_speedup and current_length > 0:
+    if predicted >= config.off_below_speedup and current_length > 0 and seen.on >= config.min_samples:
         prior = CalibratedModel(model.setup, CalibrationState(), model.config)
         deviation = model.step_s(current_length, batch) / prior.step_s(current_length, batch) - 1.0
         if abs(deviation) <= config.prior_agrees:
@@ -500,7 +502,15 @@ def _unpack(upper: Sequence[float]) -> list[list[float]]:
 
 
 def _posterior_mean(state: CalibrationState, prior_sds: Sequence[float]) -> tuple[float, ...]:
-    """Solve (P + X'WX) theta = P mu + X'Wy, P = diag(1 / sd^2), mu = (1, 0, ..., 0)."""
+    """Solve (P + X'WX) theta = P mu + X'Wy, P = diag(1 / sd^2), mu = (1, 0, ..., 0), with the
+    per-sequence costs p1 and q2 kept >= 0.
+
+    More sequences never make a step cheaper. A free fit can make a slope negative to match a
+    few samples at one batch, and the plain step then vanishes at batches nobody measured
+    (speculation "loses" at batch 80 where the data say 2x). Active set: a slope the solution
+    drives below zero is fixed at zero and the rest solved again (at most two rounds; 6 x 6).
+    The fixed costs stay free: a prior for a different engine can be off either way.
+    """
     a = _unpack(state.xtx)
     b = list(state.xty)
     prior_mean = (1.0,) + (0.0,) * (N_PARAMS - 1)
@@ -508,7 +518,16 @@ def _posterior_mean(state: CalibrationState, prior_sds: Sequence[float]) -> tupl
         precision = 1.0 / (sd * sd)
         a[i][i] += precision
         b[i] += precision * prior_mean[i]
-    return tuple(_solve_spd(a, b))
+    free = list(range(N_PARAMS))
+    while True:
+        solved = _solve_spd([[a[i][j] for j in free] for i in free], [b[i] for i in free])
+        theta = [0.0] * N_PARAMS
+        for index, value in zip(free, solved, strict=True):
+            theta[index] = value
+        negative = [i for i in free if i in NON_NEGATIVE and theta[i] < 0.0]
+        if not negative:
+            return tuple(theta)
+        free.remove(min(negative, key=lambda i: theta[i]))
 
 
 def _solve_spd(a: list[list[float]], b: list[float]) -> list[float]:

@@ -72,7 +72,7 @@ def learning_config(
     window is at least one hour and long enough for one probe at the configured fraction."""
     settle = rate_window_s + 2.0 * interval_s
     duration = settle + interval_s
-    window = 3600.0 if max_probe_fraction <= 0 else max(3600.0, duration / max_probe_fraction)
+    window = 3600.0 if max_probe_fraction <= 0 else duration / max_probe_fraction
     return LearningConfig(
         enabled=enabled,
         guard=guard,

@@ -30,7 +30,15 @@ from specops.domain.discovery import PodEndpoint
 from specops.domain.lifecycle import EventRecord
 from specops.domain.metrics import REASON_PENDING
 from specops.domain.names import STABLE
-from specops.domain.policy import PRIOR_ALPHA, Decision, PolicyState, decide
+from specops.domain.policy import (
+    PRIOR_ALPHA,
+    Decision,
+    PolicyConfig,
+    PolicyState,
+    decide,
+    spend_switch,
+    switch_allowed,
+)
 from specops.ports import MetricsSource, ModelControl
 
 
@@ -130,13 +138,14 @@ class ControlLoop:
         if learns:
             verdict = learning.guard(knowledge, fitted, seen, decision.num_draft_tokens, learn, now)
             knowledge = verdict.state
-            if verdict.fired:
+            if verdict.fired and switch_allowed(config, decision.state, now, on=False):
                 decision = _off(
                     decision,
                     now,
                     "SpeculationOffMeasuredSlowdown",
                     f"Speculation off: {verdict.evidence}.",
                     changed=True,
+                    config=config,
                 )
                 events.append(EventRecord("Warning", decision.reason, decision.message))
             elif decision.num_draft_tokens > 0 and not state.enabled and learning.holds_off(knowledge, seen):
@@ -243,10 +252,20 @@ class ControlLoop:
         return ControlResult(new_status, updates, events)
 
 
-def _off(decision: Decision, now: datetime, reason: str, message: str, *, changed: bool) -> Decision:
-    """The decision turned into speculation off (the guard's verdict outranks the model's)."""
+def _off(
+    decision: Decision,
+    now: datetime,
+    reason: str,
+    message: str,
+    *,
+    changed: bool,
+    config: PolicyConfig | None = None,
+) -> Decision:
+    """The decision turned into speculation off (the guard's verdict outranks the model's; a
+    switch it makes is paid from the switch budget when `config` is given)."""
+    state = decision.state if config is None else spend_switch(config, decision.state, now)
     state = replace(
-        decision.state,
+        state,
         enabled=False,
         last_toggle=now if changed else decision.state.last_toggle,
         enable_evidence=0.0,
