@@ -87,7 +87,7 @@ class PolicyConfig:
     # at the default dwell): a bucket of `switch_burst` credits refilling at the rest's rate; a
     # switch off also keeps one credit to come back on. None disables it.
     max_switches_per_window: float | None = 6.0
-    switch_burst: float = 2.0
+    switch_burst: float = 3.0
     # Switching on when the budget could not pay the way back off needs this much more gain:
     # speculation stuck on through a burst costs more than a marginal gain returns.
     locked_on_gain: float = 0.2
