@@ -45,6 +45,7 @@ PARAMETERS = ("s", "p0", "p1", "q0", "q1", "q2")
 N_PARAMS = len(PARAMETERS)
 # p1 and q2, the per-sequence costs, set how the fit extrapolates in batch: kept >= 0 (below)
 NON_NEGATIVE = (2, 5)
+UNMEASURED_BELOW = 0.5  # effective on-samples near a batch below which its rounds count as unmeasured
 N_BUCKETS = 11  # batch octaves 1, 2, 4, ..., 1024 (and above)
 MAX_BATCH = 1024
 
@@ -255,7 +256,23 @@ class CalibratedModel:
         if draft_length <= 0:
             return 1.0
         plain = self.step_s(0, batch, context_tokens)
-        return expected_tokens(alpha, draft_length) * plain / self.step_s(draft_length, batch, context_tokens)
+        calibrated = (
+            expected_tokens(alpha, draft_length) * plain / self.step_s(draft_length, batch, context_tokens)
+        )
+        return self._bounded_far_from_data(calibrated, alpha, draft_length, batch, context_tokens)
+
+    def _bounded_far_from_data(
+        self, calibrated: float, alpha: float, draft_length: int, batch: float, context_tokens: float | None
+    ) -> float:
+        """Where no speculative round was measured near this batch, the fit promises no more than
+        the roofline: a linear fit extrapolated from small batches can make rounds look cheap at
+        large ones."""
+        if not self.calibrated or self.confidence(batch).on >= UNMEASURED_BELOW:
+            return calibrated
+        x = _features(self._at(context_tokens), 0, max(1.0, batch))
+        xg = _features(self._at(context_tokens), draft_length, max(1.0, batch))
+        prior = expected_tokens(alpha, draft_length) * x[0] / xg[0]
+        return min(calibrated, prior)
 
     def best_length(
         self, alpha: float, batch: float, bounds: tuple[int, int], context_tokens: float | None = None
@@ -266,6 +283,7 @@ class CalibratedModel:
         plain = self.step_s(0, batch, context_tokens)
         for g in range(lo, hi + 1):
             s = expected_tokens(alpha, g) * plain / self.step_s(g, batch, context_tokens)
+            s = self._bounded_far_from_data(s, alpha, g, batch, context_tokens)
             if s > best_s:
                 best_g, best_s = g, s
         return best_g, best_s
