@@ -1,38 +1,37 @@
-"""`specops bench policy`: replay load traces through the speculation policy and its alternatives.
+"""`specops bench policy`: replay load traces through the operator's control loop and its alternatives.
 
 A trace is a CSV with header `t_seconds,batch,alpha` (optional `context_tokens`): the true
 mean running requests per pod and per-token acceptance over each interval. Each interval is
-one scrape-and-decide period. The realised speedup of an interval is the performance model's
-`speedup(setup, true alpha, true batch, draft length in force)`; results are time-weighted
-means over the trace.
+one scrape-and-decide period. The realised speedup of an interval is the world's speedup at
+the true alpha and batch for the draft length in force; results are time-weighted means.
 
 What each strategy sees:
-- policy: `decide()` starting in the Dynamic phase (baseline and soak already done, draft
-  length at `initial_length`, smoothed alpha = the first measurement); at interval i it sees
-  the measurement of interval i-1 (one scrape of delay) with noise: batch x (1 + N(0, 0.05)),
-  alpha + N(0, 0.02); no alpha at all when it was not speculating;
-- oracle: the best length in {0} U [min, max] for the true batch and alpha of each interval;
-- always-on: `initial_length` throughout; always-off: 1.0 by definition;
+- the operator: its own control loop, `services.control.ControlLoop.tick` (`policy.decide`,
+  calibration from `domain.learning` / `domain.calibration`, the measured-slowdown guard,
+  probes), one tick per interval on a simulated clock, against in-memory pods
+  (`SimulatedPods`: its metrics source and model control). The resource is a
+  SpeculativeDeployment with the spec's defaults and the prior from the flags; it starts in
+  the Dynamic phase (baseline and soak done) at the initial length. At interval i it reads the
+  measurement of interval i-1 (one scrape of delay, spanning that interval) with noise:
+  batch x (1 + N(0, 0.05)), alpha + N(0, 0.02) while speculating (none while off), p50 TPOT
+  from the world x (1 + N(0, 0.03)). The operator reads no context length (a trace's
+  `context_tokens` reaches only the world). `--policy roofline` is the same loop with
+  `calibration.enabled: false` (the bare prior: no samples, probes or guard);
+- oracle: the best length in {0} U [1, 8] for the true batch and alpha of each interval;
+- always-on: the initial length throughout (`ALWAYS_ON_LENGTH` = 3 in a world); always-off:
+  1.0 by definition;
 - threshold rule: the folklore controller, draft length +1 when the measured acceptance rate
   (accepted / drafted, what engines export) was above 0.7, -1 below 0.4, clamped to
-  [min, max], never off; it sees the same delayed, noisy measurements as the policy.
+  [1, 8], never off; it sees the same delayed, noisy measurements.
 
-Worlds (`--world NAME|FILE`, repeatable, or `--world all`): the true speedup of an interval
-comes from a serving profile (`specops.profiles`) instead of the roofline, while the
-policy keeps the roofline prior the flags describe (`--gpu --tensor-parallel
---target-params --draft-params`, as a spec would give them): the world is hidden from it.
-It also sees the world's per-token latency, x (1 + N(0, 0.03)). A profile with an alpha
-shifts the trace's acceptance so that its mean is the profile's (drift and noise kept). In a world, always-on runs
-at `ALWAYS_ON_LENGTH` (3) tokens, the oracle picks off or any length in 1..max per interval,
-and the result adds the share of time slower than plain (`slowdown_time_fraction`, realised
-speedup < 0.98) and both break-even batches: the world's and the prior's (the batch at
-which no length in 1..max beats plain at the trace's mean alpha; null when none up to 1024).
-
-`--policy calibrated` replays `domain.calibrated_policy` instead of `domain.policy`: it
-learns the world from the noisy TPOT it sees and probes within its budget; probe intervals
-are reported apart (`probe_cost_fraction`) and do not count as toggles.
-`learned_break_even_batch` is its model's at the end of the trace (the prior's for the
-roofline policy, which learns nothing).
+Worlds (`--world NAME|FILE`, repeatable, or `--world all`): the true speedup and TPOT of an
+interval come from a serving profile (`specops.profiles`) instead of the roofline, hidden from
+the operator. A profile with an alpha shifts the trace's acceptance so that its mean is the
+profile's (drift and noise kept). The result adds the share of time slower than plain
+(`slowdown_time_fraction`, realised speedup < 0.98), the world's and the prior's break-even
+batch (no length in 1..8 beats plain at the trace's mean alpha; null when none up to 1024) and
+the operator's learned one (status.speculation.calibration.breakEvenBatch at the end).
+Probe intervals are reported apart (`probe_cost_fraction`) and do not count as toggles.
 """
 
 from __future__ import annotations
@@ -43,7 +42,7 @@ import csv
 import itertools
 import random
 import sys
-from collections.abc import Hashable, Iterable, Sequence
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from importlib import resources
@@ -61,7 +60,7 @@ from specops.domain.names import STABLE
 from specops.domain.perf import GPUS, ModelSetup, best_length_break_even_batch, per_token_latency, speedup
 from specops.domain.policy import Observation
 from specops.domain.profile import ServingProfile
-from specops.ports import ApplyResult, FleetResult
+from specops.ports import ApplyResult, BlsSettings, FleetResult, GenerateResult
 from specops.services.control import ControlLoop
 
 BATCH_NOISE_SIGMA = 0.05  # relative: a rate() over one scrape window of a running-requests gauge
@@ -285,6 +284,26 @@ class SimulatedPods:
         if num_draft_tokens is not None:
             self.lengths[endpoint.name] = num_draft_tokens
         return ApplyResult(pod=endpoint.name, ok=True, changed=changed)
+
+    async def read_bls_settings(self, endpoint: PodEndpoint) -> ApplyResult:
+        length = self.lengths.get(endpoint.name)
+        return ApplyResult(pod=endpoint.name, ok=True, settings=BlsSettings(length, None))
+
+    async def load_model(
+        self, endpoint: PodEndpoint, name: str, config: Mapping[str, object] | None = None
+    ) -> ApplyResult:
+        return ApplyResult(pod=endpoint.name, ok=True)
+
+    async def unload_model(self, endpoint: PodEndpoint, name: str) -> ApplyResult:
+        return ApplyResult(pod=endpoint.name, ok=True)
+
+    async def is_ready(self, endpoint: PodEndpoint, model: str | None = None) -> bool:
+        return True
+
+    async def generate(
+        self, endpoint: PodEndpoint, prompt: str, max_tokens: int, num_draft_tokens: int | None = None
+    ) -> GenerateResult:
+        return GenerateResult(pod=endpoint.name, ok=False, message="the bench serves no tokens")
 
     async def apply_to_all(
         self,
