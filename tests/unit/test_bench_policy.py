@@ -142,10 +142,14 @@ def test_bench_all_writes_one_json_per_registered_benchmark(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("SPECOPS_FUZZ_EXAMPLES", "20")  # thousands under `make bench`, a few here
+    monkeypatch.setenv("SPECOPS_POLICY_TRACES", "steady_low")  # every trace under `make bench`
     assert bench.main(["all", "--out", str(tmp_path / "out")]) == 0
     written = sorted(p.name for p in (tmp_path / "out").iterdir())
     assert written == sorted(f"{name}.json" for name in bench.BENCHMARKS)
     assert "traces" in json.loads((tmp_path / "out" / "policy.json").read_text())
+    worlds = json.loads((tmp_path / "out" / "policy-worlds.json").read_text())["policies"]
+    assert set(worlds) == {"roofline", "calibrated"}
+    assert worlds["calibrated"]["summary"]["pairs"] == 1 + len(profiles.list_builtin())
 
 
 def test_adding_a_benchmark_is_one_registry_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -228,10 +232,10 @@ def test_an_unknown_world_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -
 @pytest.fixture(scope="module")
 def calibrated_in_every_world(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
     out = tmp_path_factory.mktemp("bench") / "worlds.json"
-    assert bench.main(["policy-worlds", "--json", str(out)]) == 0
+    assert bench.main(["policy", "--world", "all", "--json", str(out)]) == 0  # the calibrated operator
     return [
         {"world": world["world"], **row}
-        for world in json.loads(out.read_text())["policies"]["calibrated"]["worlds"]
+        for world in json.loads(out.read_text())["worlds"]
         for row in world["traces"]
     ]
 

@@ -40,6 +40,7 @@ import argparse
 import asyncio
 import csv
 import itertools
+import os
 import random
 import sys
 from collections.abc import Hashable, Iterable, Mapping, Sequence
@@ -564,7 +565,7 @@ def worlds_from(names: list[str], setup: ModelSetup) -> list[World]:
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(
         prog="specops bench policy",
-        description="Replay load traces through the speculation policy, an oracle and simple rules.",
+        description="Replay load traces through the operator's control loop, an oracle and simple rules.",
     )
     parser.add_argument(
         "--trace",
@@ -592,7 +593,8 @@ def main(argv: list[str]) -> int:
         "--lengths-out",
         type=Path,
         metavar="CSV",
-        help="with --trace: write t_seconds,num_draft_tokens,probe per interval",
+        help="with --trace: write t_seconds,num_draft_tokens,probe per interval "
+        "(several replicas: t_seconds,pod0,pod1,...,probe)",
     )
     parser.add_argument("--json", dest="json_path", help="write results as JSON to PATH ('-' for stdout)")
     parser.add_argument("--gpu", choices=sorted(GPUS), default="H100")
@@ -661,9 +663,20 @@ def worlds_main(argv: list[str]) -> int:
     )
     parser.add_argument("--json", dest="json_path", help="write results as JSON to PATH ('-' for stdout)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the measurement noise")
+    parser.add_argument(
+        "--traces",
+        default=os.environ.get("SPECOPS_POLICY_TRACES", ""),
+        metavar="NAME,...",
+        help="only these shipped traces (default: all; also $SPECOPS_POLICY_TRACES)",
+    )
     args = parser.parse_args(argv)
     setup = ModelSetup(GPUS["H100"], 70e9, 7e9)
     traces = shipped_traces()
+    if args.traces:
+        wanted = set(args.traces.split(","))
+        traces = {name: path for name, path in traces.items() if name in wanted}
+        if not traces:
+            parser.error(f"no shipped trace among {args.traces!r}")
     worlds = worlds_from(["all"], setup)
     policies: dict[str, Any] = {}
     for policy in ("roofline", "calibrated"):
