@@ -216,3 +216,33 @@ def test_near_break_even_the_model_probes_on_even_when_it_has_samples() -> None:
     )
     assert plan.probe and plan.draft_length >= 1
     assert "break-even" in plan.reason
+
+
+def test_far_from_its_samples_the_fit_promises_no_more_than_the_roofline() -> None:
+    # measured only at batches 32-64, where speculation loses: a linear fit extrapolated to batch 384
+    # must not find a gain the roofline itself does not promise there
+    never = profiles.load_builtin("qwen3-30b-a3b-moe-eagle3-h100")
+    model = CalibratedModel(PRIOR, sample_world(never, 120, seed=4, batches=(32, 48, 64), lengths=(0, 3, 4)))
+    prior = CalibratedModel(PRIOR)
+    alpha = never.alpha or 0.7
+    for g in range(1, 9):
+        assert model.predict_speedup(alpha, g, 384) <= prior.predict_speedup(alpha, g, 384) + 1e-9
+    assert model.best_length(alpha, 384, (1, 8))[0] == 0
+    # where it measured, the data speak
+    assert model.predict_speedup(alpha, 3, 48) == pytest.approx(never.speedup(alpha, 3, 48), rel=0.1)
+
+
+def test_a_probe_off_is_skipped_where_the_gain_is_large_and_the_rounds_match_the_prior() -> None:
+    from specops.domain.profile import profile_from_setup
+
+    roofline = profile_from_setup("roofline", PRIOR)
+    on_only = sample_world(roofline, 40, seed=3, batches=(16,), lengths=(3, 4))
+    plan = plan_probe(CalibratedModel(PRIOR, on_only), ProbeLedger(), 0.0, enabled=True, alpha=0.8,
+                      batch=16, bounds=(1, 8), current_length=4)  # fmt: skip
+    assert not plan.probe and "match the prior" in plan.reason
+    # the same on-samples from an engine whose rounds are far slower than the prior's: plain speed matters
+    never = profiles.load_builtin("qwen3-30b-a3b-moe-eagle3-h100")
+    wrong = sample_world(never, 40, seed=3, batches=(16,), lengths=(3, 4))
+    plan = plan_probe(CalibratedModel(PRIOR, wrong), ProbeLedger(), 0.0, enabled=True, alpha=0.8,
+                      batch=16, bounds=(1, 8), current_length=4)  # fmt: skip
+    assert plan.probe and plan.draft_length == 0

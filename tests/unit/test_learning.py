@@ -34,7 +34,7 @@ def plain_s(batch: float) -> float:
 
 def test_probe_timing_follows_the_rate_window_and_interval() -> None:
     assert CONFIG.settle_s == 12.0
-    assert CONFIG.probes.probe_duration_s == 15.0  # one window + lag (12 s), then three decisions
+    assert CONFIG.probes.probe_duration_s == 13.0  # one window + lag (12 s), then one clean sample
     slow = learning.learning_config(
         enabled=True,
         guard=True,
@@ -45,7 +45,7 @@ def test_probe_timing_follows_the_rate_window_and_interval() -> None:
         rate_window_s=60.0,
     )
     # one probe must fit the budget window at the configured fraction
-    assert slow.probes.probe_duration_s == 135.0
+    assert slow.probes.probe_duration_s == 105.0
     assert slow.probes.budget_window_s * 0.02 >= slow.probes.probe_duration_s
 
 

@@ -45,7 +45,11 @@ def test_the_wheel_carries_the_bls_model_and_the_traces(wheel: Path) -> None:
     names = set(zipfile.ZipFile(wheel).namelist())
     assert "specops/assets/tensorrt_llm_bls/model.py" in names
     assert "specops/cli.py" in names and "specops/rbac.py" in names
-    assert {"specops/bench/traces/bursty.csv", "specops/bench/traces/steady_low.csv"} <= names
+    assert {
+        "specops/bench/traces/bursty.csv",
+        "specops/bench/traces/steady_low.csv",
+        "specops/bench/traces/azure_conv.csv",
+    } <= names
     assert not any(name.startswith(("tests/", "charts/")) for name in names)
 
 

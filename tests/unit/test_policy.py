@@ -483,8 +483,31 @@ def test_noisy_load_around_break_even_does_not_flap() -> None:
 def test_without_evidence_and_hysteresis_the_same_load_would_flap() -> None:
     rng = random.Random(3)
     batches = [max(1.0, rng.gauss(245.0, 20.0)) for _ in range(360)]
-    naive = replace(CONFIG, hysteresis=0.0, enable_evidence=0.0, min_dwell_s=0.0)
+    naive = replace(
+        CONFIG, hysteresis=0.0, enable_evidence=0.0, min_dwell_s=0.0, max_switches_per_window=None
+    )
     assert toggles(run(naive, dynamic(length=1), batches, step_s=10)) > 20
+
+
+def test_bursts_switch_at_most_six_times_in_any_hour() -> None:
+    # 3-minute bursts past break-even every 6 minutes, for three hours: 60 switches unbudgeted
+    cycle = [32.0] * 18 + [300.0] * 18
+    batches = cycle * 30
+    decisions = run(CONFIG, dynamic(length=6), batches, step_s=10)
+    switched = [
+        i
+        for i, (a, b) in enumerate(itertools.pairwise([True, *(d.num_draft_tokens > 0 for d in decisions)]))
+        if a != b
+    ]
+    assert len(switched) >= 9  # the budget refills: bursts are still met, just not every one
+    for first in switched:
+        assert sum(1 for i in switched if first <= i < first + 360) <= 6  # 360 decisions = 1 hour
+    held = [d for d in decisions if d.reason == "HeldSwitchBudget"]
+    assert held and "switch budget" in held[0].message
+    # held on through a burst, the length goes to the one that loses least
+    assert any(d.num_draft_tokens == 1 for d in held)
+    unbudgeted = replace(CONFIG, max_switches_per_window=None)
+    assert toggles(run(unbudgeted, dynamic(length=6), batches, step_s=10)) >= 50
 
 
 def test_real_load_swings_still_toggle_promptly() -> None:

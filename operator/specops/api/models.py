@@ -495,10 +495,10 @@ class BatchGuard(ApiModel):
         description="Override: speculation back on when running requests per pod fall below this.",
     )
     margin: float = Field(
-        default=0.05, ge=0.0, le=1.0, description="Speculation goes off when predicted speedup < 1 + margin."
+        default=0.02, ge=0.0, le=1.0, description="Speculation goes off when predicted speedup < 1 + margin."
     )
     hysteresis: float = Field(
-        default=0.10,
+        default=0.05,
         ge=0.0,
         le=2.0,
         description="Speculation comes back only when predicted speedup > 1 + margin + hysteresis.",

@@ -1,48 +1,49 @@
-"""`specops bench policy`: replay load traces through the speculation policy and its alternatives.
+"""`specops bench policy`: replay load traces through the operator's control loop and its alternatives.
 
 A trace is a CSV with header `t_seconds,batch,alpha` (optional `context_tokens`): the true
 mean running requests per pod and per-token acceptance over each interval. Each interval is
-one scrape-and-decide period. The realised speedup of an interval is the performance model's
-`speedup(setup, true alpha, true batch, draft length in force)`; results are time-weighted
-means over the trace.
+one scrape-and-decide period. The realised speedup of an interval is the world's speedup at
+the true alpha and batch for the draft length in force; results are time-weighted means.
 
 What each strategy sees:
-- policy: `decide()` starting in the Dynamic phase (baseline and soak already done, draft
-  length at `initial_length`, smoothed alpha = the first measurement); at interval i it sees
-  the measurement of interval i-1 (one scrape of delay) with noise: batch x (1 + N(0, 0.05)),
-  alpha + N(0, 0.02); no alpha at all when it was not speculating;
-- oracle: the best length in {0} U [min, max] for the true batch and alpha of each interval;
-- always-on: `initial_length` throughout; always-off: 1.0 by definition;
+- the operator: its own control loop, `services.control.ControlLoop.tick` (`policy.decide`,
+  calibration from `domain.learning` / `domain.calibration`, the measured-slowdown guard,
+  probes), one tick per interval on a simulated clock, against in-memory pods
+  (`SimulatedPods`: its metrics source and model control). The resource is a
+  SpeculativeDeployment with the spec's defaults and the prior from the flags; it starts in
+  the Dynamic phase (baseline and soak done) at the initial length. At interval i it reads the
+  measurement of interval i-1 (one scrape of delay, spanning that interval) with noise:
+  batch x (1 + N(0, 0.05)), alpha + N(0, 0.02) while speculating (none while off), p50 TPOT
+  from the world x (1 + N(0, 0.03)). The operator reads no context length (a trace's
+  `context_tokens` reaches only the world). `--policy roofline` is the same loop with
+  `calibration.enabled: false` (the bare prior: no samples, probes or guard);
+- oracle: the best length in {0} U [1, 8] for the true batch and alpha of each interval;
+- always-on: the initial length throughout (`ALWAYS_ON_LENGTH` = 3 in a world); always-off:
+  1.0 by definition;
 - threshold rule: the folklore controller, draft length +1 when the measured acceptance rate
   (accepted / drafted, what engines export) was above 0.7, -1 below 0.4, clamped to
-  [min, max], never off; it sees the same delayed, noisy measurements as the policy.
+  [1, 8], never off; it sees the same delayed, noisy measurements.
 
-Worlds (`--world NAME|FILE`, repeatable, or `--world all`): the true speedup of an interval
-comes from a serving profile (`specops.profiles`) instead of the roofline, while the
-policy keeps the roofline prior the flags describe (`--gpu --tensor-parallel
---target-params --draft-params`, as a spec would give them): the world is hidden from it.
-It also sees the world's per-token latency, x (1 + N(0, 0.03)). A profile with an alpha
-shifts the trace's acceptance so that its mean is the profile's (drift and noise kept). In a world, always-on runs
-at `ALWAYS_ON_LENGTH` (3) tokens, the oracle picks off or any length in 1..max per interval,
-and the result adds the share of time slower than plain (`slowdown_time_fraction`, realised
-speedup < 0.98) and both break-even batches: the world's and the prior's (the batch at
-which no length in 1..max beats plain at the trace's mean alpha; null when none up to 1024).
-
-`--policy calibrated` replays `domain.calibrated_policy` instead of `domain.policy`: it
-learns the world from the noisy TPOT it sees and probes within its budget; probe intervals
-are reported apart (`probe_cost_fraction`) and do not count as toggles.
-`learned_break_even_batch` is its model's at the end of the trace (the prior's for the
-roofline policy, which learns nothing).
+Worlds (`--world NAME|FILE`, repeatable, or `--world all`): the true speedup and TPOT of an
+interval come from a serving profile (`specops.profiles`) instead of the roofline, hidden from
+the operator. A profile with an alpha shifts the trace's acceptance so that its mean is the
+profile's (drift and noise kept). The result adds the share of time slower than plain
+(`slowdown_time_fraction`, realised speedup < 0.98), the world's and the prior's break-even
+batch (no length in 1..8 beats plain at the trace's mean alpha; null when none up to 1024) and
+the operator's learned one (status.speculation.calibration.breakEvenBatch at the end).
+Probe intervals are reported apart (`probe_cost_fraction`) and do not count as toggles.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import csv
 import itertools
+import os
 import random
 import sys
-from collections.abc import Iterable
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from importlib import resources
@@ -50,19 +51,18 @@ from pathlib import Path
 from typing import Any
 
 from specops import profiles
+from specops.api.models import SpeculativeDeployment
+from specops.api.status import CalibrationStatus, SpeculationStatus, SpeculativeDeploymentStatus
 from specops.cli_output import write_json
 from specops.domain.acceptance import acceptance_rate_from_alpha
-from specops.domain.calibrated_policy import (
-    CalibratedPolicyConfig,
-    CalibratedPolicyState,
-    Measurement,
-    model_of,
-)
-from specops.domain.calibrated_policy import decide as calibrated_decide
-from specops.domain.calibration import ProbeConfig
+from specops.domain.discovery import PodEndpoint
+from specops.domain.metrics import REASON_PENDING, Measurement
+from specops.domain.names import STABLE
 from specops.domain.perf import GPUS, ModelSetup, best_length_break_even_batch, per_token_latency, speedup
-from specops.domain.policy import Baseline, Observation, PolicyConfig, PolicyState, decide
+from specops.domain.policy import Observation
 from specops.domain.profile import ServingProfile
+from specops.ports import ApplyResult, BlsSettings, FleetResult, GenerateResult
+from specops.services.control import ControlLoop
 
 BATCH_NOISE_SIGMA = 0.05  # relative: a rate() over one scrape window of a running-requests gauge
 ALPHA_NOISE_SIGMA = 0.02  # absolute: accepted/drafted counters over one window at ~1e4 drafted tokens
@@ -70,7 +70,7 @@ TPOT_NOISE_SIGMA = 0.03  # relative: a p50 from one scrape window of the per-tok
 SLOWDOWN_BELOW = 0.98  # an interval counts as slower than plain below this realised speedup
 ALWAYS_ON_LENGTH = 3  # the fixed length "leave speculation on" is compared at in a world
 MAX_BREAK_EVEN_BATCH = 1024
-POLICIES = ("roofline", "calibrated")
+POLICIES = ("calibrated", "roofline")
 THRESHOLD_UP = 0.7
 THRESHOLD_DOWN = 0.4
 EPOCH = datetime(2024, 1, 1, tzinfo=UTC)
@@ -164,62 +164,198 @@ def shipped_traces() -> dict[str, Path]:
     }
 
 
-def default_config(setup: ModelSetup) -> PolicyConfig:
-    """The policy as a SpeculativeDeployment gets it by default (initial 4, lengths 1..8)."""
-    return PolicyConfig(
-        mode="auto",
-        initial_length=4,
-        min_length=1,
-        max_length=8,
-        baseline_duration_s=0.0,
-        soak_duration_s=0.0,
-        setup=setup,
-    )
+def bench_resource(
+    setup: ModelSetup, interval_s: float, *, calibrated: bool, initial_length: int = 4
+) -> SpeculativeDeployment:
+    """The SpeculativeDeployment the replayed operator controls: the prior as the flags give it,
+    the spec's defaults otherwise (lengths 1..8 from 4, batchGuard, exploration), calibration
+    on or off."""
+    gpus = {gpu: name for name, gpu in GPUS.items()}
+    body: dict[str, Any] = {
+        "apiVersion": "specops.dev/v1alpha1",
+        "kind": "SpeculativeDeployment",
+        "metadata": {"name": "bench", "namespace": "bench", "uid": "bench"},
+        "spec": {
+            "target": {
+                "model": "target",
+                "version": "1",
+                "parameters": f"{setup.target_params / 1e9:g}B",
+                "engine": {"uri": "pvc://engines/target", "maxDraftLen": 8},
+            },
+            "draft": {
+                "model": "draft",
+                "version": "1",
+                "kind": "standalone",
+                "parameters": f"{setup.draft_params / 1e9:g}B",
+                "engine": {"uri": "pvc://engines/draft"},
+            },
+            "serving": {
+                "image": "tritonserver:bench",
+                "replicas": 1,
+                "gpu": {"type": gpus[setup.gpu], "count": setup.tensor_parallel},
+                "tensorParallel": setup.tensor_parallel,
+            },
+            "speculation": {
+                "draftLength": {"initial": initial_length, "min": 1, "max": 8},
+                "calibration": {"enabled": calibrated},
+            },
+            "metrics": {"interval": f"{interval_s:g}s"},
+        },
+    }
+    return SpeculativeDeployment.model_validate(body)
 
 
 def replay(
     trace: list[TracePoint],
     setup: ModelSetup,
-    config: PolicyConfig,
     seed: int = 0,
     batch_noise_sigma: float = BATCH_NOISE_SIGMA,
     alpha_noise_sigma: float = ALPHA_NOISE_SIGMA,
     world: World | None = None,
-    policy: str = "roofline",
+    policy: str = "calibrated",
+    replicas: int = 1,
 ) -> dict[str, float | None]:
-    """Mean speedups of the policy and the reference strategies over one trace (see `replay_lengths`)."""
+    """Mean speedups of the operator and the reference strategies over one trace (see `replay_lengths`)."""
     return replay_lengths(
-        trace, setup, config, seed, batch_noise_sigma, alpha_noise_sigma, world=world, policy=policy
+        trace,
+        setup,
+        seed,
+        batch_noise_sigma,
+        alpha_noise_sigma,
+        world=world,
+        policy=policy,
+        replicas=replicas,
     ).result
 
 
 @dataclass(frozen=True)
 class Replayed:
-    """A replay's results, and per interval the length in force and whether it was a probe."""
+    """A replay's results, and per interval the length each pod ran and whether it was a probe."""
 
     result: dict[str, float | None]
-    lengths: list[int]
+    lengths: list[list[int]]  # per interval, one length per pod
     probes: list[bool]
+    reasons: list[str]  # per interval, the operator's reason (status.speculation.reason)
+
+
+class SimulatedPods:
+    """The operator's view of the world (its MetricsSource and ModelControl ports), in memory.
+
+    `lookup` answers with the measurement the replay staged for this tick; `apply_*` record
+    what each pod was told to run, which is what the world then serves.
+    """
+
+    def __init__(self, endpoints: Sequence[PodEndpoint], initial_length: int) -> None:
+        self.lengths = {e.name: initial_length for e in endpoints}
+        self.measurement: Measurement | None = None
+
+    # MetricsSource
+    def register(self, key: Hashable, url: str, backend: str, interval_s: float) -> None:
+        pass
+
+    def unregister(self, key: Hashable) -> None:
+        pass
+
+    def lookup(
+        self,
+        url: str,
+        backend: str,
+        namespace: str,
+        name: str,
+        variant: str,
+        now: datetime,
+        draft_length: int | None = None,
+    ) -> Measurement:
+        if self.measurement is None:
+            return Measurement.failed(now, REASON_PENDING, "no scrape yet")
+        return self.measurement
+
+    async def close(self) -> None:
+        pass
+
+    # ModelControl (what the control loop calls)
+    async def apply_bls_settings(
+        self,
+        endpoint: PodEndpoint,
+        *,
+        num_draft_tokens: int | None = None,
+        draft_model_name: str | None = None,
+    ) -> ApplyResult:
+        changed = num_draft_tokens is not None and self.lengths.get(endpoint.name) != num_draft_tokens
+        if num_draft_tokens is not None:
+            self.lengths[endpoint.name] = num_draft_tokens
+        return ApplyResult(pod=endpoint.name, ok=True, changed=changed)
+
+    async def read_bls_settings(self, endpoint: PodEndpoint) -> ApplyResult:
+        length = self.lengths.get(endpoint.name)
+        return ApplyResult(pod=endpoint.name, ok=True, settings=BlsSettings(length, None))
+
+    async def load_model(
+        self, endpoint: PodEndpoint, name: str, config: Mapping[str, object] | None = None
+    ) -> ApplyResult:
+        return ApplyResult(pod=endpoint.name, ok=True)
+
+    async def unload_model(self, endpoint: PodEndpoint, name: str) -> ApplyResult:
+        return ApplyResult(pod=endpoint.name, ok=True)
+
+    async def is_ready(self, endpoint: PodEndpoint, model: str | None = None) -> bool:
+        return True
+
+    async def generate(
+        self, endpoint: PodEndpoint, prompt: str, max_tokens: int, num_draft_tokens: int | None = None
+    ) -> GenerateResult:
+        return GenerateResult(pod=endpoint.name, ok=False, message="the bench serves no tokens")
+
+    async def apply_to_all(
+        self,
+        endpoints: Sequence[PodEndpoint],
+        *,
+        num_draft_tokens: int | None = None,
+        draft_model_name: str | None = None,
+        retries: int = 2,
+        backoff_s: float = 0.2,
+    ) -> FleetResult:
+        results = [await self.apply_bls_settings(e, num_draft_tokens=num_draft_tokens) for e in endpoints]
+        changed = sum(1 for r in results if r.changed)
+        return FleetResult(desired=len(endpoints), applied=len(endpoints), changed=changed, results=results)
 
 
 def replay_lengths(
     trace: list[TracePoint],
     setup: ModelSetup,
-    config: PolicyConfig,
     seed: int = 0,
     batch_noise_sigma: float = BATCH_NOISE_SIGMA,
     alpha_noise_sigma: float = ALPHA_NOISE_SIGMA,
     world: World | None = None,
-    policy: str = "roofline",
+    policy: str = "calibrated",
+    replicas: int = 1,
 ) -> Replayed:
-    """Mean speedups of the policy and the reference strategies over one trace.
+    """Mean speedups of the operator and the reference strategies over one trace.
 
-    Without a world the trace is replayed in the roofline of `setup` (the policy's own model)
-    and always-on runs at `initial_length`; with one, in that world at `ALWAYS_ON_LENGTH`.
-    `policy` is "roofline" (`domain.policy`) or "calibrated" (`domain.calibrated_policy`).
+    The operator is the real control loop (`services.control.ControlLoop.tick`: `policy.decide`,
+    learning, the slowdown guard and probes), ticking once per interval on a simulated clock
+    against in-memory pods. `policy` is "calibrated" (the spec's defaults) or "roofline"
+    (`calibration.enabled: false`: the bare roofline, no samples, probes or guard).
+    Without a world the trace is replayed in the roofline of `setup` and always-on runs at the
+    initial length; with one, in that world at `ALWAYS_ON_LENGTH`.
     """
     if policy not in POLICIES:
         raise ValueError(f"unknown policy {policy!r}; one of {', '.join(POLICIES)}")
+    return asyncio.run(
+        _replay(trace, setup, seed, batch_noise_sigma, alpha_noise_sigma, world, policy, max(1, replicas))
+    )
+
+
+async def _replay(
+    trace: list[TracePoint],
+    setup: ModelSetup,
+    seed: int,
+    batch_noise_sigma: float,
+    alpha_noise_sigma: float,
+    world: World | None,
+    policy: str,
+    replicas: int,
+) -> Replayed:
     in_world = world is not None
     truth = world if world is not None else World("roofline", setup)
     trace = truth.adapt(trace)
@@ -228,77 +364,81 @@ def replay_lengths(
     alpha_noise = [rng.gauss(0.0, alpha_noise_sigma) for _ in trace]
     tpot_noise = [rng.gauss(0.0, TPOT_NOISE_SIGMA) for _ in trace]
     weights = _interval_weights(trace)
-    lo, hi = max(1, config.min_length), max(1, config.max_length)
-    initial = min(hi, max(lo, config.initial_length))
+    interval_s = trace[1].t_seconds - trace[0].t_seconds
+    resource = bench_resource(setup, interval_s, calibrated=policy == "calibrated")
+    lo, hi, initial = 1, 8, resource.spec.speculation.draft_length.initial
     always_on = min(hi, max(lo, ALWAYS_ON_LENGTH)) if in_world else initial
+    endpoints = [PodEndpoint(f"pod{k}", "bench", "127.0.0.1", 8000 + k, STABLE) for k in range(replicas)]
+    pods = SimulatedPods(endpoints, initial)
+    # One measurement spans one interval (the noise above is that of one scrape window).
+    loop = ControlLoop(pods, pods, rate_window_s=interval_s)
 
-    def measured(i: int, length: int) -> Observation:
+    def measured(i: int, lengths: Sequence[int], now: datetime) -> Measurement:
+        """Interval i as the operator reads it: the pods' mean, with the issue's noise."""
         point = trace[i]
-        alpha = min(1.0, max(0.0, point.alpha + alpha_noise[i])) if length > 0 else None
-        return Observation(
-            batch=max(0.0, point.batch * (1.0 + batch_noise[i])),
+        on = [g for g in lengths if g > 0]
+        alpha = min(1.0, max(0.0, point.alpha + alpha_noise[i])) if on else None
+        tpot = sum(truth.tpot_s(point, g) for g in lengths) / len(lengths)
+        return Measurement(
+            phase="Ok",
+            at=now,
             alpha=alpha,
-            tpot_p50_s=truth.tpot_s(point, length) * (1.0 + tpot_noise[i]),
-            context_tokens=point.context_tokens,
+            batch=max(0.0, point.batch * (1.0 + batch_noise[i])),
+            tpot_p50_s=tpot * (1.0 + tpot_noise[i]),
+            pods_reporting=len(lengths),
         )
+
+    def observed(i: int, length: int) -> Observation:
+        m = measured(i, [length], EPOCH)
+        return Observation(batch=m.batch or 0.0, alpha=m.alpha, tpot_p50_s=m.tpot_p50_s)
 
     def realised(i: int, length: int) -> float:
         return truth.speedup(trace[i], length)
 
     start = EPOCH + timedelta(seconds=trace[0].t_seconds)
-    first = measured(0, initial)
-    state = PolicyState(
+    first = measured(0, [initial], start)
+    # Baseline and soak are done: the operator starts in the Dynamic phase at the initial length.
+    status = SpeculativeDeploymentStatus(
         phase="Dynamic",
-        phase_since=start,
-        enabled=True,
-        draft_length=initial,
-        alpha=first.alpha,
-        last_toggle=None,
-        baseline=Baseline(None, None, None, None, 0),
+        speculation=SpeculationStatus(
+            state="on",
+            draft_length=initial,
+            tuned_length=initial,
+            control_phase="Dynamic",
+            phase_since=start,
+            smoothed_alpha=first.alpha,
+            calibration=CalibrationStatus(applied_length=initial, applied_since=start),
+        ),
     )
-    interval_s = trace[1].t_seconds - trace[0].t_seconds
-    calibrated_config = CalibratedPolicyConfig(
-        setup=setup,
-        min_length=lo,
-        max_length=hi,
-        initial_length=initial,
-        probes=ProbeConfig(probe_duration_s=interval_s),
-    )
-    calibrated = CalibratedPolicyState(enabled=True, draft_length=initial, alpha=first.alpha)
-    policy_lengths = [initial]
+    policy_lengths = [[initial] * replicas]
     probes = [False]
-    choices = [True]  # the policy's own on/off choice, probes aside
+    reasons = [""]
+    choices = [True]  # the operator's own on/off choice, probes aside
     threshold_lengths = [initial]
     for i in range(1, len(trace)):
         now = EPOCH + timedelta(seconds=trace[i].t_seconds)
-        seen = measured(i - 1, policy_lengths[-1])
-        if policy == "roofline":
-            decision = decide(config, state, seen, now)
-            state = decision.state
-            policy_lengths.append(decision.num_draft_tokens)
-            probes.append(False)
-            choices.append(decision.num_draft_tokens > 0)
-        else:
-            measurement = Measurement(
-                seen.batch, policy_lengths[-1], seen.tpot_p50_s, seen.alpha, seen.context_tokens
-            )
-            chosen = calibrated_decide(calibrated_config, calibrated, measurement, trace[i].t_seconds)
-            calibrated = chosen.state
-            policy_lengths.append(chosen.num_draft_tokens)
-            probes.append(chosen.probe)
-            choices.append(calibrated.enabled)
+        pods.measurement = measured(i - 1, policy_lengths[-1], now)  # one scrape late
+        tick = await loop.tick(resource, status, endpoints, now, draft_stale=False)
+        status = tick.status
+        policy_lengths.append([pods.lengths[e.name] for e in endpoints])
+        probes.append(status.speculation.calibration.probing)
+        reasons.append(status.speculation.reason or "")
+        choices.append(status.speculation.state == "on")
         threshold_lengths.append(
-            _threshold_step(measured(i - 1, threshold_lengths[-1]), threshold_lengths[-1], lo, hi)
+            _threshold_step(observed(i - 1, threshold_lengths[-1]), threshold_lengths[-1], lo, hi)
         )
 
     def mean(values: Iterable[float]) -> float:
         return sum(w * v for w, v in zip(weights, values, strict=True)) / sum(weights)
 
-    policy_speedups = [realised(i, g) for i, g in enumerate(policy_lengths)]
+    policy_speedups = [
+        sum(realised(i, g) for g in lengths) / len(lengths) for i, lengths in enumerate(policy_lengths)
+    ]
     policy_mean = mean(policy_speedups)
     oracle = mean(max([1.0, *(realised(i, g) for g in range(lo, hi + 1))]) for i in range(len(trace)))
     toggles = sum(1 for a, b in itertools.pairwise(choices) if a != b)
     hours = sum(weights) / 3600.0
+    off_share = [sum(1 for g in lengths if g == 0) / len(lengths) for lengths in policy_lengths]
     result: dict[str, float | None] = {
         "policy_speedup": policy_mean,
         "oracle_speedup": oracle,
@@ -310,22 +450,18 @@ def replay_lengths(
         "slowdown_time_fraction": mean(1.0 if v < SLOWDOWN_BELOW else 0.0 for v in policy_speedups),
         "intervals": float(len(trace)),
         "hours": hours,
-        "policy_time_off_fraction": mean(1.0 if g == 0 else 0.0 for g in policy_lengths),
+        "policy_time_off_fraction": mean(off_share),
         "probe_cost_fraction": mean(1.0 if p else 0.0 for p in probes),
     }
     if in_world:
         mean_alpha = sum(p.alpha for p in trace) / len(trace)
         prior = World("prior", setup)
+        learned = status.speculation.calibration
         result["always_on_length"] = float(always_on)
         result["world_break_even_batch"] = _optional(truth.break_even_batch(mean_alpha, hi))
         result["prior_break_even_batch"] = _optional(prior.break_even_batch(mean_alpha, hi))
-        if policy == "roofline":
-            learned = result["prior_break_even_batch"]
-        else:
-            model = model_of(calibrated_config, calibrated)
-            learned = _optional(model.break_even_batch(calibrated.alpha or mean_alpha, (lo, hi)))
-        result["learned_break_even_batch"] = learned
-    return Replayed(result, policy_lengths, probes)
+        result["learned_break_even_batch"] = _optional(learned.break_even_batch)
+    return Replayed(result, policy_lengths, probes, reasons)
 
 
 def _optional(value: int | None) -> float | None:
@@ -385,15 +521,15 @@ def run(
     setup: ModelSetup,
     seed: int,
     world: World | None = None,
-    policy: str = "roofline",
+    policy: str = "calibrated",
     lengths_out: Path | None = None,
+    replicas: int = 1,
 ) -> list[dict[str, Any]]:
-    """Replay every trace; with `lengths_out`, also write each interval's length and probe flag."""
-    config = default_config(setup)
+    """Replay every trace; with `lengths_out`, also write each interval's length(s) and probe flag."""
     rows = []
     for name, path in traces.items():
         trace = load_trace(path)
-        replayed = replay_lengths(trace, setup, config, seed=seed, world=world, policy=policy)
+        replayed = replay_lengths(trace, setup, seed=seed, world=world, policy=policy, replicas=replicas)
         rows.append({"trace": name, **replayed.result})
         if lengths_out is not None:
             _write_lengths(lengths_out, trace, replayed)
@@ -401,11 +537,14 @@ def run(
 
 
 def _write_lengths(path: Path, trace: list[TracePoint], replayed: Replayed) -> None:
+    """One replica: t_seconds,num_draft_tokens,probe; several: t_seconds,pod0,pod1,...,probe."""
+    replicas = len(replayed.lengths[0])
+    columns = ["num_draft_tokens"] if replicas == 1 else [f"pod{k}" for k in range(replicas)]
     with path.open("w", newline="") as handle:
         writer = csv.writer(handle)
-        writer.writerow(["t_seconds", "num_draft_tokens", "probe"])
-        for point, length, probe in zip(trace, replayed.lengths, replayed.probes, strict=True):
-            writer.writerow([f"{point.t_seconds:g}", length, int(probe)])
+        writer.writerow(["t_seconds", *columns, "probe"])
+        for point, lengths, probe in zip(trace, replayed.lengths, replayed.probes, strict=True):
+            writer.writerow([f"{point.t_seconds:g}", *lengths, int(probe)])
 
 
 def worlds_from(names: list[str], setup: ModelSetup) -> list[World]:
@@ -426,7 +565,7 @@ def worlds_from(names: list[str], setup: ModelSetup) -> list[World]:
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(
         prog="specops bench policy",
-        description="Replay load traces through the speculation policy, an oracle and simple rules.",
+        description="Replay load traces through the operator's control loop, an oracle and simple rules.",
     )
     parser.add_argument(
         "--trace",
@@ -443,14 +582,19 @@ def main(argv: list[str]) -> int:
     parser.add_argument(
         "--policy",
         choices=POLICIES,
-        default="roofline",
-        help="the policy under test: the roofline policy, or the calibrated one that learns the world",
+        default="calibrated",
+        help="the operator as the spec sets it by default (calibrated: it learns the world), or with "
+        "calibration.enabled: false (roofline: the bare prior)",
+    )
+    parser.add_argument(
+        "--replicas", type=int, default=1, help="serving pods, each at the trace's batch (default 1)"
     )
     parser.add_argument(
         "--lengths-out",
         type=Path,
         metavar="CSV",
-        help="with --trace: write t_seconds,num_draft_tokens,probe per interval",
+        help="with --trace: write t_seconds,num_draft_tokens,probe per interval "
+        "(several replicas: t_seconds,pod0,pod1,...,probe)",
     )
     parser.add_argument("--json", dest="json_path", help="write results as JSON to PATH ('-' for stdout)")
     parser.add_argument("--gpu", choices=sorted(GPUS), default="H100")
@@ -476,11 +620,14 @@ def main(argv: list[str]) -> int:
         "batch_noise_sigma": BATCH_NOISE_SIGMA,
         "alpha_noise_sigma": ALPHA_NOISE_SIGMA,
         "policy": args.policy,
+        "replicas": args.replicas,
     }
     table_out = sys.stderr if args.json_path == "-" else sys.stdout
     result: dict[str, Any]
     if not args.world:
-        rows = run(traces, setup, args.seed, policy=args.policy, lengths_out=args.lengths_out)
+        rows = run(
+            traces, setup, args.seed, policy=args.policy, lengths_out=args.lengths_out, replicas=args.replicas
+        )
         print(_format_table(rows), file=table_out)
         result = {**described, **rows[0]} if args.trace else {**described, "traces": rows}
         write_json(result, args.json_path)
@@ -493,7 +640,9 @@ def main(argv: list[str]) -> int:
     described["tpot_noise_sigma"] = TPOT_NOISE_SIGMA
     per_world: list[dict[str, Any]] = []
     for world in worlds:
-        rows = run(traces, setup, args.seed, world, policy=args.policy, lengths_out=args.lengths_out)
+        rows = run(
+            traces, setup, args.seed, world, args.policy, lengths_out=args.lengths_out, replicas=args.replicas
+        )
         print(_format_world_table(world.name, rows), file=table_out)
         per_world.append({"world": world.name, "traces": rows})
     if len(per_world) == 1:
@@ -506,8 +655,102 @@ def main(argv: list[str]) -> int:
 
 
 def worlds_main(argv: list[str]) -> int:
-    """The calibrated policy in every shipped world and the roofline, over the shipped traces."""
-    return main(["--world", "all", "--policy", "calibrated", *argv])
+    """Before and after: the operator with calibration off (the roofline) and on (its defaults), in
+    every shipped world and the roofline, over the shipped traces; prints one table of both."""
+    parser = argparse.ArgumentParser(
+        prog="specops bench policy-worlds",
+        description="The operator with and without calibration in every shipped world, over the shipped traces.",
+    )
+    parser.add_argument("--json", dest="json_path", help="write results as JSON to PATH ('-' for stdout)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the measurement noise")
+    parser.add_argument(
+        "--traces",
+        default=os.environ.get("SPECOPS_POLICY_TRACES", ""),
+        metavar="NAME,...",
+        help="only these shipped traces (default: all; also $SPECOPS_POLICY_TRACES)",
+    )
+    args = parser.parse_args(argv)
+    setup = ModelSetup(GPUS["H100"], 70e9, 7e9)
+    traces = shipped_traces()
+    if args.traces:
+        wanted = set(args.traces.split(","))
+        traces = {name: path for name, path in traces.items() if name in wanted}
+        if not traces:
+            parser.error(f"no shipped trace among {args.traces!r}")
+    worlds = worlds_from(["all"], setup)
+    policies: dict[str, Any] = {}
+    for policy in ("roofline", "calibrated"):
+        per_world = [
+            {"world": world.name, "traces": run(traces, setup, args.seed, world, policy)} for world in worlds
+        ]
+        policies[policy] = {"worlds": per_world, "summary": summarise(per_world)}
+    table_out = sys.stderr if args.json_path == "-" else sys.stdout
+    print(
+        format_before_after(policies["roofline"]["worlds"], policies["calibrated"]["worlds"]), file=table_out
+    )
+    result = {
+        "benchmark": "policy-worlds",
+        "gpu": "H100",
+        "target_params": 70e9,
+        "draft_params": 7e9,
+        "seed": args.seed,
+        "batch_noise_sigma": BATCH_NOISE_SIGMA,
+        "alpha_noise_sigma": ALPHA_NOISE_SIGMA,
+        "tpot_noise_sigma": TPOT_NOISE_SIGMA,
+        "policies": policies,
+    }
+    write_json(result, args.json_path)
+    return 0
+
+
+def summarise(per_world: list[dict[str, Any]]) -> dict[str, float]:
+    """Means and extremes over every world x trace pair: what the targets are stated in."""
+    rows = [row for world in per_world for row in world["traces"]]
+
+    def values(key: str) -> list[float]:
+        return [float(row[key]) for row in rows]
+
+    return {
+        "pairs": float(len(rows)),
+        "mean_ratio_to_oracle": sum(values("ratio_to_oracle")) / len(rows),
+        "min_ratio_to_oracle": min(values("ratio_to_oracle")),
+        "mean_slowdown_time_fraction": sum(values("slowdown_time_fraction")) / len(rows),
+        "max_slowdown_time_fraction": max(values("slowdown_time_fraction")),
+        "max_toggles_per_hour": max(values("toggles_per_hour")),
+        "max_probe_cost_fraction": max(values("probe_cost_fraction")),
+    }
+
+
+def format_before_after(before: list[dict[str, Any]], after: list[dict[str, Any]]) -> str:
+    """One Markdown table: world x trace, roofline (before) / calibrated (after) side by side."""
+
+    def batch(value: float | None) -> str:
+        return "none" if value is None else f"{value:.0f}"
+
+    lines = [
+        "| world | trace | ratio before / after | slower before / after | toggles/h before / after "
+        "| probe cost | break-even world / learned |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for world_before, world_after in zip(before, after, strict=True):
+        for b, a in zip(world_before["traces"], world_after["traces"], strict=True):
+            lines.append(
+                f"| {world_after['world']} | {a['trace']} "
+                f"| {b['ratio_to_oracle']:.3f} / {a['ratio_to_oracle']:.3f} "
+                f"| {b['slowdown_time_fraction']:.1%} / {a['slowdown_time_fraction']:.1%} "
+                f"| {b['toggles_per_hour']:.1f} / {a['toggles_per_hour']:.1f} "
+                f"| {a['probe_cost_fraction']:.1%} "
+                f"| {batch(a['world_break_even_batch'])} / {batch(a['learned_break_even_batch'])} |"
+            )
+    for name, per_world in (("before (roofline)", before), ("after (calibrated)", after)):
+        m = summarise(per_world)
+        lines.append(
+            f"\n{name}: mean ratio {m['mean_ratio_to_oracle']:.3f} (worst {m['min_ratio_to_oracle']:.3f}), "
+            f"slower than plain {m['mean_slowdown_time_fraction']:.1%} of the time on average "
+            f"(worst {m['max_slowdown_time_fraction']:.1%}), toggles/h at most {m['max_toggles_per_hour']:.1f}, "
+            f"probe cost at most {m['max_probe_cost_fraction']:.1%}"
+        )
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":  # pragma: no cover

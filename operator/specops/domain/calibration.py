@@ -34,6 +34,7 @@ keep plain speed at the current batch known.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
@@ -42,6 +43,9 @@ from specops.domain.perf import ModelSetup, expected_tokens, speculative_step_ti
 
 PARAMETERS = ("s", "p0", "p1", "q0", "q1", "q2")
 N_PARAMS = len(PARAMETERS)
+# p1 and q2, the per-sequence costs, set how the fit extrapolates in batch: kept >= 0 (below)
+NON_NEGATIVE = (2, 5)
+UNMEASURED_BELOW = 0.5  # effective on-samples near a batch below which its rounds count as unmeasured
 N_BUCKETS = 11  # batch octaves 1, 2, 4, ..., 1024 (and above)
 MAX_BATCH = 1024
 
@@ -252,7 +256,23 @@ class CalibratedModel:
         if draft_length <= 0:
             return 1.0
         plain = self.step_s(0, batch, context_tokens)
-        return expected_tokens(alpha, draft_length) * plain / self.step_s(draft_length, batch, context_tokens)
+        calibrated = (
+            expected_tokens(alpha, draft_length) * plain / self.step_s(draft_length, batch, context_tokens)
+        )
+        return self._bounded_far_from_data(calibrated, alpha, draft_length, batch, context_tokens)
+
+    def _bounded_far_from_data(
+        self, calibrated: float, alpha: float, draft_length: int, batch: float, context_tokens: float | None
+    ) -> float:
+        """Where no speculative round was measured near this batch, the fit promises no more than
+        the roofline: a linear fit extrapolated from small batches can make rounds look cheap at
+        large ones."""
+        if not self.calibrated or self.confidence(batch).on >= UNMEASURED_BELOW:
+            return calibrated
+        x = _features(self._at(context_tokens), 0, max(1.0, batch))
+        xg = _features(self._at(context_tokens), draft_length, max(1.0, batch))
+        prior = expected_tokens(alpha, draft_length) * x[0] / xg[0]
+        return min(calibrated, prior)
 
     def best_length(
         self, alpha: float, batch: float, bounds: tuple[int, int], context_tokens: float | None = None
@@ -260,8 +280,10 @@ class CalibratedModel:
         """The length in [lo, hi] with the highest predicted speedup, or (0, 1.0) when none beats plain."""
         lo, hi = max(1, bounds[0]), max(1, bounds[1])
         best_g, best_s = 0, 1.0
+        plain = self.step_s(0, batch, context_tokens)
         for g in range(lo, hi + 1):
-            s = self.predict_speedup(alpha, g, batch, context_tokens)
+            s = expected_tokens(alpha, g) * plain / self.step_s(g, batch, context_tokens)
+            s = self._bounded_far_from_data(s, alpha, g, batch, context_tokens)
             if s > best_s:
                 best_g, best_s = g, s
         return best_g, best_s
@@ -344,6 +366,11 @@ class ProbeConfig:
     min_samples: float = 0.5  # fewer effective samples than this near the batch = uncertain
     near_break_even: float = 0.05  # |predicted best speedup - 1| below this = worth checking
     refresh_off_after_s: float = 1800.0  # while on, re-measure plain speed at least this often
+    # While on, skip the probe off where the predicted best speedup is at least this and the
+    # measured rounds agree with the prior's within `prior_agrees` (the roofline holds here): a
+    # spell off costs most where speculation gains most, and could not change the decision.
+    off_below_speedup: float = 1.5
+    prior_agrees: float = 0.2
 
 
 @dataclass(frozen=True)
@@ -433,6 +460,14 @@ def plan_probe(
         if abs(closest - 1.0) < config.near_break_even:
             return ProbePlan(True, length, f"predicted {closest:.2f}x is near break-even")
         return ProbePlan(False, 0, "the model is sure speculation does not pay here")
+    predicted = max_speedup(model, alpha, batch, bounds)
+    if predicted >= config.off_below_speedup and current_length > 0 and seen.on >= config.min_samples:
+        prior = CalibratedModel(model.setup, CalibrationState(), model.config)
+        deviation = model.step_s(current_length, batch) / prior.step_s(current_length, batch) - 1.0
+        if abs(deviation) <= config.prior_agrees:
+            return ProbePlan(
+                False, current_length, f"predicted {predicted:.2f}x where the rounds match the prior"
+            )
     stale = ledger.last_probe_end_s is None or now_s - ledger.last_probe_end_s >= config.refresh_off_after_s
     if seen.off < config.min_samples:
         return ProbePlan(True, 0, f"only {seen.off:.1f} samples off near batch {batch:.0f}")
@@ -456,12 +491,16 @@ def max_speedup(model: CalibratedModel, alpha: float, batch: float, bounds: tupl
 # --------------------------------------------------------------------- linear algebra
 
 
+@functools.lru_cache(maxsize=64)
 def _reference_seconds(setup: ModelSetup) -> float:
     """T1: the roofline's plain step at batch 1 without context; features and targets are in its units."""
     return target_step_time(setup.with_context(0.0), 1.0)
 
 
+@functools.lru_cache(maxsize=65536)
 def _features(setup: ModelSetup, draft_length: int, batch: float) -> tuple[float, ...]:
+    """The regression's features (the roofline in T1 units, then the correction terms); cached:
+    break-even searches evaluate the same (setup, length, batch) points every decision."""
     scale = _reference_seconds(setup)
     b = max(1.0, batch)
     if draft_length <= 0:
@@ -481,7 +520,15 @@ def _unpack(upper: Sequence[float]) -> list[list[float]]:
 
 
 def _posterior_mean(state: CalibrationState, prior_sds: Sequence[float]) -> tuple[float, ...]:
-    """Solve (P + X'WX) theta = P mu + X'Wy, P = diag(1 / sd^2), mu = (1, 0, ..., 0)."""
+    """Solve (P + X'WX) theta = P mu + X'Wy, P = diag(1 / sd^2), mu = (1, 0, ..., 0), with the
+    per-sequence costs p1 and q2 kept >= 0.
+
+    More sequences never make a step cheaper. A free fit can make a slope negative to match a
+    few samples at one batch, and the plain step then vanishes at batches nobody measured
+    (speculation "loses" at batch 80 where the data say 2x). Active set: a slope the solution
+    drives below zero is fixed at zero and the rest solved again (at most two rounds; 6 x 6).
+    The fixed costs stay free: a prior for a different engine can be off either way.
+    """
     a = _unpack(state.xtx)
     b = list(state.xty)
     prior_mean = (1.0,) + (0.0,) * (N_PARAMS - 1)
@@ -489,7 +536,16 @@ def _posterior_mean(state: CalibrationState, prior_sds: Sequence[float]) -> tupl
         precision = 1.0 / (sd * sd)
         a[i][i] += precision
         b[i] += precision * prior_mean[i]
-    return tuple(_solve_spd(a, b))
+    free = list(range(N_PARAMS))
+    while True:
+        solved = _solve_spd([[a[i][j] for j in free] for i in free], [b[i] for i in free])
+        theta = [0.0] * N_PARAMS
+        for index, value in zip(free, solved, strict=True):
+            theta[index] = value
+        negative = [i for i in free if i in NON_NEGATIVE and theta[i] < 0.0]
+        if not negative:
+            return tuple(theta)
+        free.remove(min(negative, key=lambda i: theta[i]))
 
 
 def _solve_spd(a: list[list[float]], b: list[float]) -> list[float]:

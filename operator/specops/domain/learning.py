@@ -71,8 +71,8 @@ def learning_config(
     """A probe lasts one rate window plus three decisions (so it yields clean samples); the budget's
     window is at least one hour and long enough for one probe at the configured fraction."""
     settle = rate_window_s + 2.0 * interval_s
-    duration = settle + 3.0 * interval_s
-    window = 3600.0 if max_probe_fraction <= 0 else max(3600.0, 1.5 * duration / max_probe_fraction)
+    duration = settle + interval_s
+    window = 3600.0 if max_probe_fraction <= 0 else duration / max_probe_fraction
     return LearningConfig(
         enabled=enabled,
         guard=guard,

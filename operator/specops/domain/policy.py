@@ -83,6 +83,14 @@ class PolicyConfig:
     # The speedup model the decisions use; None = the roofline of `setup` (domain.calibration
     # supplies one corrected by the deployment's own measurements).
     model: SpeedupModel | None = None
+    # Switch budget: at most this many on/off switches in any window of 60 x min_dwell_s (an hour
+    # at the default dwell): a bucket of `switch_burst` credits refilling at the rest's rate; a
+    # switch off also keeps one credit to come back on. None disables it.
+    max_switches_per_window: float | None = 6.0
+    switch_burst: float = 3.0
+    # Switching on when the budget could not pay the way back off needs this much more gain:
+    # speculation stuck on through a burst costs more than a marginal gain returns.
+    locked_on_gain: float = 0.2
 
 
 @dataclass(frozen=True)
@@ -122,6 +130,8 @@ class PolicyState:
     baseline: Baseline | None
     enable_evidence: float = 0.0  # CUSUM of predicted gain above the on threshold while off
     evidence_at: datetime | None = None  # when enable_evidence was last updated
+    switch_credit: float | None = None  # switch budget left at credit_at (None = full)
+    credit_at: datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -277,6 +287,29 @@ def _dynamic(
                 f"Would switch speculation {'on' if want_on else 'off'} ({why}; {facts}) but the last "
                 f"switch was {since:.0f} s ago, less than the {config.min_dwell_s:.0f} s minimum dwell.",
             )
+        credit = _switch_credit(config, state, now)
+        needed = 1.0 if want_on else 2.0  # off keeps one credit to come back on
+        if (
+            want_on
+            and credit is not None
+            and credit < 3.0
+            and target_speedup < 1.0 + config.margin + config.hysteresis + config.locked_on_gain
+        ):
+            needed = 3.0  # on with no credit left to go off again: only for a clear gain
+        if credit is not None and credit < needed and not _overridden(config):
+            # held on where no length pays: at least run the length that loses least
+            length = _step_toward(current, target) if state.enabled else 0
+            return _decision(
+                before,
+                replace(state, draft_length=length if state.enabled else current),
+                "HeldSwitchBudget",
+                f"{prefix}Would switch speculation {'on' if want_on else 'off'} ({why}; {facts}) but the "
+                f"switch budget ({config.max_switches_per_window:.0f} per {60 * config.min_dwell_s:.0f} s) "
+                f"has {credit:.2f} credits, {needed:.0f} needed.",
+                _speedup(config, obs, use_alpha, obs.batch, length),
+            )
+        if credit is not None:
+            state = replace(state, switch_credit=credit - 1.0, credit_at=now)
         if want_on:
             length = _step_toward(current, target)
             next_state = replace(
@@ -370,6 +403,30 @@ def _update_evidence(
     on_threshold = 1.0 + config.margin + config.hysteresis
     evidence = max(0.0, state.enable_evidence + (best_speedup - on_threshold) * elapsed)
     return replace(state, enable_evidence=evidence, evidence_at=now)
+
+
+def switch_allowed(config: PolicyConfig, state: PolicyState, now: datetime, *, on: bool) -> bool:
+    """Whether the switch budget allows switching on (one credit) or off (two: one stays to return)."""
+    credit = _switch_credit(config, state, now)
+    return credit is None or _overridden(config) or credit >= (1.0 if on else 2.0)
+
+
+def spend_switch(config: PolicyConfig, state: PolicyState, now: datetime) -> PolicyState:
+    """The state after one switch made outside `decide` (the measured-slowdown guard's)."""
+    credit = _switch_credit(config, state, now)
+    return state if credit is None else replace(state, switch_credit=credit - 1.0, credit_at=now)
+
+
+def _switch_credit(config: PolicyConfig, state: PolicyState, now: datetime) -> float | None:
+    """Switch credits available now: the bucket refilled since the last switch (None: no budget)."""
+    if config.max_switches_per_window is None:
+        return None
+    burst = min(config.switch_burst, config.max_switches_per_window)
+    if state.switch_credit is None or state.credit_at is None:
+        return burst
+    window = max(1e-9, 60.0 * config.min_dwell_s)
+    rate = max(0.0, config.max_switches_per_window - burst) / window
+    return min(burst, state.switch_credit + rate * max(0.0, _seconds(now, state.credit_at)))
 
 
 def _forced_off(config: PolicyConfig, state: PolicyState, obs: Observation, now: datetime) -> Decision:

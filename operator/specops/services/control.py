@@ -32,7 +32,15 @@ from specops.domain.discovery import PodEndpoint
 from specops.domain.lifecycle import EventRecord
 from specops.domain.metrics import REASON_PENDING
 from specops.domain.names import STABLE
-from specops.domain.policy import PRIOR_ALPHA, Decision, PolicyConfig, PolicyState, decide
+from specops.domain.policy import (
+    PRIOR_ALPHA,
+    Decision,
+    PolicyConfig,
+    PolicyState,
+    decide,
+    spend_switch,
+    switch_allowed,
+)
 from specops.domain.profile import ProfileError, ServingProfile
 from specops.ports import FleetResult, KubeApiError, KubePort, MetricsSource, ModelControl
 
@@ -248,13 +256,14 @@ class ControlLoop:
         if learns:
             verdict = learning.guard(knowledge, fitted, seen, decision.num_draft_tokens, learn, now)
             knowledge = verdict.state
-            if verdict.fired:
+            if verdict.fired and switch_allowed(config, decision.state, now, on=False):
                 decision = _off(
                     decision,
                     now,
                     "SpeculationOffMeasuredSlowdown",
                     f"Speculation off: {verdict.evidence}.",
                     changed=True,
+                    config=config,
                 )
                 events.append(EventRecord("Warning", decision.reason, decision.message))
                 warned = decision.reason
@@ -468,9 +477,11 @@ def _split_decision(
     measured a clear gain while off (past the minimum dwell; explicit batch limits still rule)."""
     if config.off_above_batch is not None or config.on_below_batch is not None:
         return decision, False
-    if verdict.slower and decision.num_draft_tokens > 0:
+    if verdict.slower and decision.num_draft_tokens > 0 and switch_allowed(config, before, now, on=False):
         message = f"Speculation off: {verdict.evidence()}."
-        return _off(decision, now, "SpeculationOffSplitSlowdown", message, changed=before.enabled), True
+        return _off(
+            decision, now, "SpeculationOffSplitSlowdown", message, changed=before.enabled, config=config
+        ), True
     on_above = 1.0 + config.margin + config.hysteresis
     since = None if before.last_toggle is None else (now - before.last_toggle).total_seconds()
     if (
@@ -478,9 +489,10 @@ def _split_decision(
         and decision.num_draft_tokens == 0
         and not before.enabled
         and (since is None or since >= config.min_dwell_s)
+        and switch_allowed(config, before, now, on=True)
     ):
         state = replace(
-            decision.state,
+            spend_switch(config, decision.state, now),
             enabled=True,
             draft_length=verdict.on_length,
             last_toggle=now,
@@ -543,10 +555,20 @@ def _split_from_status(
     )
 
 
-def _off(decision: Decision, now: datetime, reason: str, message: str, *, changed: bool) -> Decision:
-    """The decision turned into speculation off (the guard's verdict outranks the model's)."""
+def _off(
+    decision: Decision,
+    now: datetime,
+    reason: str,
+    message: str,
+    *,
+    changed: bool,
+    config: PolicyConfig | None = None,
+) -> Decision:
+    """The decision turned into speculation off (the guard's verdict outranks the model's; a
+    switch it makes is paid from the switch budget when `config` is given)."""
+    state = decision.state if config is None else spend_switch(config, decision.state, now)
     state = replace(
-        decision.state,
+        state,
         enabled=False,
         last_toggle=now if changed else decision.state.last_toggle,
         enable_evidence=0.0,
