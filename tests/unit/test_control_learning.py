@@ -27,7 +27,7 @@ T0 = datetime(2026, 1, 1, tzinfo=UTC)
 ALPHA = 0.8
 
 
-def resource() -> SpeculativeDeployment:
+def resource(**speculation: Any) -> SpeculativeDeployment:
     body = yaml.safe_load((EXAMPLES / "dense-70b-7b.yaml").read_text())
     body["metadata"].update({"namespace": "default", "uid": "u-1"})
     body["spec"]["serving"] = {"replicas": 1, "gpu": {"type": "H100", "count": 1}, "tensorParallel": 1}
@@ -36,6 +36,7 @@ def resource() -> SpeculativeDeployment:
         "draftLength": {"initial": 3, "min": 1, "max": 8},
         "rollout": {"baseline": "6s", "soak": "6s"},
         "batchGuard": {"minDwell": "2s"},
+        **speculation,
     }
     return SpeculativeDeployment.model_validate(body)
 
