@@ -38,6 +38,7 @@ import contextlib
 import json
 import logging
 import random
+import re
 import statistics
 import tempfile
 import time
@@ -163,6 +164,10 @@ class Excuse:
     until_s: float | None  # None: the fault still lasts
 
 
+HANDLER_MESSAGE = re.compile(r"^(?:Handler|Daemon|Timer|Activity) '([^']+)' ")
+"""How Kopf names a handler in its log lines ("Daemon 'x' failed with an exception and will ...")."""
+
+
 class HandlerFailures(logging.Handler):
     """Counts handlers failing with unexpected exceptions in a row, per handler and object (Kopf's logs)."""
 
@@ -173,9 +178,10 @@ class HandlerFailures(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         message = record.getMessage()
-        if not message.startswith("Handler '"):
+        match = HANDLER_MESSAGE.match(message)
+        if match is None:
             return
-        handler = message.split("'", 2)[1]
+        handler = match.group(1)
         ref = getattr(record, "k8s_ref", None) or {}
         key = f"{handler} {ref.get('namespace', '')}/{ref.get('name', '')}"
         if "failed with an exception" in message:

@@ -6,6 +6,7 @@ them is reduced to what the checks touch.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -176,3 +177,27 @@ async def test_a_resource_without_a_ready_condition_is_flagged_after_its_grace(
     advance(soak, 31.0)
     soak.check_ready()
     assert violated(soak) == ["no-ready-condition"]
+
+
+def kopf_line(message: str) -> logging.LogRecord:
+    record = logging.LogRecord("kopf.objects", logging.ERROR, __file__, 1, message, None, None)
+    record.k8s_ref = {"namespace": NAMESPACE, "name": NAME}
+    return record
+
+
+async def test_a_handler_failing_three_times_in_a_row_is_a_crash_loop_and_a_success_ends_the_streak(
+    soak: Soak,
+) -> None:
+    failing = "Daemon 'speculation_control' failed with an exception and will try again in 60 seconds: boom"
+    for _ in range(2):
+        soak.failures.emit(kopf_line(failing))
+    soak.failures.emit(kopf_line("Daemon 'speculation_control' succeeded."))
+    soak.failures.emit(kopf_line(failing))
+    soak.failures.emit(kopf_line("Handler 'delete' failed temporarily: route not released"))
+    soak.check_crash_loops()
+    assert violated(soak) == []
+    soak.failures.emit(kopf_line(failing))
+    soak.failures.emit(kopf_line(failing))
+    soak.check_crash_loops()
+    assert violated(soak) == ["crash-loop"]
+    assert "speculation_control default/llama-70b-chat" in soak.violations[0].detail
