@@ -4,8 +4,10 @@ Each case drives a canary of draft v4 over a resource serving v3 with the produc
 tick (services.tick: one read, control, retraining, canary, one status write) against the
 emulated API server, on a compressed clock (1 s steps, 1 s pauses), with a Deployment
 controller and kubelet played by the test. In one phase the first write of one kind is
-answered 503 (the write is not stored). Afterwards the canary must end (promoted or rolled
-back, as the evidence says) with status matching the cluster, and at no tick may a route
+answered 503 (the write is not stored): the start, the lossless check (passed, or failed: a
+rollback before any traffic), each step, the promotion, a rollback on evidence, an abort by a
+person, deletion mid-canary. Afterwards the canary must end (promoted or rolled back, as the
+evidence says) with status matching the cluster, and at no tick may a route
 send users to a Service that does not exist.
 
 The table lists only (phase, write) pairs where that write happens in that phase, and each
@@ -94,7 +96,10 @@ class VariantMetrics:
 
 
 class LosslessTriton:
-    """Every pod runs what it is asked for, and speculation never changes an answer."""
+    """Every pod runs what it is asked for; speculation changes no answer, unless `lossless` is False."""
+
+    def __init__(self, lossless: bool = True) -> None:
+        self.lossless = lossless
 
     async def apply_to_all(self, endpoints: Sequence[PodEndpoint], **_: Any) -> FleetResult:
         return FleetResult(desired=len(endpoints), applied=len(endpoints), changed=0)
@@ -119,7 +124,8 @@ class LosslessTriton:
     async def generate(
         self, endpoint: PodEndpoint, prompt: str, max_tokens: int, num_draft_tokens: int | None = None
     ) -> GenerateResult:
-        return GenerateResult(endpoint.name, True, text=prompt)
+        differs = not self.lossless and bool(num_draft_tokens)
+        return GenerateResult(endpoint.name, True, text=prompt + (" (drafted)" if differs else ""))
 
 
 def resource_body() -> dict[str, Any]:
@@ -273,12 +279,14 @@ class Scenario:
     """0.8 is as good as stable (promoted), 0.4 is much worse (rolled back)."""
     expect: str  # "Promoted" | "RolledBack" | "Deleted"
     person: str | None = None  # "abort" | "delete": done by a person when step 1 begins
+    lossless: bool = True
 
 
 PROMOTED = Scenario(0.8, "Promoted")
 ROLLED_BACK = Scenario(0.4, "RolledBack")
 ABORTED = Scenario(0.8, "RolledBack", person="abort")
 DELETED = Scenario(0.8, "Deleted", person="delete")
+NOT_LOSSLESS = Scenario(0.8, "RolledBack", lossless=False)
 
 # (phase, write, scenario): every write each phase makes, as seen on the wire.
 TABLE: list[tuple[str, str, Scenario]] = [
@@ -287,6 +295,8 @@ TABLE: list[tuple[str, str, Scenario]] = [
     ("lossless-check", "canary-scale", PROMOTED),
     ("lossless-check", "route", PROMOTED),
     ("lossless-check", "status", PROMOTED),
+    ("lossless-check", "canary-delete", NOT_LOSSLESS),
+    ("lossless-check", "status", NOT_LOSSLESS),
     ("step-1", "route", PROMOTED),
     ("step-1", "canary-scale", PROMOTED),
     ("step-1", "status", PROMOTED),
@@ -309,7 +319,8 @@ TABLE: list[tuple[str, str, Scenario]] = [
 
 def _case_id(case: tuple[str, str, Scenario]) -> str:
     phase, write, scenario = case
-    return f"{scenario.person or scenario.expect.lower()}-{phase}-{write}"
+    outcome = scenario.person or ("notlossless" if not scenario.lossless else scenario.expect.lower())
+    return f"{outcome}-{phase}-{write}"
 
 
 # ---------------------------------------------------------------- driving it
@@ -326,9 +337,8 @@ async def services(cluster: EmulatedCluster, operator_env: None) -> AsyncIterato
         await built.close()
 
 
-def rewire(services: Services, metrics: VariantMetrics) -> None:
+def rewire(services: Services, metrics: VariantMetrics, triton: LosslessTriton) -> None:
     """Point every service at the test's client, metrics and model control."""
-    triton = LosslessTriton()
     services.metrics = metrics  # type: ignore[assignment]
     for service in (
         services.ticker,
@@ -419,7 +429,7 @@ async def test_one_failed_write_never_strands_traffic_and_the_canary_still_ends(
     cluster: EmulatedCluster, services: Services, case: tuple[str, str, Scenario]
 ) -> None:
     phase, write, scenario = case
-    rewire(services, VariantMetrics(scenario.canary_alpha))
+    rewire(services, VariantMetrics(scenario.canary_alpha), LosslessTriton(scenario.lossless))
     now = await serving_v3(cluster, services, T0)
     fault = OneFault(write)
 
