@@ -221,9 +221,10 @@ class Soak:
         self.versions = 4
         self.rounds = 0
         self.busy: set[str] = set()
+        """Resources whose canary the soak follows (no second new draft until it ended)."""
         self.seen: Counter[str] = Counter()
         """What the checks looked at, so a report shows they had something to check."""
-        """Resources whose canary the soak follows (no second new draft until it ended)."""
+        self.check_errors = 0
 
     # ------------------------------------------------------------------ helpers
 
@@ -312,7 +313,8 @@ class Soak:
         while not stop.is_set():
             try:
                 self.check()
-            except Exception:  # a check that cannot run is a soak bug: say it loudly, keep going
+            except Exception:  # a check that cannot run is a soak bug: say it loudly, fail the run
+                self.check_errors += 1
                 log.exception("soak check failed")
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), self.settings.check_interval_s)
@@ -755,6 +757,7 @@ class Soak:
             "seconds": round(self.now_s(), 1),
             "resources": [r.name for r in self.resources],
             "checks": self.checks,
+            "check_errors": self.check_errors,
             "invariants": list(INVARIANTS),
             "faults": {kind: by_kind.get(kind, 0) for kind in FAULT_KINDS},
             "faults_total": sum(by_kind.values()),
@@ -777,7 +780,8 @@ class Soak:
 def summary(report: dict[str, Any]) -> str:
     lines = [
         f"soak: {report['seconds']:.0f} s, seed {report['seed']}, {len(report['resources'])} resources, "
-        f"{report['checks']} invariant checks",
+        f"{report['checks']} invariant checks"
+        + (f" ({report['check_errors']} failed to run)" if report["check_errors"] else ""),
         "faults injected: "
         + ", ".join(f"{kind} {count}" for kind, count in report["faults"].items())
         + f" (total {report['faults_total']}; API answered 503 to {report['writes_failed']} writes and "
@@ -823,7 +827,12 @@ async def run_soak(settings: SoakSettings, workdir: Path | None = None) -> dict[
 
 
 def exit_code(report: dict[str, Any]) -> int:
-    """0: faults were injected, invariants were checked and none was violated."""
-    if report["violations_total"] or not report["faults_total"] or not report["checks"]:
+    """0: faults were injected, invariants were checked (no check failed to run) and none was violated."""
+    if (
+        report["violations_total"]
+        or report["check_errors"]
+        or not report["faults_total"]
+        or not report["checks"]
+    ):
         return 1
     return 0
