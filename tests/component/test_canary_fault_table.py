@@ -386,9 +386,8 @@ async def serving_v3(cluster: EmulatedCluster, services: Services, now: datetime
     await services.reconciler.reconcile(body, now)
     sync_workloads(cluster)
     await services.reconciler.refresh(NAMESPACE, NAME, now)
-    for _ in range(3):
-        now += timedelta(seconds=1)
-        await services.tick(NAMESPACE, NAME, lambda at=now: at)
+    now += timedelta(seconds=1)
+    await services.tick(NAMESPACE, NAME, lambda at=now: at)
     live = cluster.get("speculativedeployments", NAME)
     assert live is not None and live["status"].get("canary") is None, live["status"]
     return now
