@@ -9,7 +9,9 @@ after another with random gaps, injects:
 - ``watch-cut``: every watch stream ended, the watch history compacted (resumes get 410 Gone);
 - ``prometheus-down``: Prometheus stopped for a while, then started on the same port and data;
 - ``pod-load-error`` / ``pod-load-hang``: one serving pod's model loads fail (its target model is
-  unloaded) or take longer than the operator's deadline;
+  unloaded) or take longer than the operator's deadline, while its resource's load crosses
+  break-even and comes back (decisions the other pods must follow);
+- ``load-surge``: one resource's load past break-even for a while (speculation should go off);
 - ``operator-restart``: the operator stopped and started again, preferably mid-canary;
 - ``new-draft``: a new draft version in spec.draft (a canary; some drafts are worse, some not lossless);
 - ``target-change``: a new target version (the draft goes stale, a training Job runs; the soak
@@ -72,6 +74,7 @@ FAULT_KINDS = (
     "prometheus-down",
     "pod-load-error",
     "pod-load-hang",
+    "load-surge",
     "operator-restart",
     "new-draft",
     "target-change",
@@ -82,6 +85,8 @@ FRESH_AFTER = frozenset({"api-5xx-burst", "watch-cut", "prometheus-down", "opera
 """Faults after which recovery also waits for every resource's status to be refreshed by the operator."""
 ALPHA = 0.8
 LOAD = LoadPoint(batch=16, alpha=ALPHA)
+SURGE = LoadPoint(batch=300, alpha=ALPHA)
+"""Past break-even for the dense example (about 251 at alpha 0.8): speculation should go off."""
 INTERVAL = "2s"
 READY_GRACE_S = 30.0
 CRASH_LOOP_COUNT = 3
@@ -541,27 +546,43 @@ class Soak:
             return self.end(record, None)
         if kind in ("pod-load-error", "pod-load-hang"):
             pods = [
-                pod for spec in self.resources for pod in self.stack.pods(spec.name, "stable") if pod.running
+                (spec.name, pod)
+                for spec in self.resources
+                for pod in self.stack.pods(spec.name, "stable")
+                if pod.running
             ]
             if not pods:
                 return None
-            pod = rng.choice(pods)
+            owner, pod = rng.choice(pods)
             seconds = self.lasting(10.0, 40.0)
-            record = self.begin(kind, pod.name, f"{seconds:.0f} s")
+            record = self.begin(kind, pod.name, f"{seconds:.0f} s, load past break-even for half of it")
             excuse = self.excuse(kind, pod.name)
+            # The load crosses break-even and comes back meanwhile: two decisions the other pods must
+            # follow within 2 intervals while this one cannot.
             if kind == "pod-load-hang":
-                # Loads begun during the fault hang for its whole length (past the operator's deadline).
-                pod.load_latency = seconds
-                await self.sleep(seconds, stop)
+                pod.load_latency = seconds  # loads begun during the fault hang past the operator's deadline
+            else:
+                with contextlib.suppress(Exception):
+                    pod.unload_model(TARGET_MODEL)  # every BLS load fails: its target is not loaded
+            self.stack.set_load(owner, SURGE)
+            await self.sleep(seconds / 2, stop)
+            self.stack.set_load(owner, LOAD)
+            await self.sleep(seconds / 2, stop)
+            if kind == "pod-load-hang":
                 pod.load_latency = 0.0
                 await self.sleep(seconds, stop)  # the fault ends when the last hung load returned
             else:
                 with contextlib.suppress(Exception):
-                    pod.unload_model(TARGET_MODEL)
-                await self.sleep(seconds, stop)
-                with contextlib.suppress(Exception):
                     pod.load_model(TARGET_MODEL)
             return self.end(record, excuse)
+        if kind == "load-surge":
+            owner = rng.choice([spec.name for spec in self.resources])
+            seconds = self.lasting(8.0, 30.0)
+            record = self.begin(kind, owner, f"batch {SURGE.batch:.0f} per pod for {seconds:.0f} s")
+            self.stack.set_load(owner, SURGE)
+            await self.sleep(seconds, stop)
+            self.stack.set_load(owner, LOAD)
+            return self.end(record, None)
         if kind == "operator-restart":
             busy = [b["metadata"]["name"] for b in self.bodies() if (b.get("status") or {}).get("canary")]
             record = self.begin(kind, busy[0] if busy else "", "mid-canary" if busy else "idle")
