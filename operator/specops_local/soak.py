@@ -51,7 +51,9 @@ from pathlib import Path
 from typing import Any
 
 from specops.api.units import parse_duration
+from specops.domain.names import LABEL_DEPLOYMENT
 from specops.domain.phases import ACTIVE_PHASES
+from specops.domain.retraining.naming import LABEL_ROUND
 from specops_local.serving import DraftBehaviour
 from specops_local.sim import LoadPoint
 from specops_local.sim.pod import TARGET_MODEL
@@ -352,8 +354,9 @@ class Soak:
         rounds: Counter[tuple[str, str]] = Counter()
         for job in jobs:
             labels = job["metadata"].get("labels") or {}
-            owner = labels.get("specops.dev/deployment", "")
-            rounds[(owner, labels.get("specops.dev/round", ""))] += 1
+            owner = labels.get(LABEL_DEPLOYMENT, "")
+            if labels.get(LABEL_ROUND):
+                rounds[(owner, labels[LABEL_ROUND])] += 1
             done = {
                 c.get("type")
                 for c in (job.get("status") or {}).get("conditions") or []
@@ -628,7 +631,7 @@ class Soak:
             jobs = [
                 job
                 for job in self.stack.cluster.objects("jobs", self.stack.namespace)
-                if (job["metadata"].get("labels") or {}).get("specops.dev/deployment") == name
+                if (job["metadata"].get("labels") or {}).get(LABEL_DEPLOYMENT) == name
                 and not (job.get("status") or {}).get("conditions")
             ]
             if jobs:
@@ -749,8 +752,8 @@ class Soak:
                 await self.train(record, stop)
             await self.await_recovery(record, stop)
             outcome = self.canary_outcome(record.target, record.detail) if record.detail else None
-            if outcome is None and stop.is_set():
-                record.cut_short = True  # still running when the soak ended: no recovery time
+            if record.recovered_s is None and stop.is_set():
+                record.cut_short = True  # still recovering when the soak ended: no recovery time
             self.canaries[
                 (outcome or ("running at the end" if record.cut_short else "unfinished")).lower()
             ] += 1

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 import yaml
 
+from specops.domain.retraining.naming import LABEL_ROUND
 from specops_local.cluster import EmulatedCluster
 from specops_local.soak import Excuse, Soak, SoakSettings
 from tests.conftest import EXAMPLES
@@ -82,7 +83,7 @@ def a_service(cluster: EmulatedCluster, name: str) -> None:
 def a_job(
     cluster: EmulatedCluster, name: str, round_number: str, status: dict[str, Any] | None = None
 ) -> None:
-    labels = {"specops.dev/deployment": NAME, "specops.dev/round": round_number}
+    labels = {"specops.dev/deployment": NAME, LABEL_ROUND: round_number}
     cluster.create(
         "jobs",
         {
