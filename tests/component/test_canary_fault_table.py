@@ -22,7 +22,6 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-import pytest_asyncio
 import yaml
 
 from specops.adapters.kube import KubeClient, load_connection_settings
@@ -35,9 +34,8 @@ from specops.ports import ApplyResult, FleetResult, GenerateResult
 from specops.services.canary import RouteNotReleased
 from specops.services.config import OperatorConfig
 from specops.services.container import Services, build_services
-from specops_local.cluster import EmulatedCluster, emulated_cluster
-from specops_local.upstream_crds import upstream_crds
-from tests.conftest import CRD_PATH, EXAMPLES
+from specops_local.cluster import EmulatedCluster
+from tests.conftest import EXAMPLES
 
 NAME, NAMESPACE, ROUTE = "chat", "default", "chat-route"
 STABLE_SERVICE, CANARY_SERVICE = variant_service_name(NAME, STABLE), variant_service_name(NAME, CANARY)
@@ -328,43 +326,7 @@ def _case_id(case: tuple[str, str, Scenario]) -> str:
 # ---------------------------------------------------------------- driving it
 
 
-# One emulated API server for the whole table (starting one costs more than a case), emptied before each case.
-pytestmark = pytest.mark.asyncio(loop_scope="module")
-LEFTOVERS = (
-    "speculativedeployments",
-    "httproutes",
-    "deployments",
-    "services",
-    "configmaps",
-    "pods",
-    "events",
-)
-
-
-@pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def shared_cluster(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[EmulatedCluster]:
-    crds = upstream_crds()
-    async with emulated_cluster([CRD_PATH], tmp_path_factory.mktemp("cluster"), crds=crds) as emulated:
-        yield emulated
-
-
-@pytest_asyncio.fixture(loop_scope="module")
-async def cluster(shared_cluster: EmulatedCluster, monkeypatch: pytest.MonkeyPatch) -> EmulatedCluster:
-    """The shared server, with nothing left of the previous case."""
-    for plural in LEFTOVERS:
-        res = shared_cluster.resource(plural)
-        for obj in shared_cluster.objects(plural, NAMESPACE):
-            name = obj["metadata"]["name"]
-            if shared_cluster.emulator.read_object(res, NAMESPACE, name)["metadata"].get("finalizers"):
-                shared_cluster.emulator.patch_object(res, NAMESPACE, name, {"metadata": {"finalizers": None}})
-            if shared_cluster.get(plural, name) is not None:
-                shared_cluster.emulator.delete_object(res, NAMESPACE, name)
-        assert shared_cluster.objects(plural, NAMESPACE) == []
-    monkeypatch.setenv("KUBECONFIG", str(shared_cluster.kubeconfig_path))
-    return shared_cluster
-
-
-@pytest_asyncio.fixture(loop_scope="module")
+@pytest.fixture
 async def services(cluster: EmulatedCluster, operator_env: None) -> AsyncIterator[Services]:
     built = await build_services(OperatorConfig.from_env())
     await built.kube.close()
