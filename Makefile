@@ -6,7 +6,7 @@ PY      := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed
 
 .DEFAULT_GOAL := help
-.PHONY: help install prometheus kubectl test test-cluster lint fmt crds demo bench image clean
+.PHONY: help install prometheus kubectl test test-cluster lint fmt crds demo bench soak image clean
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -50,6 +50,10 @@ demo: install ## local demo (specops local demo): emulated cluster, simulated Tr
 bench: install ## benchmarks: print tables and write JSON under bench-results/
 	$(PY) -m specops.bench all --out bench-results
 	$(VENV)/bin/specops local reaction --json bench-results/reaction.json
+
+SOAK_SECONDS ?= 3600
+soak: install ## chaos soak on the local stack, invariants checked every 2 s (SOAK_SECONDS=300 for CI); JSON in bench-results/soak.json
+	$(VENV)/bin/specops local soak --seconds $(SOAK_SECONDS) --json bench-results/soak.json
 
 IMAGE ?= specops:0.1.0
 image: ## build the operator image $(IMAGE) from Dockerfile (needs docker or podman)

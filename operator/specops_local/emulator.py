@@ -361,6 +361,7 @@ class FidelityEmulator(kmock.KubernetesEmulator):
     _compacted: dict[kmock.resource, int] = attrs.field(factory=dict, init=False)
     _changed: dict[kmock.resource, asyncio.Event] = attrs.field(factory=dict, init=False)
     _closing: bool = attrs.field(default=False, init=False)
+    _cuts: int = attrs.field(default=0, init=False)
     _watchers: collections.Counter[kmock.resource] = attrs.field(factory=collections.Counter, init=False)
     _matching: rendering.Request | None = attrs.field(default=None, init=False)
 
@@ -780,6 +781,15 @@ class FidelityEmulator(kmock.KubernetesEmulator):
             if events:
                 self._compacted[res] = events[-1].revision
             events.clear()
+
+    def cut_watches(self) -> None:
+        """End every open watch stream now and keep serving, as an API server restart or a proxy does.
+
+        Clients reconnect and resume from their last resourceVersion (410 Gone after compact())."""
+        self._cuts += 1
+        for changed in self._changed.values():
+            changed.set()
+        self._changed.clear()
 
     def close(self) -> None:
         """End all watch streams (before the HTTP server stops)."""
@@ -1248,7 +1258,8 @@ class FidelityEmulator(kmock.KubernetesEmulator):
         else:
             since = int(since_text)
 
-        while not self._closing:
+        cuts = self._cuts
+        while not self._closing and self._cuts == cuts:
             changed = self._changed.setdefault(res, asyncio.Event())
             if since < self._compacted.get(res, 0):
                 gone = ApiError(410, "Expired", f"too old resource version: {since} ({self._compacted[res]})")

@@ -18,7 +18,7 @@ import logging
 import os
 import signal
 import threading
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -171,6 +171,7 @@ async def local_stack(
     decision_interval: str = "1s",
     pod_options: Callable[[Any, str], dict[str, Any]] | None = None,
     drafts: dict[str, DraftBehaviour] | None = None,
+    extra_crds: Sequence[Mapping[str, Any]] = (),
 ) -> AsyncIterator[LocalStack]:
     """Start everything, yield the handles, stop everything in reverse order (also on errors)."""
     workdir.mkdir(parents=True, exist_ok=True)  # noqa: ASYNC240 (once, before anything runs)
@@ -179,7 +180,9 @@ async def local_stack(
     async with contextlib.AsyncExitStack() as exits:
         # The CRD generated from the API models: what crds/ holds in a clone (a test checks), and
         # available in an installed package too.
-        cluster = await exits.enter_async_context(emulated_cluster([], workdir, crds=[build_crd()]))
+        cluster = await exits.enter_async_context(
+            emulated_cluster([], workdir, crds=[build_crd(), *map(dict, extra_crds)])
+        )
         prometheus = await exits.enter_async_context(run_prometheus(workdir, scrape_interval=scrape_interval))
         serving = await exits.enter_async_context(
             ServingController(cluster, prometheus, load=load, pod_options=pod_options, drafts=drafts)

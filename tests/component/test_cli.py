@@ -153,7 +153,7 @@ def test_bench_help_lists_the_real_benchmarks() -> None:
         assert name in result.output
     assert "specops local reaction" in result.output
     local = CliRunner().invoke(specops, ["local", "--help"])
-    assert {"up", "demo", "reaction"} <= set(local.output.split())
+    assert {"up", "demo", "reaction", "soak"} <= set(local.output.split())
 
 
 def test_bench_passes_its_arguments_through(tmp_path: Path) -> None:

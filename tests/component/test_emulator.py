@@ -484,6 +484,31 @@ async def test_watch_from_a_compacted_resource_version_is_410_gone(
     assert (event["object"]["code"], event["object"]["reason"]) == (410, "Expired")
 
 
+async def test_cut_watches_ends_open_streams_and_a_resumed_watch_gets_what_it_missed(
+    api: httpx.AsyncClient, cluster: EmulatedCluster
+) -> None:
+    # Given a client watching configmaps (a long timeout: only the cut can end the stream soon)
+    first = await create_configmap(api, "a")
+    params = {
+        "watch": "true",
+        "resourceVersion": first["metadata"]["resourceVersion"],
+        "timeoutSeconds": "30",
+    }
+    async with api.stream("GET", CONFIGMAPS, params=params) as stream:
+        await cluster.wait_for(lambda: cluster.emulator.watchers(cluster.resource("configmaps")) > 0)
+
+        # When every watch is cut, then the stream ends while the server keeps serving
+        cluster.emulator.cut_watches()
+
+        async def rest() -> list[str]:
+            return [line async for line in stream.aiter_lines()]
+
+        assert await asyncio.wait_for(rest(), 5.0) == []  # ended by the cut, 25 s before its timeout
+    await create_configmap(api, "b")
+    resumed = await api.get(CONFIGMAPS, params={**params, "timeoutSeconds": "0.2"})
+    assert watch_events(resumed.text) == [("ADDED", "b")]
+
+
 async def test_watch_with_initial_events_ends_them_with_a_bookmark(api: httpx.AsyncClient) -> None:
     await create_configmap(api, "a")
     params = {

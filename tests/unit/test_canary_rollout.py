@@ -305,13 +305,14 @@ def test_promotion_waits_for_the_stable_rollout_then_removes_the_canary() -> Non
     ]
 
 
-def test_abort_and_promote_annotations_act_once_and_are_cleared() -> None:
+def test_abort_and_promote_annotations_act_once_and_are_cleared_after_they_took_effect() -> None:
+    # The annotation goes last: when a route write or a delete fails, the next tick acts on it again.
     status = serving(canary=canary_status())
     aborted = rollout.step(inputs(status, action="abort"))
-    assert aborted.actions == (ClearAction(), SetWeight(0), DeleteCanary())
+    assert aborted.actions == (SetWeight(0), DeleteCanary(), ClearAction())
     assert aborted.status.last_canary is not None and aborted.status.last_canary.reason == "CanaryAborted"
     promoted = rollout.step(inputs(status, action="promote"))
-    assert promoted.actions == (ClearAction(), SetWeight(100))
+    assert promoted.actions == (SetWeight(100), ClearAction())
     assert promoted.status.canary is not None and promoted.status.canary.phase == "Promoting"
 
 

@@ -191,10 +191,10 @@ def step(inputs: CanaryInputs) -> CanaryStep:
         return _maybe_start(inputs)
     if inputs.action == "abort":
         ended = _rollback(inputs, canary, Reason.CANARY_ABORTED, "aborted by specops.dev/canary-action")
-        return replace(ended, actions=(ClearAction(), *ended.actions))
+        return replace(ended, actions=(*ended.actions, ClearAction()))
     if inputs.action == "promote":
         ended = _start_promotion(inputs, canary, "promoted by specops.dev/canary-action")
-        return replace(ended, actions=(ClearAction(), *ended.actions))
+        return replace(ended, actions=(*ended.actions, ClearAction()))
     if inputs.paused:
         return CanaryStep(_with(status, replace_canary(canary, paused=True)))
     if canary.paused:

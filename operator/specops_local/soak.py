@@ -1,0 +1,862 @@
+"""The chaos soak: the whole local stack under a random, seeded schedule of faults, invariants checked every tick.
+
+``specops local soak --seconds 3600 --seed 1`` (``make soak``; CI runs 300 s) starts the local
+stack (emulated API server, Debian's Prometheus, simulated Triton pods, the real operator)
+with a few SpeculativeDeployments, two of them behind a Gateway API HTTPRoute, and then, one
+after another with random gaps, injects:
+
+- ``api-5xx-burst``: a share of the API writes (and half that share of the reads) answered 503 for a few seconds;
+- ``watch-cut``: every watch stream ended, the watch history compacted (resumes get 410 Gone);
+- ``prometheus-down``: Prometheus stopped for a while, then started on the same port and data;
+- ``pod-load-error`` / ``pod-load-hang``: one serving pod's model loads fail (its target model is
+  unloaded) or take longer than the operator's deadline, while its resource's load crosses
+  break-even and comes back (decisions the other pods must follow);
+- ``load-surge``: one resource's load past break-even for a while (speculation should go off);
+- ``operator-restart``: the operator stopped and started again, preferably mid-canary;
+- ``new-draft``: a new draft version in spec.draft (a canary; some drafts are worse, some not lossless);
+- ``target-change``: a new target version (the draft goes stale, a training Job runs; the soak
+  plays the Job controller and publishes the trained draft, which goes through a canary).
+
+Every ``--check-interval`` seconds it checks, from the API server's store and the pods:
+
+- ``route-to-missing-backend``: every HTTPRoute backendRef names a Service that exists;
+- ``duplicate-training-job``: at most one unfinished training Job per resource, one Job per round;
+- ``no-ready-condition``: every resource (30 s after creation) has a Ready condition;
+- ``crash-loop``: no handler fails with an unexpected exception 3 times in a row, and no resource
+  stays Degraded with TickFailed for 3 checks;
+- ``speculation-mismatch``: every stable pod runs the draft length status.speculation decided,
+  within 2 decision intervals (longer only while a fault that explains it lasts, and for a grace
+  of 2 intervals after: status writes failing, the operator down, the pod itself faulted).
+
+After each fault it measures the recovery time (until the resources are healthy again, see
+``recovered``) and prints a summary: faults by kind, violations by invariant (must be 0),
+recovery times, canary outcomes. The JSON (``--json``) holds the same.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import random
+import re
+import statistics
+import tempfile
+import time
+from collections import Counter
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from specops.api.units import parse_duration
+from specops.domain.names import LABEL_DEPLOYMENT
+from specops.domain.phases import ACTIVE_PHASES
+from specops.domain.retraining.naming import LABEL_ROUND
+from specops_local.serving import DraftBehaviour
+from specops_local.sim import LoadPoint
+from specops_local.sim.pod import TARGET_MODEL
+from specops_local.stack import LocalStack, fast_resource, local_stack, log_to_file
+from specops_local.upstream_crds import upstream_crds
+
+log = logging.getLogger(__name__)
+
+SPECULATIVE = "speculativedeployments"
+INVARIANTS = (
+    "route-to-missing-backend",
+    "duplicate-training-job",
+    "no-ready-condition",
+    "crash-loop",
+    "speculation-mismatch",
+)
+FAULT_KINDS = (
+    "api-5xx-burst",
+    "watch-cut",
+    "prometheus-down",
+    "pod-load-error",
+    "pod-load-hang",
+    "load-surge",
+    "operator-restart",
+    "new-draft",
+    "target-change",
+)
+BACKGROUND = frozenset({"new-draft", "target-change"})
+"""Faults that start a canary: followed in the background while the next faults strike."""
+FRESH_AFTER = frozenset({"api-5xx-burst", "watch-cut", "prometheus-down", "operator-restart"})
+"""Faults after which recovery also waits for every resource's status to be refreshed by the operator."""
+ALPHA = 0.8
+LOAD = LoadPoint(batch=16, alpha=ALPHA)
+SURGE = LoadPoint(batch=300, alpha=ALPHA)
+"""Past break-even for the dense example (about 251 at alpha 0.8): speculation should go off."""
+INTERVAL = "2s"
+READY_GRACE_S = 30.0
+CRASH_LOOP_COUNT = 3
+RECOVERY_TIMEOUT_S = 120.0
+CANARY = {
+    "steps": [{"weight": 25, "pause": "6s"}, {"weight": 50, "pause": "6s"}],
+    "goldenPrompts": {"prompts": ["What is the capital of France?"], "maxTokens": 16},
+}
+RETRAINING = {
+    "enabled": True,
+    "method": "onPolicy",
+    "image": "registry.example.com/specops-trainer:1",
+    "data": {"uri": "s3://prompts/soak/"},
+}
+
+
+@dataclass(frozen=True)
+class SoakResource:
+    name: str
+    example: str
+    route: bool
+    retraining: bool
+
+
+RESOURCES = (
+    SoakResource("llama-70b-chat", "dense-70b-7b.yaml", route=True, retraining=True),
+    SoakResource("qwen3-moe", "moe-expert-distilled.yaml", route=False, retraining=False),
+    SoakResource("llama-70b-batch", "dense-70b-7b.yaml", route=True, retraining=False),
+    SoakResource("qwen3-moe-b", "moe-expert-distilled.yaml", route=False, retraining=False),
+)
+
+
+@dataclass
+class SoakSettings:
+    seconds: float = 3600.0
+    seed: int = 1
+    resources: int = 3
+    check_interval_s: float = 2.0
+    gap_s: tuple[float, float] = (5.0, 15.0)
+    """Quiet time between one fault's recovery and the next fault, drawn uniformly."""
+    startup_timeout_s: float = 90.0
+    kinds: tuple[str, ...] = FAULT_KINDS
+    fault_scale: float = 1.0
+    """Multiplies how long bursts, outages and faulty pods last."""
+    """The faults drawn from: each round injects every kind once, in a seeded random order."""
+
+
+@dataclass
+class FaultRecord:
+    kind: str
+    target: str
+    started_s: float
+    ended_s: float | None = None
+    ended_at: datetime | None = None
+    cut_short: bool = False
+    """Its canary was still running when the soak ended."""
+    recovered_s: float | None = None
+    detail: str = ""
+
+    @property
+    def recovery_s(self) -> float | None:
+        if self.ended_s is None or self.recovered_s is None:
+            return None
+        return round(self.recovered_s - self.ended_s, 2)
+
+
+@dataclass
+class Violation:
+    invariant: str
+    at_s: float
+    detail: str
+
+
+@dataclass
+class Excuse:
+    """A fault that explains pods differing from status for a while: all resources, or one pod."""
+
+    kind: str
+    pod: str | None
+    until_s: float | None  # None: the fault still lasts
+
+
+HANDLER_MESSAGE = re.compile(r"^(?:Handler|Daemon|Timer|Activity) '([^']+)' ")
+"""How Kopf names a handler in its log lines ("Daemon 'x' failed with an exception and will ...")."""
+
+
+class HandlerFailures(logging.Handler):
+    """Counts handlers failing with unexpected exceptions in a row, per handler and object (Kopf's logs)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.in_a_row: Counter[str] = Counter()
+        self.worst: Counter[str] = Counter()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        message = record.getMessage()
+        match = HANDLER_MESSAGE.match(message)
+        if match is None:
+            return
+        handler = match.group(1)
+        ref = getattr(record, "k8s_ref", None) or {}
+        key = f"{handler} {ref.get('namespace', '')}/{ref.get('name', '')}"
+        if "failed with an exception" in message:
+            self.in_a_row[key] += 1
+            self.worst[key] = max(self.worst[key], self.in_a_row[key])
+        elif "succeeded" in message:
+            self.in_a_row.pop(key, None)
+
+
+def _conditions(body: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    conditions = (body.get("status") or {}).get("conditions") or []
+    return {c.get("type", ""): c for c in conditions if isinstance(c, dict)}
+
+
+class Soak:
+    def __init__(self, stack: LocalStack, settings: SoakSettings, drafts: dict[str, DraftBehaviour]) -> None:
+        self.stack = stack
+        self.settings = settings
+        self.drafts = drafts
+        self.schedule = random.Random(settings.seed)
+        self.chance = random.Random(settings.seed + 1)  # the 5xx coin flips, apart from the schedule
+        self.resources = list(RESOURCES[: max(1, min(settings.resources, len(RESOURCES)))])
+        self.started = time.monotonic()
+        self.created_s: dict[str, float] = {}
+        self.faults: list[FaultRecord] = []
+        self.violations: list[Violation] = []
+        self.checks = 0
+        self.excuses: list[Excuse] = []
+        self.mismatch_since: dict[str, float] = {}
+        self.reported: set[str] = set()
+        self.degraded_checks: Counter[str] = Counter()
+        self.failures = HandlerFailures()
+        self.write_failure_share = 0.0
+        self.writes_failed = 0
+        self.reads_failed = 0
+        self.canaries: Counter[str] = Counter()
+        self.versions = 4
+        self.rounds = 0
+        self.busy: set[str] = set()
+        """Resources whose canary the soak follows (no second new draft until it ended)."""
+        self.seen: Counter[str] = Counter()
+        """What the checks looked at, so a report shows they had something to check."""
+        self.check_errors = 0
+
+    # ------------------------------------------------------------------ helpers
+
+    def now_s(self) -> float:
+        return round(time.monotonic() - self.started, 2)
+
+    def interval_s(self) -> float:
+        return parse_duration(INTERVAL)
+
+    def bodies(self) -> list[dict[str, Any]]:
+        return [
+            body
+            for body in self.stack.cluster.objects(SPECULATIVE, self.stack.namespace)
+            if body["metadata"]["name"] in {r.name for r in self.resources}
+        ]
+
+    def body(self, name: str) -> dict[str, Any] | None:
+        return self.stack.cluster.get(SPECULATIVE, name, namespace=self.stack.namespace)
+
+    def patch_spec(self, name: str, spec: dict[str, Any]) -> None:
+        """A person's kubectl patch, written straight into the store (the injected 5xx are the operator's)."""
+        res = self.stack.cluster.resource(SPECULATIVE)
+        self.stack.cluster.emulator.patch_object(res, self.stack.namespace, name, {"spec": spec})
+
+    def violate(self, invariant: str, key: str, detail: str) -> None:
+        """Count an invariant violation once per episode (key), so one stuck state is one violation."""
+        if key in self.reported:
+            return
+        self.reported.add(key)
+        self.violations.append(Violation(invariant, self.now_s(), detail))
+        log.error("soak invariant %s violated at %.1f s: %s", invariant, self.now_s(), detail)
+
+    def settle(self, key: str) -> None:
+        self.reported.discard(key)
+
+    # ------------------------------------------------------------------ start
+
+    async def create_resources(self) -> None:
+        for spec in self.resources:
+            body = fast_resource(
+                spec.example,
+                prometheus_url=self.stack.prometheus.url,
+                namespace=self.stack.namespace,
+                interval=INTERVAL,
+                baseline="6s",
+                soak="6s",
+            )
+            body["metadata"]["name"] = spec.name
+            canary: dict[str, Any] = dict(CANARY)
+            if spec.route:
+                route = f"{spec.name}-route"
+                canary["trafficRouting"] = {"gatewayAPI": {"httpRoute": route}}
+                self.stack.cluster.create(
+                    "httproutes",
+                    {
+                        "apiVersion": "gateway.networking.k8s.io/v1",
+                        "kind": "HTTPRoute",
+                        "metadata": {"name": route, "namespace": self.stack.namespace},
+                        "spec": {
+                            "parentRefs": [{"name": "gateway"}],
+                            "rules": [{"backendRefs": [{"name": f"{spec.name}-stable", "port": 8000}]}],
+                        },
+                    },
+                    namespace=self.stack.namespace,
+                )
+            body["spec"]["canary"] = canary
+            if spec.retraining:
+                body["spec"]["retraining"] = RETRAINING
+            await self.stack.kube.create(body)
+            self.created_s[spec.name] = self.now_s()
+
+    async def wait_serving(self) -> None:
+        deadline = time.monotonic() + self.settings.startup_timeout_s
+        while time.monotonic() < deadline:
+            phases = {b["metadata"]["name"]: (b.get("status") or {}).get("phase") for b in self.bodies()}
+            if len(phases) == len(self.resources) and all(
+                phase in ACTIVE_PHASES for phase in phases.values()
+            ):
+                return
+            await asyncio.sleep(0.5)
+        raise TimeoutError(f"resources not serving after {self.settings.startup_timeout_s} s: {phases}")
+
+    # ------------------------------------------------------------------ invariants
+
+    async def check_forever(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            try:
+                self.check()
+            except Exception:  # a check that cannot run is a soak bug: say it loudly, fail the run
+                self.check_errors += 1
+                log.exception("soak check failed")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), self.settings.check_interval_s)
+
+    def check(self) -> None:
+        self.checks += 1
+        self.check_routes()
+        self.check_jobs()
+        self.check_ready()
+        self.check_crash_loops()
+        self.check_speculation()
+
+    def check_routes(self) -> None:
+        cluster, namespace = self.stack.cluster, self.stack.namespace
+        services = {obj["metadata"]["name"] for obj in cluster.objects("services", namespace)}
+        for route in cluster.objects("httproutes", namespace):
+            for rule in route["spec"].get("rules") or []:
+                for ref in rule.get("backendRefs") or []:
+                    key = f"route {route['metadata']['name']} -> {ref['name']}"
+                    if ref["name"].endswith("-canary"):
+                        self.seen["route checks with a canary backend"] += 1
+                    if ref["name"] not in services:
+                        self.violate("route-to-missing-backend", key, f"{key}: no such Service")
+                    else:
+                        self.settle(key)
+
+    def check_jobs(self) -> None:
+        jobs = self.stack.cluster.objects("jobs", self.stack.namespace)
+        active: Counter[str] = Counter()
+        rounds: Counter[tuple[str, str]] = Counter()
+        for job in jobs:
+            labels = job["metadata"].get("labels") or {}
+            owner = labels.get(LABEL_DEPLOYMENT, "")
+            if labels.get(LABEL_ROUND):
+                rounds[(owner, labels[LABEL_ROUND])] += 1
+            done = {
+                c.get("type")
+                for c in (job.get("status") or {}).get("conditions") or []
+                if c.get("status") == "True"
+            }
+            if not done & {"Complete", "Failed"}:
+                active[owner] += 1
+        for owner, count in active.items():
+            if count > 1:
+                self.violate("duplicate-training-job", f"active {owner}", f"{owner}: {count} unfinished Jobs")
+        for (owner, number), count in rounds.items():
+            if count > 1:
+                self.violate(
+                    "duplicate-training-job",
+                    f"round {owner} {number}",
+                    f"{owner}: {count} Jobs of round {number}",
+                )
+
+    def check_ready(self) -> None:
+        for body in self.bodies():
+            name = body["metadata"]["name"]
+            if self.now_s() - self.created_s.get(name, 0.0) < READY_GRACE_S:
+                continue
+            key = f"ready {name}"
+            if "Ready" not in _conditions(body):
+                self.violate("no-ready-condition", key, f"{name} has no Ready condition")
+            else:
+                self.settle(key)
+
+    def check_crash_loops(self) -> None:
+        for key, count in self.failures.in_a_row.items():
+            if count >= CRASH_LOOP_COUNT:
+                self.violate("crash-loop", f"handler {key}", f"handler {key} failed {count} times in a row")
+        for body in self.bodies():
+            name = body["metadata"]["name"]
+            degraded = _conditions(body).get("Degraded") or {}
+            if degraded.get("status") == "True" and degraded.get("reason") == "TickFailed":
+                self.degraded_checks[name] += 1
+                if self.degraded_checks[name] >= CRASH_LOOP_COUNT:
+                    self.violate("crash-loop", f"tick {name}", f"{name}: {degraded.get('message', '')}")
+            else:
+                self.degraded_checks.pop(name, None)
+                self.settle(f"tick {name}")
+
+    def excused(self, pod: str) -> bool:
+        now = self.now_s()
+        grace = 2 * self.interval_s()
+        return any(
+            (excuse.pod in (None, pod)) and (excuse.until_s is None or now < excuse.until_s + grace)
+            for excuse in self.excuses
+        )
+
+    def check_speculation(self) -> None:
+        now = self.now_s()
+        allowed = 2 * self.interval_s() + self.settings.check_interval_s
+        self.excuses = [e for e in self.excuses if e.until_s is None or now < e.until_s + 60.0]
+        seen: set[str] = set()
+        for body in self.bodies():
+            name = body["metadata"]["name"]
+            speculation = (body.get("status") or {}).get("speculation")
+            if not speculation or not self.stack.operator.running:
+                continue
+            decided = int(speculation.get("draftLength") or 0)
+            for pod in self.stack.pods(name, "stable"):
+                if not pod.running:
+                    continue
+                key = f"speculation {pod.name}"
+                seen.add(key)
+                self.seen["pod speculation checks"] += 1
+                if pod.draft_length != decided:
+                    self.seen["pod speculation mismatches within the allowance"] += 1
+                if pod.draft_length == decided or self.excused(pod.name):
+                    self.mismatch_since.pop(key, None)
+                    self.settle(key)
+                    continue
+                since = self.mismatch_since.setdefault(key, now)
+                if now - since > allowed:
+                    self.violate(
+                        "speculation-mismatch",
+                        key,
+                        f"{pod.name} runs num_draft_tokens={pod.draft_length}, status of {name} decided "
+                        f"{decided} ({speculation.get('reason')}) for {now - since:.0f} s",
+                    )
+        for key in set(self.mismatch_since) - seen:
+            del self.mismatch_since[key]
+
+    # ------------------------------------------------------------------ recovery
+
+    def healthy(self, record: FaultRecord) -> bool:
+        """Recovered: every resource Ready and not failing, every stable pod runs what status decided,
+        and what the fault disturbed is back (fresh metrics, the draft's canary ended, the draft current)."""
+        ended = record.ended_s or 0.0
+        bodies = self.bodies()
+        if len(bodies) < len(self.resources):
+            return False
+        for body in bodies:
+            conditions = _conditions(body)
+            if (conditions.get("Ready") or {}).get("status") != "True":
+                return False
+            if (conditions.get("Degraded") or {}).get("reason") == "TickFailed":
+                return False
+            decided = int(((body.get("status") or {}).get("speculation") or {}).get("draftLength") or 0)
+            pods = self.stack.pods(body["metadata"]["name"], "stable")
+            if any(pod.running and pod.draft_length != decided for pod in pods):
+                return False
+            if (
+                record.kind == "prometheus-down"
+                and (conditions.get("MetricsUnavailable") or {}).get("status") == "True"
+            ):
+                return False
+            if record.kind in FRESH_AFTER and not self.refreshed_since(body, record.ended_at):
+                return False
+        target = self.body(record.target) if record.target else None
+        status = (target or {}).get("status") or {}
+        if record.kind in BACKGROUND:
+            # The draft's canary ended (a retraining round's once its Job published the draft).
+            trained = record.kind == "new-draft" or not record.detail.startswith("target ")
+            return (
+                status.get("canary") is None
+                and trained
+                and self.canary_outcome(record.target, record.detail) is not None
+            )
+        return self.now_s() >= ended
+
+    def refreshed_since(self, body: dict[str, Any], moment: datetime | None) -> bool:
+        """The operator measured and wrote this resource's status after `moment` (it works again)."""
+        if not self.stack.operator.running:
+            return False
+        at = ((body.get("status") or {}).get("observed") or {}).get("at")
+        if not at or moment is None:
+            return False
+        return datetime.fromisoformat(str(at).replace("Z", "+00:00")) >= moment.replace(microsecond=0)
+
+    def canary_outcome(self, name: str, version: str) -> str | None:
+        status = (self.body(name) or {}).get("status") or {}
+        if status.get("canary") is not None:
+            return None
+        if ((status.get("draft") or {}).get("version")) == version:
+            return "Promoted"
+        if str(status.get("rejectedDraft") or "").startswith(f"{version}@"):
+            return "RolledBack"
+        return None
+
+    async def await_recovery(self, record: FaultRecord, stop: asyncio.Event) -> None:
+        deadline = time.monotonic() + RECOVERY_TIMEOUT_S
+        while not stop.is_set() and time.monotonic() < deadline:
+            if self.healthy(record):
+                record.recovered_s = self.now_s()
+                return
+            await asyncio.sleep(0.5)
+
+    # ------------------------------------------------------------------ faults
+
+    def pick_resource(self, *, idle: bool = False, retraining: bool = False) -> str | None:
+        candidates = []
+        for spec in self.resources:
+            status = (self.body(spec.name) or {}).get("status") or {}
+            if idle and (status.get("canary") is not None or spec.name in self.busy):
+                continue
+            if retraining and not spec.retraining:
+                continue
+            candidates.append(spec.name)
+        return self.schedule.choice(candidates) if candidates else None
+
+    async def fault(self, kind: str, stop: asyncio.Event) -> FaultRecord | None:
+        rng = self.schedule
+        if kind == "api-5xx-burst":
+            share, seconds = rng.uniform(0.3, 1.0), self.lasting(4.0, 15.0)
+            record = self.begin(kind, "", f"{share:.0%} of writes for {seconds:.0f} s")
+            excuse = self.excuse(kind)
+            self.write_failure_share = share
+            await self.sleep(seconds, stop)
+            self.write_failure_share = 0.0
+            return self.end(record, excuse)
+        if kind == "watch-cut":
+            cuts = rng.randint(1, 3)
+            record = self.begin(kind, "", f"{cuts} cut(s) with compaction, 2 s apart")
+            for index in range(cuts):
+                self.stack.cluster.emulator.compact()
+                self.stack.cluster.emulator.cut_watches()
+                if index + 1 < cuts:
+                    await self.sleep(2.0, stop)
+            return self.end(record, None)
+        if kind == "prometheus-down":
+            seconds = self.lasting(5.0, 30.0)
+            record = self.begin(kind, "", f"{seconds:.0f} s")
+            await self.stack.prometheus.stop()
+            await self.sleep(seconds, stop)
+            await self.stack.prometheus.start()
+            return self.end(record, None)
+        if kind in ("pod-load-error", "pod-load-hang"):
+            pods = [
+                (spec.name, pod)
+                for spec in self.resources
+                for pod in self.stack.pods(spec.name, "stable")
+                if pod.running
+            ]
+            if not pods:
+                return None
+            owner, pod = rng.choice(pods)
+            seconds = self.lasting(10.0, 40.0)
+            record = self.begin(kind, pod.name, f"{seconds:.0f} s, load past break-even for half of it")
+            excuse = self.excuse(kind, pod.name)
+            # The load crosses break-even and comes back meanwhile: two decisions the other pods must
+            # follow within 2 intervals while this one cannot.
+            if kind == "pod-load-hang":
+                pod.load_latency = seconds  # loads begun during the fault hang past the operator's deadline
+            else:
+                with contextlib.suppress(Exception):
+                    pod.unload_model(TARGET_MODEL)  # every BLS load fails: its target is not loaded
+            self.stack.set_load(owner, SURGE)
+            await self.sleep(seconds / 2, stop)
+            self.stack.set_load(owner, LOAD)
+            await self.sleep(seconds / 2, stop)
+            if kind == "pod-load-hang":
+                pod.load_latency = 0.0
+                await self.sleep(seconds, stop)  # the fault ends when the last hung load returned
+            else:
+                with contextlib.suppress(Exception):
+                    pod.load_model(TARGET_MODEL)
+            return self.end(record, excuse)
+        if kind == "load-surge":
+            owner = rng.choice([spec.name for spec in self.resources])
+            seconds = self.lasting(8.0, 30.0)
+            record = self.begin(kind, owner, f"batch {SURGE.batch:.0f} per pod for {seconds:.0f} s")
+            self.stack.set_load(owner, SURGE)
+            await self.sleep(seconds, stop)
+            self.stack.set_load(owner, LOAD)
+            return self.end(record, None)
+        if kind == "operator-restart":
+            busy = [b["metadata"]["name"] for b in self.bodies() if (b.get("status") or {}).get("canary")]
+            record = self.begin(kind, busy[0] if busy else "", "mid-canary" if busy else "idle")
+            excuse = self.excuse(kind)
+            await self.stack.operator.restart()
+            return self.end(record, excuse)
+        if kind == "new-draft":
+            name = self.pick_resource(idle=True)
+            if name is None:
+                return None
+            self.versions += 1
+            version = f"v{self.versions}"
+            alpha = round(rng.uniform(0.6, 0.92), 2)
+            lossless = rng.random() > 0.15
+            self.drafts[version] = DraftBehaviour(alpha=alpha, lossless=lossless)
+            body = self.body(name) or {}
+            draft = dict(body["spec"]["draft"])
+            uri = str(draft["engine"]["uri"]).rsplit("/", 1)[0]
+            draft.update(version=version, engine={**draft["engine"], "uri": f"{uri}/{version}"})
+            record = self.begin(kind, name, version)
+            record.detail = version
+            self.patch_spec(name, {"draft": draft})
+            self.canaries["started"] += 1
+            return self.end(record, None)
+        if kind == "target-change":
+            name = self.pick_resource(idle=True, retraining=True)
+            if name is None:
+                return None
+            self.rounds += 1
+            version = f"2027-{(self.rounds % 12) + 1:02d}-{(self.rounds % 27) + 1:02d}"
+            record = self.begin(kind, name, f"target {version}")
+            self.patch_spec(
+                name, {"target": {**(self.body(name) or {})["spec"]["target"], "version": version}}
+            )
+            return self.end(record, None)  # the Job, its draft and the canary follow in the background
+        raise ValueError(f"unknown fault kind {kind!r}")
+
+    async def train(self, record: FaultRecord, stop: asyncio.Event) -> None:
+        """Play the Job controller: the newest training Job succeeds a few seconds after it appears."""
+        name = record.target
+        deadline = time.monotonic() + 60.0
+        while not stop.is_set() and time.monotonic() < deadline:
+            jobs = [
+                job
+                for job in self.stack.cluster.objects("jobs", self.stack.namespace)
+                if (job["metadata"].get("labels") or {}).get(LABEL_DEPLOYMENT) == name
+                and not (job.get("status") or {}).get("conditions")
+            ]
+            if jobs:
+                job = jobs[-1]
+                await self.sleep(3.0, stop)
+                container = job["spec"]["template"]["spec"]["containers"][0]
+                env = {e["name"]: e.get("value", "") for e in container.get("env") or []}
+                version = env.get("SPECOPS_OUTPUT_VERSION", "")
+                self.drafts[version] = DraftBehaviour(alpha=round(self.schedule.uniform(0.75, 0.92), 2))
+                record.detail = version
+                result = {"draftVersion": version, "engineUri": f"pvc://engines/soak/{version}"}
+                cluster, job_name = self.stack.cluster, job["metadata"]["name"]
+                res = cluster.resource("jobs")
+                patch = {"metadata": {"annotations": {"specops.dev/result": json.dumps(result)}}}
+                cluster.emulator.patch_object(res, self.stack.namespace, job_name, patch)
+                cluster.patch_status(
+                    "jobs",
+                    job_name,
+                    {"conditions": [{"type": "Complete", "status": "True"}], "succeeded": 1},
+                    namespace=self.stack.namespace,
+                )
+                self.canaries["started"] += 1
+                return
+            await asyncio.sleep(0.5)
+
+    def lasting(self, low: float, high: float) -> float:
+        """A fault's length, drawn from the schedule and scaled (short soaks use shorter faults)."""
+        return self.schedule.uniform(low, high) * self.settings.fault_scale
+
+    def begin(self, kind: str, target: str, detail: str) -> FaultRecord:
+        record = FaultRecord(kind, target, self.now_s(), detail=detail)
+        self.faults.append(record)
+        log.warning("soak fault %s %s (%s) at %.1f s", kind, target, detail, record.started_s)
+        return record
+
+    def excuse(self, kind: str, pod: str | None = None) -> Excuse:
+        excuse = Excuse(kind, pod, None)
+        self.excuses.append(excuse)
+        return excuse
+
+    def end(self, record: FaultRecord, excuse: Excuse | None) -> FaultRecord:
+        record.ended_s = self.now_s()
+        record.ended_at = datetime.now(UTC)
+        if excuse is not None:
+            excuse.until_s = record.ended_s
+        return record
+
+    async def sleep(self, seconds: float, stop: asyncio.Event) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), seconds)
+
+    def failing_request(self, request: Any) -> bool:
+        """The emulator's fault filter: during a burst, that share of the writes is answered 503, and
+        half that share of the reads (watches are cut by their own fault)."""
+        share = self.write_failure_share
+        if share <= 0.0 or request.resource is None or request.params.get("watch") in ("true", "1"):
+            return False
+        method = str(getattr(request.method, "value", request.method)).upper()
+        write = method in ("POST", "PUT", "PATCH", "DELETE")
+        if self.chance.random() >= (share if write else share / 2):
+            return False
+        if write:
+            self.writes_failed += 1
+        else:
+            self.reads_failed += 1
+        return True
+
+    # ------------------------------------------------------------------ the run
+
+    async def run(self) -> dict[str, Any]:
+        emulator = self.stack.cluster.emulator
+
+        def failing(request: Any) -> bool:  # kmock takes plain functions as request filters
+            return self.failing_request(request)
+
+        emulator[failing] << 503
+        logging.getLogger("kopf").addHandler(self.failures)
+        stop = asyncio.Event()
+        try:
+            await self.create_resources()
+            await self.wait_serving()
+            checker = asyncio.get_running_loop().create_task(self.check_forever(stop), name="soak checks")
+            deadline = time.monotonic() + self.settings.seconds
+            round_left: list[str] = []
+            following: list[asyncio.Task[None]] = []
+            try:
+                while time.monotonic() < deadline:
+                    await self.sleep(self.schedule.uniform(*self.settings.gap_s), stop)
+                    if time.monotonic() >= deadline:
+                        break
+                    if not round_left:
+                        round_left = list(self.settings.kinds)
+                        self.schedule.shuffle(round_left)
+                    kind = round_left.pop()
+                    record = await self.fault(kind, stop)
+                    if record is None:
+                        continue
+                    if record.kind in BACKGROUND:
+                        # A canary takes a while: later faults strike while it runs (restarts mid-canary).
+                        task = asyncio.get_running_loop().create_task(self.follow(record, stop))
+                        following.append(task)
+                    else:
+                        await self.await_recovery(record, stop)
+            finally:
+                stop.set()
+                await checker
+                await asyncio.gather(*following)
+            self.check()
+        finally:
+            logging.getLogger("kopf").removeHandler(self.failures)
+        return self.report()
+
+    async def follow(self, record: FaultRecord, stop: asyncio.Event) -> None:
+        """A new draft's (or a retraining round's) canary, from the spec change until it ended."""
+        self.busy.add(record.target)
+        try:
+            if record.kind == "target-change":
+                await self.train(record, stop)
+            await self.await_recovery(record, stop)
+            outcome = self.canary_outcome(record.target, record.detail) if record.detail else None
+            if record.recovered_s is None and stop.is_set():
+                record.cut_short = True  # still recovering when the soak ended: no recovery time
+            self.canaries[
+                (outcome or ("running at the end" if record.cut_short else "unfinished")).lower()
+            ] += 1
+        finally:
+            self.busy.discard(record.target)
+
+    def report(self) -> dict[str, Any]:
+        by_kind: Counter[str] = Counter(record.kind for record in self.faults)
+        recovery: dict[str, dict[str, Any]] = {}
+        for kind in FAULT_KINDS:
+            times = [r.recovery_s for r in self.faults if r.kind == kind and r.recovery_s is not None]
+            unrecovered = sum(
+                1 for r in self.faults if r.kind == kind and r.recovery_s is None and not r.cut_short
+            )
+            if times or unrecovered:
+                recovery[kind] = {
+                    "count": len(times) + unrecovered,
+                    "mean_s": round(statistics.fmean(times), 2) if times else None,
+                    "max_s": max(times) if times else None,
+                    "unrecovered": unrecovered,
+                }
+        violations = Counter(v.invariant for v in self.violations)
+        return {
+            "seed": self.settings.seed,
+            "seconds": round(self.now_s(), 1),
+            "resources": [r.name for r in self.resources],
+            "checks": self.checks,
+            "check_errors": self.check_errors,
+            "invariants": list(INVARIANTS),
+            "faults": {kind: by_kind.get(kind, 0) for kind in FAULT_KINDS},
+            "faults_total": sum(by_kind.values()),
+            "writes_failed": self.writes_failed,
+            "reads_failed": self.reads_failed,
+            "violations": {invariant: violations.get(invariant, 0) for invariant in INVARIANTS},
+            "violations_total": len(self.violations),
+            "violation_samples": [v.__dict__ for v in self.violations[:20]],
+            "recovery": recovery,
+            "canaries": dict(self.canaries),
+            "checked": dict(self.seen),
+            "handler_failures_worst_streak": max(self.failures.worst.values(), default=0),
+            "timeline": [
+                {**{k: v for k, v in vars(r).items() if k != "ended_at"}, "recovery_s": r.recovery_s}
+                for r in self.faults
+            ],
+        }
+
+
+def summary(report: dict[str, Any]) -> str:
+    lines = [
+        f"soak: {report['seconds']:.0f} s, seed {report['seed']}, {len(report['resources'])} resources, "
+        f"{report['checks']} invariant checks"
+        + (f" ({report['check_errors']} failed to run)" if report["check_errors"] else ""),
+        "faults injected: "
+        + ", ".join(f"{kind} {count}" for kind, count in report["faults"].items())
+        + f" (total {report['faults_total']}; API answered 503 to {report['writes_failed']} writes and "
+        f"{report['reads_failed']} reads)",
+        "invariant violations: "
+        + ", ".join(f"{name} {count}" for name, count in report["violations"].items())
+        + f" (total {report['violations_total']})",
+    ]
+    for sample in report["violation_samples"]:
+        lines.append(f"  at {sample['at_s']:.0f} s {sample['invariant']}: {sample['detail']}")
+    lines.append("recovery after each fault (s): " + ("none measured" if not report["recovery"] else ""))
+    for kind, row in report["recovery"].items():
+        lines.append(
+            f"  {kind:<17} {row['count']:>3} x  mean {row['mean_s']}  max {row['max_s']}"
+            + (
+                f"  not recovered in {RECOVERY_TIMEOUT_S:.0f} s: {row['unrecovered']}"
+                if row["unrecovered"]
+                else ""
+            )
+        )
+    canaries = report["canaries"]
+    lines.append(
+        f"canaries: {canaries.get('started', 0)} started, {canaries.get('promoted', 0)} promoted, "
+        f"{canaries.get('rolledback', 0)} rolled back, {canaries.get('unfinished', 0)} unfinished, "
+        f"{canaries.get('running at the end', 0)} running at the end"
+    )
+    lines.append("checked: " + ", ".join(f"{what} {count}" for what, count in report["checked"].items()))
+    return "\n".join(lines)
+
+
+async def run_soak(settings: SoakSettings, workdir: Path | None = None) -> dict[str, Any]:
+    """Start the local stack with Gateway API served, run the soak on it, stop everything."""
+    drafts = {"v3": DraftBehaviour(alpha=ALPHA)}
+    with contextlib.ExitStack() as exits:
+        if workdir is None:
+            workdir = Path(exits.enter_context(tempfile.TemporaryDirectory(prefix="specops-soak-")))
+        workdir.mkdir(parents=True, exist_ok=True)
+        exits.enter_context(log_to_file(workdir / "operator.log"))
+        async with local_stack(workdir, load=LOAD, drafts=drafts, extra_crds=upstream_crds()) as stack:
+            report = await Soak(stack, settings, drafts).run()
+    report["finished_at"] = datetime.now(UTC).isoformat(timespec="seconds")
+    return report
+
+
+def exit_code(report: dict[str, Any]) -> int:
+    """0: faults were injected, invariants were checked (no check failed to run) and none was violated."""
+    if (
+        report["violations_total"]
+        or report["check_errors"]
+        or not report["faults_total"]
+        or not report["checks"]
+    ):
+        return 1
+    return 0

@@ -1,0 +1,204 @@
+"""The chaos soak's invariant checks find what they look for (so a soak reporting 0 violations means something).
+
+Each check reads the emulated API server's store and the pods, as in a soak; the stack around
+them is reduced to what the checks touch.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+import yaml
+
+from specops.domain.retraining.naming import LABEL_ROUND
+from specops_local.cluster import EmulatedCluster
+from specops_local.soak import Excuse, Soak, SoakSettings
+from tests.conftest import EXAMPLES
+
+NAMESPACE = "default"
+NAME = "llama-70b-chat"
+
+
+@dataclass
+class Pod:
+    name: str
+    draft_length: int
+    running: bool = True
+
+
+@dataclass
+class Operator:
+    running: bool = True
+
+
+@dataclass
+class Stack:
+    cluster: EmulatedCluster
+    pods_by_owner: dict[str, list[Pod]] = field(default_factory=dict)
+    operator: Operator = field(default_factory=Operator)
+    namespace: str = NAMESPACE
+
+    def pods(self, owner: str, variant: str | None = None) -> list[Pod]:
+        return self.pods_by_owner.get(owner, [])
+
+
+@pytest.fixture
+def soak(cluster: EmulatedCluster, monkeypatch: pytest.MonkeyPatch) -> Soak:
+    checker = Soak(Stack(cluster), SoakSettings(resources=1), {})  # type: ignore[arg-type]
+    clock = {"now": 100.0}
+    monkeypatch.setattr(checker, "now_s", lambda: clock["now"])
+    checker.clock = clock  # type: ignore[attr-defined]
+    return checker
+
+
+def advance(soak: Soak, seconds: float) -> None:
+    soak.clock["now"] += seconds  # type: ignore[attr-defined]
+
+
+def a_route_to(cluster: EmulatedCluster, *services: str) -> None:
+    cluster.create(
+        "httproutes",
+        {
+            "apiVersion": "gateway.networking.k8s.io/v1",
+            "kind": "HTTPRoute",
+            "metadata": {"name": "route", "namespace": NAMESPACE},
+            "spec": {
+                "parentRefs": [{"name": "gateway"}],
+                "rules": [{"backendRefs": [{"name": service, "port": 8000} for service in services]}],
+            },
+        },
+    )
+
+
+def a_service(cluster: EmulatedCluster, name: str) -> None:
+    cluster.create(
+        "services",
+        {"metadata": {"name": name, "namespace": NAMESPACE}, "spec": {"ports": [{"port": 8000}]}},
+    )
+
+
+def a_job(
+    cluster: EmulatedCluster, name: str, round_number: str, status: dict[str, Any] | None = None
+) -> None:
+    labels = {"specops.dev/deployment": NAME, LABEL_ROUND: round_number}
+    cluster.create(
+        "jobs",
+        {
+            "metadata": {"name": name, "namespace": NAMESPACE, "labels": labels},
+            "spec": {
+                "template": {
+                    "spec": {
+                        "restartPolicy": "Never",
+                        "containers": [{"name": "train", "image": "trainer:1"}],
+                    }
+                }
+            },
+        },
+    )
+    if status:
+        cluster.patch_status("jobs", name, status)
+
+
+def a_resource(cluster: EmulatedCluster) -> None:
+    body = yaml.safe_load((EXAMPLES / "dense-70b-7b.yaml").read_text())
+    body["metadata"] = {"name": NAME, "namespace": NAMESPACE}
+    cluster.create("speculativedeployments", body)
+
+
+def violated(soak: Soak) -> list[str]:
+    return [violation.invariant for violation in soak.violations]
+
+
+async def test_a_route_to_a_missing_service_is_one_violation_until_it_is_repaired(
+    cluster: EmulatedCluster, soak: Soak
+) -> None:
+    a_service(cluster, f"{NAME}-stable")
+    a_route_to(cluster, f"{NAME}-stable", f"{NAME}-canary")
+    soak.check_routes()
+    soak.check_routes()
+    assert violated(soak) == ["route-to-missing-backend"]
+    assert f"{NAME}-canary" in soak.violations[0].detail
+    a_service(cluster, f"{NAME}-canary")
+    soak.check_routes()
+    assert violated(soak) == ["route-to-missing-backend"]
+
+
+async def test_two_unfinished_training_jobs_or_two_jobs_of_one_round_are_duplicates(
+    cluster: EmulatedCluster, soak: Soak
+) -> None:
+    a_job(cluster, "train-1", "1", {"conditions": [{"type": "Complete", "status": "True"}]})
+    a_job(cluster, "train-2", "2")
+    soak.check_jobs()
+    assert violated(soak) == []
+    a_job(cluster, "train-2b", "2")
+    soak.check_jobs()
+    assert sorted(violated(soak)) == ["duplicate-training-job", "duplicate-training-job"]
+
+
+async def test_pods_may_differ_from_the_decision_for_two_intervals_and_longer_only_while_a_fault_explains_it(
+    cluster: EmulatedCluster, soak: Soak
+) -> None:
+    # Given a resource whose status decided draft length 4, and one pod still running 0
+    a_resource(cluster)
+    cluster.patch_status("speculativedeployments", NAME, {"speculation": {"state": "on", "draftLength": 4}})
+    soak.stack.pods_by_owner[NAME] = [Pod(f"{NAME}-0", 4), Pod(f"{NAME}-1", 0)]  # type: ignore[attr-defined]
+    interval = soak.interval_s()
+
+    # Then within two intervals nothing is wrong, after them it is (once)
+    soak.check_speculation()
+    advance(soak, 2 * interval)
+    soak.check_speculation()
+    assert violated(soak) == []
+    advance(soak, interval + soak.settings.check_interval_s)
+    soak.check_speculation()
+    soak.check_speculation()
+    assert violated(soak) == ["speculation-mismatch"]
+    assert f"{NAME}-1 runs num_draft_tokens=0" in soak.violations[0].detail
+
+    # And while the pod is faulted (and for two intervals after), a mismatch is explained
+    soak.stack.pods_by_owner[NAME][1].draft_length = 4  # type: ignore[attr-defined]
+    soak.check_speculation()
+    soak.stack.pods_by_owner[NAME][1].draft_length = 0  # type: ignore[attr-defined]
+    soak.excuses.append(Excuse("pod-load-hang", f"{NAME}-1", until_s=None))
+    advance(soak, 10 * interval)
+    soak.check_speculation()
+    assert violated(soak) == ["speculation-mismatch"]
+
+
+async def test_a_resource_without_a_ready_condition_is_flagged_after_its_grace(
+    cluster: EmulatedCluster, soak: Soak
+) -> None:
+    a_resource(cluster)
+    soak.created_s[NAME] = 100.0
+    soak.check_ready()
+    assert violated(soak) == []
+    advance(soak, 31.0)
+    soak.check_ready()
+    assert violated(soak) == ["no-ready-condition"]
+
+
+def kopf_line(message: str) -> logging.LogRecord:
+    record = logging.LogRecord("kopf.objects", logging.ERROR, __file__, 1, message, None, None)
+    record.k8s_ref = {"namespace": NAMESPACE, "name": NAME}
+    return record
+
+
+async def test_a_handler_failing_three_times_in_a_row_is_a_crash_loop_and_a_success_ends_the_streak(
+    soak: Soak,
+) -> None:
+    failing = "Daemon 'speculation_control' failed with an exception and will try again in 60 seconds: boom"
+    for _ in range(2):
+        soak.failures.emit(kopf_line(failing))
+    soak.failures.emit(kopf_line("Daemon 'speculation_control' succeeded."))
+    soak.failures.emit(kopf_line(failing))
+    soak.failures.emit(kopf_line("Handler 'delete' failed temporarily: route not released"))
+    soak.check_crash_loops()
+    assert violated(soak) == []
+    soak.failures.emit(kopf_line(failing))
+    soak.failures.emit(kopf_line(failing))
+    soak.check_crash_loops()
+    assert violated(soak) == ["crash-loop"]
+    assert "speculation_control default/llama-70b-chat" in soak.violations[0].detail
