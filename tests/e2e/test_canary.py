@@ -8,6 +8,7 @@ lossless gate, moves real Gateway API weights, analyses, and promotes or rolls b
 from __future__ import annotations
 
 import asyncio
+import re
 from typing import Any
 
 import pytest
@@ -199,6 +200,41 @@ async def test_a_worse_draft_is_rolled_back_with_its_evidence(
     assert any(
         e["reason"] == "CanaryRolledBack" and e["type"] == "Warning" for e in await events_for(kube, NAME)
     )
+
+
+async def test_a_canary_right_after_a_promotion_is_not_judged_on_the_previous_drafts_series(
+    cluster: Any,
+    kube: KubeClient,
+    operator: Operator,
+    serving: ServingController,
+    prometheus: PrometheusProcess,
+    route: dict[str, Any],
+) -> None:
+    # Given a better draft (v4, alpha 0.88) just promoted through a canary
+    await kube.create(canary_resource(prometheus))
+    await serving_ready(kube)
+    await new_draft(kube, "v4")
+    await wait_condition(kube, NAME, "CanaryRollout", "False", "CanaryPromoted", timeout_s=90)
+
+    # When a worse draft (v5, alpha 0.55) is published at once, while v4's canary series are still
+    # in the rate window
+    await new_draft(kube, "v5")
+
+    async def v5_ended() -> dict[str, Any] | None:
+        body = await resource(kube, NAME)
+        last = ((body or {}).get("status") or {}).get("lastCanary") or {}
+        rollout = condition(body, "CanaryRollout") or {}
+        ended = rollout.get("status") == "False" and "v5" in (rollout.get("message") or "")
+        return body if ended or last.get("draft") == "v5" else None
+
+    body = await eventually(v5_ended, timeout_s=90, what="the v5 canary to end")
+
+    # Then v5 is rolled back on its own acceptance, and stable keeps serving v4
+    rollout = condition(body, "CanaryRollout")
+    assert rollout is not None and rollout["reason"] == "CanaryRolledBack", rollout
+    assert body["status"]["draft"]["version"] == "v4"
+    analysis_alpha = re.search(r"alpha canary ([0-9.]+)", rollout["message"])
+    assert analysis_alpha is not None and float(analysis_alpha.group(1)) < 0.7, rollout["message"]
 
 
 async def test_a_non_lossless_draft_is_refused_before_any_traffic(

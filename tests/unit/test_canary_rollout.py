@@ -332,7 +332,9 @@ def test_a_canary_whose_objects_are_gone_is_rendered_again_instead_of_waiting_fo
     progressing = serving(canary=canary_status())
     step = rollout.step(inputs(progressing, canary_sample=Sample(ok=False), canary_missing=True))
     assert step.actions == (ApplyCanary(SPEC.draft, receives_traffic=True), SetWeight(10))
-    assert step.status.canary == progressing.canary
+    # the bake goes on; the new pods warm up before their next sample
+    assert progressing.canary is not None
+    assert step.status.canary == progressing.canary.model_copy(update={"traffic_started_at": T0})
 
 
 def test_judgement_resumes_at_once_after_a_metrics_outage() -> None:
@@ -370,3 +372,110 @@ def test_ticks_at_which_only_the_canary_was_missing_still_count_against_it() -> 
     assert step.status.canary is not None and step.status.canary.step == 0  # not advanced on thin evidence
     analysis = step.status.canary.last_analysis
     assert analysis is not None and analysis.verdict != "Pass"
+
+
+# ---------------------------------------------------------------- warm-up: a full rate window of traffic first
+
+GOOD = Sample(alpha=0.8, tpot_p99_s=0.02, tokens_per_s=100.0, tpot_p50_s=0.01)
+WINDOW_S = 60.0
+
+
+def test_traffic_starts_the_warm_up_when_the_lossless_check_passes() -> None:
+    status = serving(canary=canary_status(phase="LosslessCheck", step=-1, weight=0, lossless_check=None))
+    later = T0 + timedelta(seconds=7)
+    step = rollout.step(inputs(status, now=later, lossless=LosslessPassed(), warm_up_s=WINDOW_S))
+    assert step.status.canary is not None and step.status.canary.traffic_started_at == later
+
+
+def test_a_canary_takes_no_samples_until_its_pods_served_traffic_for_a_full_rate_window() -> None:
+    # Given a canary whose pods began to serve at T0 (what the rate window holds is still mostly before)
+    status = serving(canary=canary_status(traffic_started_at=T0))
+    # When ticks arrive within the first rate window, then one just after it
+    young = rollout.step(
+        inputs(
+            status,
+            now=T0 + timedelta(seconds=59),
+            stable_sample=GOOD,
+            canary_sample=GOOD,
+            warm_up_s=WINDOW_S,
+        )
+    )
+    warm = rollout.step(
+        inputs(
+            status,
+            now=T0 + timedelta(seconds=60),
+            stable_sample=GOOD,
+            canary_sample=GOOD,
+            warm_up_s=WINDOW_S,
+        )
+    )
+    # Then only the tick after a full window is a sample, of both variants
+    assert young.status.canary is not None and young.status.canary.samples == CanarySamples()
+    assert warm.status.canary is not None
+    assert (len(warm.status.canary.samples.canary), len(warm.status.canary.samples.stable)) == (1, 1)
+
+
+def test_the_first_steps_bake_counts_from_the_end_of_the_warm_up() -> None:
+    # Given a first step of pause 1m whose pods began to serve at T0, with a sample each tick since the warm-up
+    status = serving(
+        canary=canary_status(
+            traffic_started_at=T0,
+            samples=CanarySamples(stable=samples(0.8, 29), canary=samples(0.8, 29)),
+        )
+    )
+    # When the pause has passed since the step began, but not since the warm-up ended
+    early = rollout.step(
+        inputs(
+            status,
+            now=T0 + timedelta(seconds=90),
+            stable_sample=GOOD,
+            canary_sample=GOOD,
+            warm_up_s=WINDOW_S,
+        )
+    )
+    # Then the step only collects; a full pause after the warm-up, it is judged
+    assert early.status.canary is not None and early.status.canary.last_analysis is None
+    judged = rollout.step(
+        inputs(
+            status,
+            now=T0 + timedelta(seconds=120),
+            stable_sample=GOOD,
+            canary_sample=GOOD,
+            warm_up_s=WINDOW_S,
+        )
+    )
+    assert judged.status.canary is not None and judged.status.canary.step == 1
+
+
+def test_judgement_resumes_within_two_intervals_after_a_long_outage() -> None:
+    # Given a first step baked on 12 healthy ticks (15 s apart), past its pause
+    interval = timedelta(seconds=15)
+    status = serving(
+        canary=canary_status(
+            traffic_started_at=T0 - timedelta(minutes=5),
+            step_started_at=T0 - timedelta(minutes=3),
+            samples=CanarySamples(stable=samples(0.8, 12), canary=samples(0.8, 12)),
+        )
+    )
+    now = T0
+    # When metrics are out for 15 minutes (60 ticks), judgement pauses every tick, never advancing
+    for _ in range(60):
+        now += interval
+        step = rollout.step(
+            inputs(
+                status, now=now, stable_sample=Sample(ok=False), canary_sample=Sample(ok=False), warm_up_s=60
+            )
+        )
+        status = step.status
+        assert status.canary is not None and status.canary.step == 0
+        assert status.canary.last_analysis is not None and status.canary.last_analysis.verdict == "Error"
+    # Then once they are back, the step is judged again within two intervals (not after ~3x the outage)
+    ticks = 0
+    while status.canary is not None and status.canary.step == 0:
+        ticks += 1
+        assert ticks <= 2, status.canary.last_analysis
+        now += interval
+        status = rollout.step(
+            inputs(status, now=now, stable_sample=GOOD, canary_sample=GOOD, warm_up_s=60)
+        ).status
+    assert status.canary is not None and status.canary.step == 1

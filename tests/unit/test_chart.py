@@ -12,6 +12,7 @@ import kubernetes_validate
 import pytest
 
 from specops import rbac
+from specops.domain.metrics import DRAFT_LABEL, GROUP_LABELS
 from specops.api.crd import render_yaml
 from specops_local.admission import AdmissionError
 from tests.unit.chart import CHART, MONITORING_ON, NAMESPACE, ROOT, notes, one, render, upstream_admission
@@ -224,8 +225,9 @@ def test_the_serving_pod_monitor_adds_the_labels_the_operator_queries_group_by()
     pod_monitor = one(render(MONITORING_ON), "PodMonitor")
     assert pod_monitor["spec"]["namespaceSelector"] == {"any": True}
     (endpoint,) = pod_monitor["spec"]["podMetricsEndpoints"]
-    targets = {relabel["targetLabel"] for relabel in endpoint["relabelings"]}
-    assert targets == {"namespace", "specops_deployment", "variant", "pod"}
+    targets = {relabel["targetLabel"]: relabel["sourceLabels"] for relabel in endpoint["relabelings"]}
+    assert set(targets) == {*GROUP_LABELS, "pod"}
+    assert targets[DRAFT_LABEL] == ["__meta_kubernetes_pod_label_specops_dev_draft"]
 
 
 def test_the_dashboard_configmap_carries_the_sidecar_label_and_the_dashboard() -> None:

@@ -13,7 +13,7 @@ import yaml
 from kubernetes_validate.utils import latest_version
 
 from specops.api.models import DraftSpec, SpeculativeDeployment
-from specops.domain import render
+from specops.domain import drafts, render
 from specops.domain.render import RenderError, RenderOptions, render_children
 from tests.unit.golden import assert_golden
 
@@ -310,6 +310,10 @@ def test_canary_render_differs_only_in_names_labels_and_draft() -> None:
         "stable": "canary",
         "v3": "v4",
         "llama-70b-draft/v3": "llama-70b-draft/v4",
+        # the draft identity label: version and a hash of version and engine
+        drafts.draft_identity(resource().spec.draft): drafts.draft_identity(
+            new_draft("v4", "pvc://engines/llama-70b-draft/v4")
+        ),
     }
 
     def renamed(value: Any) -> Any:
@@ -341,6 +345,7 @@ def test_pod_monitor_scrapes_metrics_with_the_labels_the_queries_group_by() -> N
     assert targets == {
         "specops_deployment": ["__meta_kubernetes_pod_label_specops_dev_deployment"],
         "variant": ["__meta_kubernetes_pod_label_specops_dev_variant"],
+        "specops_draft": ["__meta_kubernetes_pod_label_specops_dev_draft"],
         "namespace": ["__meta_kubernetes_namespace"],
         "pod": ["__meta_kubernetes_pod_name"],
     }

@@ -268,6 +268,10 @@ class CanaryStatus(ApiModel):
     weight: int = Field(default=0, description="Canary share of traffic in percent, as achieved.")
     requested_weight: int | None = Field(default=None, description="The step's weight as asked for.")
     step_started_at: Timestamp | None = Field(default=None, description="When this step's bake began.")
+    traffic_started_at: Timestamp | None = Field(
+        default=None,
+        description="When the canary's pods began to serve traffic: samples start a full rate window later.",
+    )
     traffic_routing: Literal["GatewayAPI", "ReplicaRatio"] = Field(
         default="ReplicaRatio",
         description="How traffic is split: Gateway API backend weights, or replicas behind the shared Service.",

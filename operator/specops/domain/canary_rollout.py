@@ -12,6 +12,10 @@ same step is tried again at the next tick and status never claims what did not h
    rolls back with NotLossless before the canary ever receives traffic.
 3. Progressing: each step sets the canary weight, collects one sample per tick and
    variant, and after the step's pause asks `domain.canary.analyse` / `next_action`.
+   Samples start only once the canary's pods have served traffic for a full rate window
+   (`CanaryInputs.warm_up_s`): before that the window still holds the time they served
+   nothing, and back-to-back canaries would share what the previous one left in it. The
+   first step's pause counts from the end of the warm-up.
 4. Promoting: all traffic to the canary, the stable variant re-rendered with the new draft
    (status.draft), and once it has rolled, traffic back to stable and canary objects removed.
    Rollback: traffic to stable, canary objects removed, the draft remembered as rejected.
@@ -21,7 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Literal
 
 from specops.api import conditions as cond
@@ -97,6 +101,8 @@ class CanaryInputs:
     stable_rolled_out: bool = False
     canary_missing: bool = False
     """The canary's serving objects are gone (a rollback whose status write was lost, a person)."""
+    warm_up_s: float = 0.0
+    """The metrics' rate window: samples are taken once the canary pods served traffic this long."""
 
 
 # ---------------------------------------------------------------- actions
@@ -264,7 +270,9 @@ def _lossless_check(inputs: CanaryInputs, canary: CanaryStatus) -> CanaryStep:
         return CanaryStep(_with(inputs.status, replace_canary(canary, lossless_attempts=attempts)))
     if isinstance(outcome, LosslessDiffers):
         return _rollback(inputs, canary, Reason.NOT_LOSSLESS, outcome.evidence)
-    canary = replace_canary(canary, phase="Progressing", lossless_check="Passed")
+    canary = replace_canary(
+        canary, phase="Progressing", lossless_check="Passed", traffic_started_at=inputs.now
+    )
     entered = _enter_step(inputs, canary, 0)
     return replace(
         entered,
@@ -321,14 +329,22 @@ def _progress(inputs: CanaryInputs, canary: CanaryStatus) -> CanaryStep:
         # Its objects are gone: bring them back at the step's weight; the bake goes on.
         draft = _draft(canary, spec)
         weight = canary.requested_weight if canary.requested_weight is not None else canary.weight
+        # New pods: their warm-up starts again (what the old pods of this draft measured still counts).
+        canary = replace_canary(canary, traffic_started_at=now)
         return CanaryStep(
             _with(inputs.status, canary),
             actions=(ApplyCanary(draft, receives_traffic=True), SetWeight(weight)),
         )
+    warmed_at = _warmed_at(canary, inputs)
+    if warmed_at is not None and now < warmed_at:
+        return CanaryStep(_with(inputs.status, canary))  # warming up: no sample yet
     canary = _sampled(canary, inputs)
     index = max(0, canary.step)
     pause_s = parse_duration(spec.canary.steps[index].pause)
-    elapsed_s = (now - (canary.step_started_at or now)).total_seconds()
+    bake_started = canary.step_started_at or now
+    if warmed_at is not None:
+        bake_started = max(bake_started, warmed_at)
+    elapsed_s = (now - bake_started).total_seconds()
     if elapsed_s < pause_s:
         return CanaryStep(_with(inputs.status, canary))
     stable_kept, canary_kept = _without_shared_outages(canary.samples)
@@ -450,6 +466,13 @@ def _rollback(inputs: CanaryInputs, canary: CanaryStatus, reason: str, evidence:
         source=canary.source,
         evidence=message,
     )
+
+
+def _warmed_at(canary: CanaryStatus, inputs: CanaryInputs) -> datetime | None:
+    """When the canary's pods will have served traffic for a full rate window (None: not known)."""
+    if canary.traffic_started_at is None:
+        return None
+    return canary.traffic_started_at + timedelta(seconds=inputs.warm_up_s)
 
 
 def _without_shared_outages(samples: CanarySamples) -> tuple[list[CanarySample], list[CanarySample]]:

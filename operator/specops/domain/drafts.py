@@ -9,11 +9,17 @@ from __future__ import annotations
 
 from specops.api.models import DraftEngine, DraftSpec
 from specops.api.status import DraftSource, DraftStatus, SpeculativeDeploymentStatus
+from specops.domain.names import draft_label
 
 
 def draft_key(draft: DraftSpec) -> str:
     """Identity of a draft for change detection: version and engine location."""
     return f"{draft.version}@{draft.engine.uri}"
+
+
+def draft_identity(draft: DraftSpec) -> str:
+    """The ``specops.dev/draft`` pod label (``specops_draft`` in Prometheus) of pods serving ``draft``."""
+    return draft_label(draft.version, draft_key(draft))
 
 
 def draft_to_status(draft: DraftSpec, source: DraftSource) -> DraftStatus:

@@ -80,6 +80,7 @@ class CanaryService:
         *,
         routers: Mapping[TrafficRouting, TrafficRouter],
         gateway_api: bool,
+        rate_window_s: float = 60.0,
     ) -> None:
         self.kube = kube
         self.metrics = metrics
@@ -87,6 +88,8 @@ class CanaryService:
         self.reconciler = reconciler
         self.routers = routers
         self.gateway_api = gateway_api
+        self.rate_window_s = rate_window_s
+        """What one measurement spans: a canary's samples start once its pods served traffic this long."""
 
     # ------------------------------------------------------------------ the tick
 
@@ -171,6 +174,7 @@ class CanaryService:
             routing=router.routing,
             achievable=lambda weight: router.achievable(weight, spec.serving.replicas),
             candidate=candidate,
+            warm_up_s=self.rate_window_s,
             paused=annotations.get(PAUSED_ANNOTATION) == "true",
             action=action if action in ("promote", "abort") else None,
         )
@@ -184,8 +188,11 @@ class CanaryService:
             return replace(inputs, lossless=await self._lossless(resource, canary, canary_pods[0]))
         if canary.phase == "Progressing":
             url, backend = spec.metrics.prometheus.url, spec.serving.backend
-            stable = self.metrics.lookup(url, backend, namespace, name, STABLE, now)
-            tested = self.metrics.lookup(url, backend, namespace, name, CANARY, now)
+            # Each variant's series of its own draft only: never what an earlier draft left in the window.
+            stable_draft = drafts.draft_identity(drafts.stable_draft(spec.draft, status))
+            canary_draft = drafts.draft_identity(drafts.draft_from_status(canary.draft, spec.draft))
+            stable = self.metrics.lookup(url, backend, namespace, name, STABLE, now, draft=stable_draft)
+            tested = self.metrics.lookup(url, backend, namespace, name, CANARY, now, draft=canary_draft)
             missing = not tested.ok and await self._canary_missing(namespace, name)
             return replace(
                 inputs,
