@@ -400,3 +400,57 @@ async def test_deleting_mid_canary_takes_the_canary_out_of_the_users_route(
         return await resource(kube, NAME) is None and CANARY_SERVICE not in names
 
     await eventually(released, timeout_s=20, what="resource gone and canary backend removed from the route")
+
+
+async def test_a_resource_recreated_mid_canary_checks_its_first_draft_before_speculating(
+    cluster: Any,
+    kube: KubeClient,
+    operator: Operator,
+    serving: ServingController,
+    prometheus: PrometheusProcess,
+    route: dict[str, Any],
+) -> None:
+    from tests.e2e.test_control_loop import all_pods_at, pod_lengths
+
+    # Given a resource deleted while a canary runs
+    slow = [{"weight": 10, "pause": "1h"}, {"weight": 100, "pause": "1s"}]
+    await kube.create(canary_resource(prometheus, steps=slow))
+    await serving_ready(kube)
+    await new_draft(kube, "v4")
+    await eventually(lambda: _canary_phase(kube, "Progressing"), timeout_s=40, what="canary progressing")
+    await kube.delete(API_VERSION, KIND, NAMESPACE, NAME)
+    await eventually(lambda: _gone(kube), timeout_s=20, what="resource gone")
+
+    # When it is created again at once, naming a draft that breaks greedy output (v6)
+    body = canary_resource(prometheus, steps=slow)
+    body["spec"]["draft"]["version"] = "v6"
+    body["spec"]["draft"]["engine"]["uri"] = "pvc://engines/llama-70b-draft/v6"
+    await kube.create(body)
+
+    # Then its first draft is checked on the stable pods, fails, and speculation never goes on
+    failed = await wait_condition(kube, NAME, "CanaryRollout", "False", "NotLossless", timeout_s=40)
+    assert failed["status"]["draft"]["version"] == "v6"
+    assert failed["status"]["draft"]["losslessCheck"] == "Failed"
+    for _ in range(30):  # past the 2 s baseline and soak that would otherwise switch it on
+        assert set(pod_lengths(serving)) <= {0}, pod_lengths(serving)
+        await asyncio.sleep(0.2)
+    live = await resource(kube, NAME)
+    assert live is not None and live["status"]["speculation"]["reason"] == "SpeculationOffDraftUnchecked"
+
+    # And a lossless draft published next replaces it on the stable pods, is checked, then speculates
+    await new_draft(kube, "v4")
+    await wait_condition(kube, NAME, "CanaryRollout", "False", "DraftReplaced", timeout_s=20)
+
+    async def checked() -> dict[str, Any] | None:
+        live = await resource(kube, NAME)
+        draft = ((live or {}).get("status") or {}).get("draft") or {}
+        return live if draft.get("version") == "v4" and draft.get("losslessCheck") == "Passed" else None
+
+    await eventually(checked, timeout_s=40, what="v4 checked on the stable pods")
+    await all_pods_at(serving, lambda n: n > 0, 40, "speculating once the draft passed its check")
+    stable = cluster.get("deployments", NAME)
+    assert stable["spec"]["template"]["metadata"]["labels"]["specops.dev/draft-version"] == "v4"
+
+
+async def _gone(kube: KubeClient) -> bool:
+    return await resource(kube, NAME) is None

@@ -479,3 +479,71 @@ def test_judgement_resumes_within_two_intervals_after_a_long_outage() -> None:
             inputs(status, now=now, stable_sample=GOOD, canary_sample=GOOD, warm_up_s=60)
         ).status
     assert status.canary is not None and status.canary.step == 1
+
+
+# ---------------------------------------------------------------- the first draft: checked before speculation
+
+
+def first_draft(check: str | None = "Pending") -> SpeculativeDeploymentStatus:
+    """A resource just created (or deleted and created again): its spec draft serves, unchecked."""
+    return serving(
+        observed_spec_draft="v4@pvc://engines/d/v4",
+        draft=DraftStatus(
+            model=V4.model, version="v4", engine_uri=V4.engine.uri, source="Spec", lossless_check=check
+        ),
+    )
+
+
+def test_the_first_draft_waits_for_a_stable_pod_to_run_its_golden_prompts() -> None:
+    for outcome in (None, LosslessUnrunnable("connection refused")):
+        step = rollout.step(inputs(first_draft(), lossless=outcome))
+        assert step.status == first_draft() and step.actions == () and step.events == ()
+
+
+def test_a_first_draft_that_passes_its_lossless_check_may_speculate() -> None:
+    step = rollout.step(inputs(first_draft(), lossless=LosslessPassed()))
+    assert step.status.draft.lossless_check == "Passed" and step.status.canary is None
+    assert [e.reason for e in step.events] == ["LosslessCheckPassed"]
+
+
+def test_a_first_draft_that_changes_greedy_output_never_speculates() -> None:
+    step = rollout.step(inputs(first_draft(), lossless=LosslessDiffers("golden prompt #1 differs")))
+    assert step.status.draft.lossless_check == "Failed" and step.status.canary is None
+    assert [(e.type, e.reason) for e in step.events] == [("Warning", "NotLossless")]
+    assert [(u.type, u.status, u.reason) for u in step.updates] == [("CanaryRollout", "False", "NotLossless")]
+    assert "golden prompt #1 differs" in step.events[0].message
+
+
+def test_no_canary_starts_before_the_first_draft_is_checked() -> None:
+    # spec.draft changed again while the first draft's check has not run yet
+    status = first_draft().model_copy(update={"observed_spec_draft": V3})
+    step = rollout.step(inputs(status))
+    assert step.status.canary is None and step.actions == ()
+
+
+def test_a_new_draft_takes_the_place_of_a_first_draft_that_failed_and_is_checked_in_turn() -> None:
+    # Given a first draft v3 that failed its check (speculation never went on), when spec.draft names v4
+    failed = serving(
+        draft=DraftStatus(
+            model="llama-3.1-8b-draft",
+            version="v3",
+            engine_uri="pvc://engines/llama-70b-draft/v3",
+            source="Spec",
+            lossless_check="Failed",
+        )
+    )
+    step = rollout.step(inputs(failed))
+    # Then no canary (nothing to compare with): v4 serves on the stable pods, pending its own check
+    assert step.status.canary is None
+    assert (step.status.draft.version, step.status.draft.lossless_check) == ("v4", "Pending")
+    assert step.status.observed_spec_draft == "v4@pvc://engines/d/v4"
+    assert step.after_write == (RolloutStable(SPEC.draft),)
+    assert [e.reason for e in step.events] == ["DraftReplaced"]
+
+
+def test_a_promoted_canary_records_its_draft_as_checked() -> None:
+    last_step = canary_status(step=1, samples=CanarySamples(stable=samples(0.8, 12), canary=samples(0.8, 12)))
+    status = serving(canary=last_step)
+    step = rollout.step(inputs(status, now=T0 + timedelta(minutes=2), stable_sample=GOOD, canary_sample=GOOD))
+    assert step.status.canary is not None and step.status.canary.phase == "Promoting"
+    assert (step.status.draft.version, step.status.draft.lossless_check) == ("v4", "Passed")

@@ -65,6 +65,7 @@ class Reason:
     ALL_PODS_APPLIED = "AllPodsApplied"
     PARTIALLY_APPLIED = "PartiallyApplied"
     SPECULATION_OFF_DRAFT_STALE = "SpeculationOffDraftStale"
+    SPECULATION_OFF_DRAFT_UNCHECKED = "SpeculationOffDraftUnchecked"
     # canary
     CANARY_STARTED = "CanaryStarted"
     CANARY_PROGRESSING = "CanaryProgressing"
@@ -76,6 +77,7 @@ class Reason:
     LOSSLESS_CHECK_PASSED = "LosslessCheckPassed"
     LOSSLESS_CHECK_FAILED = "LosslessCheckFailed"
     NOT_LOSSLESS = "NotLossless"
+    DRAFT_REPLACED = "DraftReplaced"
     TRAFFIC_SPLIT_FAILED = "TrafficSplitFailed"
     ROUTE_RELEASED = "RouteReleased"
     ROUTE_NOT_RELEASED = "RouteNotReleased"

@@ -19,6 +19,7 @@ from specops.api.units import DurationText, Timestamp
 
 Phase = Literal["Pending", "Baseline", "Fixed", "Dynamic", "Canary", "Degraded", "Invalid"]
 ControlPhase = Literal["Baseline", "Fixed", "Dynamic"]
+LosslessCheck = Literal["Pending", "Passed", "Failed"]
 DraftSource = Literal["Spec", "Retraining"]
 
 
@@ -204,6 +205,12 @@ class DraftStatus(ApiModel):
     parameters: str | None = Field(default=None, description="Its parameter count.")
     engine_uri: str | None = Field(default=None, description="Where its engine lives.")
     source: DraftSource | None = Field(default=None, description="Where it came from: Spec or Retraining.")
+    lossless_check: LosslessCheck | None = Field(
+        default=None,
+        description="The golden-prompt check of this draft: Pending (speculation stays off until it ran), "
+        "Passed, or Failed (speculation stays off). A promoted canary passed it; unset on drafts "
+        "recorded before the check existed.",
+    )
 
 
 # ---------------------------------------------------------------- canary

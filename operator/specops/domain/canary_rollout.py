@@ -95,7 +95,8 @@ class CanaryInputs:
     paused: bool = False
     action: Literal["promote", "abort"] | None = None
     lossless: LosslessOutcome | None = None
-    """None while the canary pods are not ready to answer."""
+    """None while the canary pods are not ready to answer. With no canary and a stable draft whose
+    check is pending (a resource's first draft), the outcome on a stable pod of that draft."""
     stable_sample: judgement.Sample | None = None
     canary_sample: judgement.Sample | None = None
     stable_rolled_out: bool = False
@@ -194,6 +195,8 @@ def step(inputs: CanaryInputs) -> CanaryStep:
     status = inputs.status
     canary = status.canary
     if canary is None:
+        if status.draft.lossless_check == "Pending":
+            return _first_draft_check(inputs)
         return _maybe_start(inputs)
     if inputs.action == "abort":
         ended = _rollback(inputs, canary, Reason.CANARY_ABORTED, "aborted by specops.dev/canary-action")
@@ -233,6 +236,8 @@ def _maybe_start(inputs: CanaryInputs) -> CanaryStep:
         draft, source = inputs.candidate, "Retraining"
     else:
         return CanaryStep(status)
+    if status.draft.lossless_check == "Failed":
+        return _replace_failed_draft(inputs, draft, source)
     canary = CanaryStatus(
         phase="LosslessCheck",
         source=source,
@@ -247,6 +252,53 @@ def _maybe_start(inputs: CanaryInputs) -> CanaryStep:
         actions=(ApplyCanary(draft, receives_traffic=False),),
         updates=(ConditionUpdate(cond.CANARY_ROLLOUT, "True", Reason.CANARY_STARTED, message),),
         events=(EventRecord("Normal", Reason.CANARY_STARTED, message),),
+    )
+
+
+def _first_draft_check(inputs: CanaryInputs) -> CanaryStep:
+    """The first draft of a resource (created, or deleted and created again) has no canary: its
+    golden prompts run on a stable pod, and speculation stays off until they pass."""
+    status = inputs.status
+    outcome = inputs.lossless
+    version = status.draft.version
+    if outcome is None or isinstance(outcome, LosslessUnrunnable):
+        return CanaryStep(status)  # no stable pod of this draft ready, or it could not answer: next tick
+    if isinstance(outcome, LosslessDiffers):
+        failed = status.draft.model_copy(update={"lossless_check": "Failed"})
+        message = (
+            f"draft {version} is not lossless: {outcome.evidence}; speculation stays off until "
+            "spec.draft names another draft"
+        )[:1000]
+        return CanaryStep(
+            _with(status, None, draft=failed),
+            updates=(ConditionUpdate(cond.CANARY_ROLLOUT, "False", Reason.NOT_LOSSLESS, message),),
+            events=(EventRecord("Warning", Reason.NOT_LOSSLESS, message),),
+        )
+    passed = status.draft.model_copy(update={"lossless_check": "Passed"})
+    message = f"draft {version}: golden prompts identical with speculation on and off; speculation may go on"
+    return CanaryStep(
+        _with(status, None, draft=passed),
+        events=(EventRecord("Normal", Reason.LOSSLESS_CHECK_PASSED, message),),
+    )
+
+
+def _replace_failed_draft(inputs: CanaryInputs, draft: DraftSpec, source: DraftSource) -> CanaryStep:
+    """The stable draft failed its check and never speculated: nothing to compare a canary with.
+    The new draft takes its place on the stable pods, and is checked there in turn."""
+    status, spec = inputs.status, inputs.spec
+    changes: dict[str, object] = (
+        {"observed_spec_draft": drafts.draft_key(spec.draft)} if source == "Spec" else {}
+    )
+    replaced = drafts.draft_to_status(draft, source, lossless_check="Pending")
+    message = (
+        f"draft {draft.version} replaces draft {status.draft.version}, which is not lossless and never "
+        "served speculation; it is checked on the stable pods before speculation goes on"
+    )
+    return CanaryStep(
+        _with(status, None, draft=replaced, **changes),
+        after_write=(RolloutStable(draft),),
+        updates=(ConditionUpdate(cond.CANARY_ROLLOUT, "False", Reason.DRAFT_REPLACED, message),),
+        events=(EventRecord("Normal", Reason.DRAFT_REPLACED, message),),
     )
 
 
@@ -415,7 +467,9 @@ def _start_promotion(inputs: CanaryInputs, canary: CanaryStatus, evidence: str) 
     draft = _draft(canary, inputs.spec)
     canary = replace_canary(canary, phase="Promoting", weight=100, promotion_evidence=evidence)
     return CanaryStep(
-        _with(inputs.status, canary, draft=drafts.draft_to_status(draft, canary.source)),
+        _with(
+            inputs.status, canary, draft=drafts.draft_to_status(draft, canary.source, lossless_check="Passed")
+        ),
         actions=(SetWeight(100),),
         after_write=(RolloutStable(draft),),
         updates=(

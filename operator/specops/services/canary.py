@@ -178,6 +178,13 @@ class CanaryService:
             paused=annotations.get(PAUSED_ANNOTATION) == "true",
             action=action if action in ("promote", "abort") else None,
         )
+        if canary is None and status.draft.lossless_check == "Pending" and not inputs.paused:
+            # The first draft: its golden prompts run on a stable pod serving it.
+            identity = drafts.draft_identity(drafts.stable_draft(spec.draft, status))
+            pods = [e for e in endpoints if e.variant == STABLE and e.draft == identity]
+            if pods:
+                return replace(inputs, lossless=await self._lossless(resource, pods[0]))
+            return inputs
         if canary is None or inputs.action is not None or inputs.paused:
             return inputs
         namespace, name = resource.metadata["namespace"], resource.metadata["name"]
@@ -185,7 +192,7 @@ class CanaryService:
             canary_pods = [endpoint for endpoint in endpoints if endpoint.variant == CANARY]
             if not canary_pods:
                 return replace(inputs, canary_missing=await self._canary_missing(namespace, name))
-            return replace(inputs, lossless=await self._lossless(resource, canary, canary_pods[0]))
+            return replace(inputs, lossless=await self._lossless(resource, canary_pods[0]))
         if canary.phase == "Progressing":
             url, backend = spec.metrics.prometheus.url, spec.serving.backend
             # Each variant's series of its own draft only: never what an earlier draft left in the window.
@@ -228,7 +235,7 @@ class CanaryService:
         return prompts or list(DEFAULT_GOLDEN_PROMPTS)
 
     async def _lossless(
-        self, resource: SpeculativeDeployment, canary: CanaryStatus, endpoint: PodEndpoint
+        self, resource: SpeculativeDeployment, endpoint: PodEndpoint
     ) -> rollout.LosslessOutcome:
         """Golden prompts at temperature 0 with speculation on and off: token for token, or not."""
         spec = resource.spec
