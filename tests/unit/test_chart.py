@@ -12,8 +12,8 @@ import kubernetes_validate
 import pytest
 
 from specops import rbac
-from specops.domain.metrics import DRAFT_LABEL, GROUP_LABELS
 from specops.api.crd import render_yaml
+from specops.domain.metrics import DRAFT_LABEL, GROUP_LABELS
 from specops_local.admission import AdmissionError
 from tests.unit.chart import CHART, MONITORING_ON, NAMESPACE, ROOT, notes, one, render, upstream_admission
 from tests.unit.test_deploy_manifests import restricted_violations
