@@ -180,9 +180,7 @@ def main(argv: list[str]) -> int:
         profile = ServingProfile.from_dict(data)
         print(f"== {spec.name} (alpha {spec.alpha})")
         for batch, g, published in spec.anchors:
-            print(
-                f"  anchor B={batch:g} g={g}: table {profile.speedup(spec.alpha, g, batch):.2f}x, published {published:.2f}x"
-            )
+            print(f"  anchor B={batch:g} g={g}: table {profile.speedup(spec.alpha, g, batch):.2f}x, published {published:.2f}x")
         row = "  ".join(
             f"{b}:{profile.best_length(spec.alpha, b)[0]}/{profile.best_length(spec.alpha, b)[1]:.2f}"
             for b in DEFAULT_BATCHES
