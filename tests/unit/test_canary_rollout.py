@@ -539,6 +539,7 @@ def test_a_new_draft_takes_the_place_of_a_first_draft_that_failed_and_is_checked
     assert step.status.observed_spec_draft == "v4@pvc://engines/d/v4"
     assert step.after_write == (RolloutStable(SPEC.draft),)
     assert [e.reason for e in step.events] == ["DraftReplaced"]
+    assert (step.finished, step.source) == ("Promoted", "Spec")  # in service: retraining counts it current
 
 
 def test_a_promoted_canary_records_its_draft_as_checked() -> None:
@@ -547,3 +548,14 @@ def test_a_promoted_canary_records_its_draft_as_checked() -> None:
     step = rollout.step(inputs(status, now=T0 + timedelta(minutes=2), stable_sample=GOOD, canary_sample=GOOD))
     assert step.status.canary is not None and step.status.canary.phase == "Promoting"
     assert (step.status.draft.version, step.status.draft.lossless_check) == ("v4", "Passed")
+
+
+def test_a_trained_draft_takes_the_place_of_a_failed_first_draft_and_retraining_counts_it_current() -> None:
+    failed = first_draft("Failed")
+    trained = V4.model_copy(update={"version": "v4-rt1", "engine": DraftEngine(uri="pvc://engines/d/v4-rt1")})
+    step = rollout.step(inputs(failed, candidate=trained))
+    assert step.status.canary is None
+    assert (step.status.draft.version, step.status.draft.source) == ("v4-rt1", "Retraining")
+    assert step.status.draft.lossless_check == "Pending"
+    assert step.status.observed_spec_draft == failed.observed_spec_draft
+    assert (step.finished, step.source) == ("Promoted", "Retraining")

@@ -299,6 +299,10 @@ def _replace_failed_draft(inputs: CanaryInputs, draft: DraftSpec, source: DraftS
         after_write=(RolloutStable(draft),),
         updates=(ConditionUpdate(cond.CANARY_ROLLOUT, "False", Reason.DRAFT_REPLACED, message),),
         events=(EventRecord("Normal", Reason.DRAFT_REPLACED, message),),
+        # In service now, as after a promotion: retraining records a trained draft as current.
+        finished="Promoted",
+        source=source,
+        evidence=message,
     )
 
 
