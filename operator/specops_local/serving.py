@@ -186,7 +186,7 @@ class ServingController:
         draft_version = template["metadata"]["labels"].get("specops.dev/draft-version", spec.draft.version)
         options: dict[str, Any] = {
             "max_draft_len": spec.target.engine.max_draft_len,
-            "draft_length": spec.speculation.draft_length.initial if spec.speculation.mode != "off" else 0,
+            "draft_length": 0,  # as the rendered BLS config: the control loop switches speculation on
             "draft_version": draft_version,
             "load": self.load,
             "deployment": serving.label,

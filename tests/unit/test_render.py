@@ -236,7 +236,8 @@ def test_bls_parameters_name_the_deployment_variant_and_draft() -> None:
     configmap = one(render_children(resource(), OPTIONS), "ConfigMap")
     bls = configmap["data"]["tensorrt_llm_bls.config.pbtxt"]
     for key, value in {
-        "specops_default_num_draft_tokens": "4",
+        # pods start plain: speculation goes on at run time, once the draft passed its check
+        "specops_default_num_draft_tokens": "0",
         "specops_max_draft_len": "8",
         "specops_deployment": "llama-70b-chat",
         "specops_variant": "stable",

@@ -227,14 +227,18 @@ def tritonserver_args() -> list[str]:
 def repository_settings(
     resource: SpeculativeDeployment, variant: str, draft: DraftSpec
 ) -> RepositorySettings:
-    """What the variant's model repository is built from; ``mode: off`` starts with speculation off."""
+    """What the variant's model repository is built from.
+
+    Pods start with speculation off whatever the mode: the control loop switches it on at run
+    time, and only once the draft passed its lossless check (a pod that booted speculating would
+    serve an unchecked draft until the first tick). A mode change therefore rolls no pod.
+    """
     spec = resource.spec
-    initial = 0 if spec.speculation.mode == "off" else spec.speculation.draft_length.initial
     return RepositorySettings(
         deployment=label_value(str(resource.metadata.get("name", ""))),
         variant=variant,
         draft_version=draft.version,
-        default_num_draft_tokens=initial,
+        default_num_draft_tokens=0,
         max_draft_len=spec.target.engine.max_draft_len,
         tensor_parallel=spec.serving.tensor_parallel,
     )
