@@ -161,6 +161,7 @@ async def test_snapshot_reports_acceptance_batch_and_latency_per_variant(
     )
     window_full = now()
     stable = await eventually(read("team-a", "chat", "stable"), lambda m: m.ok and m.at > window_full, 5)
+    canary_m = await eventually(read("team-a", "chat", "canary"), lambda m: m.ok and m.at > window_full, 5)
 
     # then acceptance is converted back to the per-token alpha each variant runs at
     assert stable.alpha == pytest.approx(0.8, abs=0.02)
