@@ -25,8 +25,9 @@ prometheus: ## make sure Debian's prometheus is installed (apt-get when root)
 kubectl: ## make sure Debian's kubectl is installed (apt-get when root)
 	@scripts/ensure-kubectl.sh
 
-test: install ## run the whole test suite (unit, component, end-to-end on the emulated cluster)
-	$(PY) -m pytest tests -q
+TEST_WORKERS ?= 2
+test: install ## run the whole test suite (unit, component, end-to-end on the emulated cluster), TEST_WORKERS processes in parallel
+	$(PY) -m pytest tests -q -n $(TEST_WORKERS) --dist worksteal
 
 test-cluster: install ## run the end-to-end tests against the cluster in $$KUBECONFIG
 	$(PY) -m pytest tests/e2e -q --cluster
