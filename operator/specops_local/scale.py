@@ -4,7 +4,7 @@ The operator runs as `specops run` would in a pod (its own process, production h
 the emulated API server, with Debian's Prometheus scraping one simulated Triton pod per resource at
 a 15 s interval (scrape and decision). This process hosts the emulated API server and every
 simulated pod; to fit 2,000 pods on a small machine, the pods do not each run a background ticker:
-one task advances every pod's performance model once a second. Each pod still listens on its own
+one task advances every pod's performance model every few seconds. Each pod still listens on its own
 two ports (Triton HTTP, metrics), so discovery, scraping and actuation are the production paths.
 
 Measured (docs/scale.md explains each figure):
@@ -23,6 +23,7 @@ import contextlib
 import copy
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -46,8 +47,8 @@ from specops_local.sim import LoadPoint
 from specops_local.stack import EXAMPLES, operator_environment
 
 EXAMPLE = "dense-70b-7b.yaml"
-ADVANCE_EVERY_S = 1.0
-SERVING_POLL_S = 1.0
+ADVANCE_EVERY_S = 5.0
+SERVING_POLL_S = 2.0
 OPERATOR_START_TIMEOUT_S = 60.0
 STOP_GRACE_S = 20.0
 
@@ -90,34 +91,38 @@ def _peak_rss_mib(pid: int) -> float:
 
 
 @contextlib.asynccontextmanager
-async def operator_process(cluster: EmulatedCluster, interval_s: float, log: Path) -> AsyncIterator[int]:
+async def operator_process(
+    cluster: EmulatedCluster, interval_s: float, log: Path, log_level: str = "warning"
+) -> AsyncIterator[int]:
     """`specops run` in its own process against the emulated cluster; yields its PID once it is live."""
     health_port = free_port()
     env = {**os.environ, **operator_environment(cluster.kubeconfig_path, interval_s, interval_s)}
-    command = [sys.executable, "-m", "specops.cli", "run", "--metrics-port", "0", "--log-level", "warning"]
+    command = ["-m", "specops.cli", "run", "--metrics-port", "0", "--log-level", log_level]
     command += ["--liveness", f"http://127.0.0.1:{health_port}/healthz"]
     with log.open("ab") as stderr:
-        process = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL, stdout=stderr, stderr=stderr)
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, *command, env=env, stdin=subprocess.DEVNULL, stdout=stderr, stderr=stderr
+        )
     try:
         await _wait_live(process, f"http://127.0.0.1:{health_port}/healthz", log)
         yield process.pid
     finally:
-        if process.poll() is None:
+        if process.returncode is None:
             process.send_signal(signal.SIGTERM)
-            deadline = time.monotonic() + STOP_GRACE_S
-            while process.poll() is None and time.monotonic() < deadline:
-                await asyncio.sleep(0.1)
-            if process.poll() is None:
+            try:
+                await asyncio.wait_for(process.wait(), STOP_GRACE_S)
+            except TimeoutError:
                 process.kill()
-                process.wait()
+                await process.wait()
 
 
-async def _wait_live(process: subprocess.Popen[bytes], url: str, log: Path) -> None:
+async def _wait_live(process: asyncio.subprocess.Process, url: str, log: Path) -> None:
     deadline = time.monotonic() + OPERATOR_START_TIMEOUT_S
     async with httpx.AsyncClient(timeout=2.0) as http:
         while time.monotonic() < deadline:
-            if process.poll() is not None:
-                raise RuntimeError(f"the operator exited ({process.returncode}): {log.read_text()[-2000:]}")
+            if process.returncode is not None:
+                tail = await asyncio.to_thread(log.read_text)
+                raise RuntimeError(f"the operator exited ({process.returncode}): {tail[-2000:]}")
             with contextlib.suppress(httpx.HTTPError):
                 if (await http.get(url)).status_code == 200:
                     return
@@ -156,12 +161,22 @@ async def _prometheus_queries(prometheus: PrometheusProcess) -> float:
         return _queries_answered((await http.get(f"{prometheus.url}/metrics")).text)
 
 
+HANDLED_ANNOTATION = "specops.dev/last-handled-configuration"
+"""Kopf writes it once the create handlers succeeded (the operator persists its state under specops.dev)."""
+
+
+def _reconciled(obj: dict[str, Any]) -> bool:
+    """Serving, and the operator's reconcile handler finished (not only a status that says serving)."""
+    annotations = obj["metadata"].get("annotations") or {}
+    return (obj.get("status") or {}).get("phase") in ACTIVE_PHASES and HANDLED_ANNOTATION in annotations
+
+
 def _serving(cluster: EmulatedCluster, names: set[str]) -> int:
-    """How many of the named resources are serving (an active phase)."""
+    """How many of the named resources are reconciled and serving."""
     return sum(
         1
         for obj in cluster.objects("speculativedeployments", cluster.namespace)
-        if obj["metadata"]["name"] in names and (obj.get("status") or {}).get("phase") in ACTIVE_PHASES
+        if obj["metadata"]["name"] in names and _reconciled(obj)
     )
 
 
@@ -169,13 +184,26 @@ def _not_serving(cluster: EmulatedCluster, names: set[str]) -> str:
     """Name, phase and conditions of one resource that is not serving, for the timeout's message."""
     for obj in cluster.objects("speculativedeployments", cluster.namespace):
         status = obj.get("status") or {}
-        if obj["metadata"]["name"] in names and status.get("phase") not in ACTIVE_PHASES:
+        if obj["metadata"]["name"] in names and not _reconciled(obj):
             conditions = [
                 f"{c.get('type')}={c.get('status')} {c.get('reason')}: {c.get('message')}"
                 for c in status.get("conditions") or []
             ]
-            return f"{obj['metadata']['name']} phase={status.get('phase')} {conditions}"
+            handled = HANDLED_ANNOTATION in (obj["metadata"].get("annotations") or {})
+            return f"{obj['metadata']['name']} phase={status.get('phase')} handled={handled} {conditions}"
     return "none"
+
+
+def _start_profiler(pid: int, duration_s: float, out: Path) -> subprocess.Popen[bytes]:
+    """py-spy (if installed) samples the operator during the measured cycles; speedscope JSON."""
+    py_spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+    if not Path(py_spy).exists():
+        raise RuntimeError("--profile needs py-spy (pip install py-spy)")
+    command = [py_spy, "record", "--pid", str(pid), "--duration", f"{duration_s:.0f}", "--rate", "50"]
+    command += ["--nonblocking", "--format", "speedscope", "--output", str(out)]
+    return subprocess.Popen(
+        command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
 
 
 # ------------------------------------------------------------------ the run
@@ -189,6 +217,8 @@ async def run_scale(
     cycles: int = 3,
     reconcile_timeout_s: float = 600.0,
     progress: bool = True,
+    profile: Path | None = None,
+    log_level: str = "warning",
 ) -> ScaleResult:
     interval_s = parse_duration(interval)
     workdir.mkdir(parents=True, exist_ok=True)  # noqa: ASYNC240 (once, before anything runs)
@@ -213,7 +243,9 @@ async def run_scale(
         advancer = asyncio.get_running_loop().create_task(_advance_pods(serving, stop_advancing))
         exits.push_async_callback(lambda: advancer)
         exits.callback(stop_advancing.set)
-        pid = await exits.enter_async_context(operator_process(cluster, interval_s, workdir / "operator.log"))
+        pid = await exits.enter_async_context(
+            operator_process(cluster, interval_s, workdir / "operator.log", log_level)
+        )
         say(f"operator running (pid {pid}); creating {resources} resources")
 
         names: set[str] = set()
@@ -238,8 +270,12 @@ async def run_scale(
         window_s = cycles * interval_s
         cpu_before, requests_before = _cpu_seconds(pid), len(cluster.emulator._requests)
         queries_before, measured_from = await _prometheus_queries(prometheus), time.monotonic()
-        say(f"measuring {cycles} cycles ({window_s:g} s)")
+        say(f"measuring {cycles} cycles ({window_s:g} s); the operator used {cpu_before:.1f} CPU-s so far")
+        profiler = _start_profiler(pid, window_s, profile) if profile is not None else None
         await asyncio.sleep(window_s)
+        if profiler is not None:
+            await asyncio.get_running_loop().run_in_executor(None, profiler.wait)
+            say(f"profile of the measured cycles: {profile}")
         elapsed = time.monotonic() - measured_from
         cpu = _cpu_seconds(pid) - cpu_before
         requests = len(cluster.emulator._requests) - requests_before
@@ -281,14 +317,26 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--timeout", type=float, default=600.0, help="initial reconcile deadline, seconds")
     parser.add_argument("--workdir", type=Path, help="keep logs here (default: a temporary directory)")
     parser.add_argument("--json", type=Path, help="write the figures to this file")
+    parser.add_argument("--log-level", default="warning", help="the operator's log level (default warning)")
+    parser.add_argument(
+        "--profile", type=Path, help="sample the operator with py-spy during the measured cycles (speedscope)"
+    )
     args = parser.parse_args(argv)
     if args.resources < 1 or args.cycles < 1:
         parser.error("--resources and --cycles must be at least 1")
     with contextlib.ExitStack() as stack:
-        workdir = args.workdir or Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="specops-scale-")))
+        workdir = args.workdir or Path(
+            stack.enter_context(tempfile.TemporaryDirectory(prefix="specops-scale-"))
+        )
         result = asyncio.run(
             run_scale(
-                args.resources, workdir, interval=args.interval, cycles=args.cycles, reconcile_timeout_s=args.timeout
+                args.resources,
+                workdir,
+                interval=args.interval,
+                cycles=args.cycles,
+                reconcile_timeout_s=args.timeout,
+                profile=args.profile,
+                log_level=args.log_level,
             )
         )
     print(report(result))
