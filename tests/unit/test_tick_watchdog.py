@@ -28,7 +28,7 @@ def test_a_tick_long_overdue_fails_the_probe_and_a_finished_one_clears_it() -> N
     assert ticks_on_time(memo=memo) == 2
     dog.expect(("default", "a"), wait_s=15.0, interval_s=15.0)  # a ticked; b is stuck
     clock.now += 2
-    with pytest.raises(kopf.PermanentError, match="1 resources' ticks are overdue.*default/b"):
+    with pytest.raises(kopf.PermanentError, match=r"1 resources' ticks are overdue.*default/b"):
         ticks_on_time(memo=memo)
 
     dog.forget(("default", "b"))  # its daemon stopped
