@@ -49,6 +49,8 @@ from specops_local.stack import EXAMPLES, operator_environment
 EXAMPLE = "dense-70b-7b.yaml"
 ADVANCE_EVERY_S = 5.0
 SERVING_POLL_S = 2.0
+READY_POLL_S = 2.0
+"""How often the benchmark looks whether every resource is reconciled (a scan of every resource)."""
 OPERATOR_START_TIMEOUT_S = 60.0
 STOP_GRACE_S = 20.0
 
@@ -262,7 +264,7 @@ async def run_scale(
                     f"{ready} of {resources} serving after {reconcile_timeout_s:g} s; "
                     f"for example: {_not_serving(cluster, names)}"
                 )
-            await asyncio.sleep(1.0)
+            await asyncio.sleep(READY_POLL_S)
         initial_reconcile_s = time.monotonic() - started
         say(f"all serving after {initial_reconcile_s:.1f} s; settling for one interval")
 
