@@ -52,9 +52,8 @@ class EmulatedCluster:
         return self.emulator.list_objects(self.resource(resource), namespace)
 
     def get(self, resource: str, name: str, namespace: str | None = DEFAULT_NAMESPACE) -> Body | None:
-        """One stored object, or None when absent."""
-        found = [obj for obj in self.objects(resource, namespace) if obj["metadata"]["name"] == name]
-        return found[0] if found else None
+        """One stored object, or None when absent (a lookup by key, not a scan of every object)."""
+        return self.emulator._find(self.resource(resource), namespace, name)
 
     def create(self, resource: str, body: Body, namespace: str | None = DEFAULT_NAMESPACE) -> Body:
         """Store an object as a client's POST would (stamping, admission, watch event)."""

@@ -9,6 +9,7 @@ imported) or ~/.kube/config. `kubernetes.config` only parses the kubeconfig.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import ssl
 from collections.abc import Callable, Mapping
@@ -102,10 +103,25 @@ def label_selector(labels: Mapping[str, str]) -> str:
     return ",".join(f"{key}={value}" for key, value in sorted(labels.items()))
 
 
+MAX_CONCURRENT_REQUESTS = 10
+"""Requests in flight at once; the others wait their turn (FIFO) for a connection.
+
+httpcore's pool scans its whole queue for every request that starts or ends (quadratic in the
+queue), and its pool timeout fails requests that merely waited. Bounding concurrency here, with a
+pool as large as the bound, keeps the queue in a cheap semaphore: thousands of resources ticking
+at once wait, they do not time out, and the timeout applies to the request itself."""
+
+
 class KubeClient:
     """CRUD on the resources specops manages; errors raise KubeApiError."""
 
-    def __init__(self, settings: ConnectionSettings, *, timeout_s: float = 10.0) -> None:
+    def __init__(
+        self,
+        settings: ConnectionSettings,
+        *,
+        timeout_s: float = 10.0,
+        max_concurrent: int = MAX_CONCURRENT_REQUESTS,
+    ) -> None:
         self.settings = settings
         verify: ssl.SSLContext | bool = settings.verify
         if settings.ca_file or settings.cert_file:
@@ -120,8 +136,13 @@ class KubeClient:
         if settings.token:
             headers["Authorization"] = f"Bearer {settings.token}"
         self._http = httpx.AsyncClient(
-            base_url=settings.server, headers=headers, verify=verify, timeout=timeout_s
+            base_url=settings.server,
+            headers=headers,
+            verify=verify,
+            timeout=httpx.Timeout(timeout_s),
+            limits=httpx.Limits(max_connections=max_concurrent, max_keepalive_connections=max_concurrent),
         )
+        self._slots = asyncio.Semaphore(max_concurrent)
 
     async def close(self) -> None:
         await self._http.aclose()
@@ -151,9 +172,12 @@ class KubeClient:
     ) -> dict[str, Any]:
         headers = {"Content-Type": content_type} if json is not None else {}
         try:
-            response = await self._http.request(method, path, json=json, params=params, headers=headers)
-            if response.status_code == 401 and self._refresh_token():
+            async with self._slots:
                 response = await self._http.request(method, path, json=json, params=params, headers=headers)
+                if response.status_code == 401 and self._refresh_token():
+                    response = await self._http.request(
+                        method, path, json=json, params=params, headers=headers
+                    )
         except httpx.HTTPError as error:
             # An unreachable API server is an error like any other answer: callers retry with backoff.
             operator_metrics.count_error("kubernetes", "Unreachable")

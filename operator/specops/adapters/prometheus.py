@@ -206,7 +206,10 @@ class MetricsHub:
         """Poll ``url`` for ``backend`` at least every ``interval_s``, never faster than MIN_POLL_INTERVAL_S."""
         interval_s = poll_interval(interval_s)
         target = (url.rstrip("/"), backend)
-        if self._owner.get(key) not in (None, target):
+        owner = self._owner.get(key)
+        if owner == target and self._running[target].intervals.get(key) == interval_s:
+            return  # every tick registers again: unchanged, this costs O(1), not O(resources)
+        if owner not in (None, target):
             self.unregister(key)
         profile = self._profiles.get(backend)
         if profile is None:
@@ -227,8 +230,12 @@ class MetricsHub:
                 self._poll_until_stopped(poller, stop), name=f"metrics {target[0]} {backend}"
             )
             running = self._running[target] = _Running(poller, stop, task)
+        previous = running.intervals.get(key)
         running.intervals[key] = interval_s
-        running.poller.interval_s = min(running.intervals.values())
+        if interval_s <= running.poller.interval_s:
+            running.poller.interval_s = interval_s
+        elif previous is not None and previous <= running.poller.interval_s:
+            running.poller.interval_s = min(running.intervals.values())  # the fastest one slowed down
         self._owner[key] = target
 
     def unregister(self, key: Hashable) -> None:

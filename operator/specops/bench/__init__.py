@@ -18,6 +18,7 @@ BENCHMARKS: dict[str, str] = {
     "policy": "specops.bench.policy:main",
     "policy-worlds": "specops.bench.policy:worlds_main",
     "fuzz": "specops_local.fuzz:main",  # needs the local and dev extras (CRD admission, hypothesis)
+    "scale": "specops_local.scale:main",  # needs the local extra (emulated API server, simulated pods)
 }
 
 Benchmark = Callable[[list[str]], int]

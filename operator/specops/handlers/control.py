@@ -1,7 +1,18 @@
-"""The per-resource control-loop daemon: one tick per metrics interval, stopped with the resource."""
+"""The per-resource control-loop daemon: one tick per metrics interval, stopped with the resource.
+
+Ticks are spread out: the first comes after a random share of the interval (so that thousands of
+resources found at start-up do not all tick at once, nor during their own first reconcile), and
+every wait is jittered by a few percent, so that ticks that happen to line up drift apart again.
+
+The liveness probe fails when a resource's tick is long overdue: an operator whose watches keep
+running while its ticks are stuck (a jammed client, a livelock) is restarted, not called healthy.
+"""
 
 from __future__ import annotations
 
+import random
+import time
+from collections.abc import Hashable
 from typing import Any
 
 import kopf
@@ -10,6 +21,62 @@ from specops.adapters import operator_metrics
 from specops.api.models import GROUP, PLURAL, VERSION
 from specops.handlers.lifecycle import now, post_events
 from specops.services.container import Services
+from specops.services.tick import interval_of
+
+TICK_JITTER = 0.05
+"""Each wait is the interval times a random factor within 1 +- this."""
+
+
+def first_tick_delay(interval_s: float) -> float:
+    return random.uniform(0.0, interval_s)  # spreading load, not security
+
+
+def jittered(interval_s: float) -> float:
+    return interval_s * random.uniform(1.0 - TICK_JITTER, 1.0 + TICK_JITTER)
+
+
+MIN_OVERDUE_S = 300.0
+"""A tick is overdue when it has not finished this long (or two intervals, if longer) after it was due."""
+
+
+class TickWatchdog:
+    """When each resource's next tick should have finished, for the liveness probe."""
+
+    def __init__(self, clock: Any = time.monotonic) -> None:
+        self._clock = clock
+        self._due: dict[Hashable, float] = {}
+
+    def expect(self, key: Hashable, wait_s: float, interval_s: float) -> None:
+        self._due[key] = self._clock() + wait_s + max(MIN_OVERDUE_S, 2.0 * interval_s)
+
+    def forget(self, key: Hashable) -> None:
+        self._due.pop(key, None)
+
+    @property
+    def watched(self) -> int:
+        return len(self._due)
+
+    def overdue(self) -> list[Hashable]:
+        now = self._clock()
+        return [key for key, due in self._due.items() if due < now]
+
+
+def watchdog(memo: kopf.Memo) -> TickWatchdog:
+    found = memo.get("tick_watchdog")
+    if not isinstance(found, TickWatchdog):
+        found = memo["tick_watchdog"] = TickWatchdog()
+    return found
+
+
+@kopf.on.probe(id="ticks")
+def ticks_on_time(memo: kopf.Memo, **_: Any) -> int:
+    """Liveness: fails (HTTP 500) while any resource's tick is long overdue; else how many tick."""
+    dog = watchdog(memo)
+    late = dog.overdue()
+    if late:
+        shown = ", ".join("/".join(map(str, key)) if isinstance(key, tuple) else str(key) for key in late[:5])
+        raise kopf.PermanentError(f"{len(late)} resources' ticks are overdue (stalled tick loop): {shown}")
+    return dog.watched
 
 
 @kopf.daemon(GROUP, VERSION, PLURAL, cancellation_timeout=5.0)
@@ -18,10 +85,15 @@ async def speculation_control(
 ) -> None:
     assert namespace is not None  # SpeculativeDeployments are namespaced
     services: Services = memo.services
+    dog, key = watchdog(memo), (namespace, name)
     try:
+        interval_s = interval_of(dict(body), services.config.default_interval_s)
+        wait_s = first_tick_delay(interval_s)
+        dog.expect(key, wait_s, interval_s)
+        await stopped.wait(wait_s)
         while not stopped:
             with operator_metrics.time_tick():
-                outcome = await services.tick(namespace, name, now)
+                outcome = await services.tick(namespace, name, now, body)  # Kopf's live body: no GET
             if outcome.events:
                 post_events(outcome.body or body, outcome.events)
             if outcome.body is not None:
@@ -30,7 +102,10 @@ async def speculation_control(
                 )
             if outcome.gone:
                 return
-            await stopped.wait(outcome.interval_s)
+            wait_s = jittered(outcome.interval_s)
+            dog.expect(key, wait_s, outcome.interval_s)
+            await stopped.wait(wait_s)
     finally:
+        dog.forget(key)
         services.forget(namespace, name)
         operator_metrics.forget(namespace, name)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 from datetime import UTC, datetime
@@ -20,6 +21,18 @@ from specops.services.reconciler import ReconcileParked
 
 RETRY_DELAY_S = 15.0
 MAX_PARKED_RETRY_DELAY_S = 600.0
+MAX_CONCURRENT_RECONCILES = 16
+"""Reconciles (and readiness refreshes) in flight at once. Thousands of resources found at start-up
+each hold their rendered children (the model repository ConfigMap alone is ~30 kB of JSON) while
+they wait for the API server; bounded, they finish one batch after another, memory stays flat,
+and each resource serves as soon as its own reconcile is through."""
+
+
+def reconcile_slots(memo: kopf.Memo) -> asyncio.Semaphore:
+    found = memo.get("reconcile_slots")
+    if not isinstance(found, asyncio.Semaphore):
+        found = memo["reconcile_slots"] = asyncio.Semaphore(MAX_CONCURRENT_RECONCILES)
+    return found
 
 
 def parked_retry_delay(retry: int) -> float:
@@ -80,8 +93,9 @@ def login(**_: Any) -> kopf.ConnectionInfo:
 async def reconcile(body: kopf.Body, memo: kopf.Memo, retry: int = 0, **_: Any) -> None:
     services: Services = memo.services
     try:
-        with operator_metrics.time_reconcile():
-            events = await services.reconciler.reconcile(body, now())
+        async with reconcile_slots(memo):
+            with operator_metrics.time_reconcile():
+                events = await services.reconciler.reconcile(body, now())
     except KubeApiError as error:
         raise kopf.TemporaryError(f"Kubernetes API: {error}", delay=RETRY_DELAY_S) from error
     except ReconcileParked as parked:
@@ -121,7 +135,10 @@ async def serving_deployment_changed(body: kopf.Body, memo: kopf.Memo, type: str
         return
     services: Services = memo.services
     try:
-        owner_body, events = await services.reconciler.refresh(body["metadata"]["namespace"], owner, now())
+        async with reconcile_slots(memo):
+            owner_body, events = await services.reconciler.refresh(
+                body["metadata"]["namespace"], owner, now()
+            )
     except KubeApiError as error:
         logging.getLogger(__name__).warning("status refresh of %s failed: %s", owner, error)
         return

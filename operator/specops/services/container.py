@@ -6,9 +6,10 @@ the ports (specops.ports), which an import-linter contract enforces.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 from specops.adapters.kube import KubeClient, load_connection_settings
 from specops.adapters.prometheus import MetricsHub
@@ -39,9 +40,15 @@ class Services:
     canary: CanaryService
     ticker: ResourceTick
 
-    async def tick(self, namespace: str, name: str, now: Callable[[], datetime]) -> TickOutcome:
+    async def tick(
+        self,
+        namespace: str,
+        name: str,
+        now: Callable[[], datetime],
+        watched: Mapping[str, Any] | None = None,
+    ) -> TickOutcome:
         """One resource's periodic tick; API errors are logged and retried next interval, never raised."""
-        return await self.ticker.run(namespace, name, now())
+        return await self.ticker.run(namespace, name, now(), watched)
 
     def forget(self, namespace: str, name: str) -> None:
         """The resource's daemon stopped: stop polling for it and drop its in-memory state."""

@@ -1,7 +1,8 @@
 """One resource's periodic tick: one read, the control loop, retraining and the canary, one write.
 
-gather: the resource (one GET) and its pods (one LIST); each part takes the typed status
-and returns its own blocks of it plus condition updates and Events; the phase is derived
+gather: the resource (as the watch last saw it, else one GET) and its pods (one LIST); each
+part takes the typed status and returns its own blocks of it plus condition updates and
+Events; the phase is derived
 from the parts (domain.phases); one optimistic status patch writes what changed. A 409
 re-reads the resource and lays the tick's blocks and condition updates onto the fresh
 status, so another writer's changes (the reconciler's conditions) are never lost. Nothing
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -128,13 +129,20 @@ class ResourceTick:
         self.default_interval_s = default_interval_s
         self._failures: dict[tuple[str, str], tuple[int, str]] = {}
         """(namespace, name) -> (consecutive failed ticks, last message): log and announce once."""
+        self._resources: dict[tuple[str, str], tuple[Any, SpeculativeDeployment]] = {}
 
-    async def run(self, namespace: str, name: str, now: datetime) -> TickOutcome:
+    async def run(
+        self, namespace: str, name: str, now: datetime, watched: Mapping[str, Any] | None = None
+    ) -> TickOutcome:
         """One tick; an unexpected exception parks the resource (Degraded=True/TickFailed, one Warning
-        Event, logged once) and comes back after a growing delay instead of crashing the daemon."""
+        Event, logged once) and comes back after a growing delay instead of crashing the daemon.
+
+        ``watched`` is the resource as the operator's watch last saw it (Kopf's live body): the tick
+        starts from it instead of reading the resource again. A stale copy costs nothing: the status
+        patch carries its resourceVersion, and a conflict re-reads and recomputes."""
         outcome = TickOutcome(interval_s=self.default_interval_s)
         try:
-            await self._run(outcome, namespace, name, now)
+            await self._run(outcome, namespace, name, now, watched)
         except KubeApiError as error:  # the API is down or refused a write: the next interval retries
             log.warning("tick of %s/%s: Kubernetes API: %s", namespace, name, error)
             return outcome
@@ -175,8 +183,19 @@ class ResourceTick:
         return outcome
 
     def forget(self, namespace: str, name: str) -> None:
-        """The resource's daemon stopped: drop its failure count."""
+        """The resource's daemon stopped: drop its failure count and its validated copy."""
         self._failures.pop((namespace, name), None)
+        self._resources.pop((namespace, name), None)
+
+    def _validated(self, namespace: str, name: str, body: dict[str, Any]) -> SpeculativeDeployment:
+        """The typed resource; validated again only when its resourceVersion moved (most ticks it has not)."""
+        version = (body.get("metadata") or {}).get("resourceVersion")
+        cached = self._resources.get((namespace, name))
+        if cached is not None and version is not None and cached[0] == version:
+            return cached[1]
+        resource = SpeculativeDeployment.model_validate(body)
+        self._resources[(namespace, name)] = (version, resource)
+        return resource
 
     async def _recovered(self, namespace: str, name: str, now: datetime) -> None:
         update = ConditionUpdate(cond.DEGRADED, "False", Reason.AS_EXPECTED, "")
@@ -193,19 +212,28 @@ class ResourceTick:
         except Exception as error:
             log.warning("tick of %s/%s: clearing TickFailed failed: %s", namespace, name, error)
 
-    async def _run(self, outcome: TickOutcome, namespace: str, name: str, now: datetime) -> TickOutcome:
-        try:
-            body = await self.kube.get(API_VERSION, KIND, namespace, name)
-        except KubeApiError as error:
-            log.warning("tick of %s/%s: reading the resource failed: %s", namespace, name, error)
-            return outcome
+    async def _run(
+        self,
+        outcome: TickOutcome,
+        namespace: str,
+        name: str,
+        now: datetime,
+        watched: Mapping[str, Any] | None = None,
+    ) -> TickOutcome:
+        body: dict[str, Any] | None = dict(watched) if watched is not None else None
+        if not (body and (body.get("metadata") or {}).get("resourceVersion")):
+            try:
+                body = await self.kube.get(API_VERSION, KIND, namespace, name)
+            except KubeApiError as error:
+                log.warning("tick of %s/%s: reading the resource failed: %s", namespace, name, error)
+                return outcome
         if body is None or body["metadata"].get("deletionTimestamp"):
             outcome.gone = True
             return outcome
         outcome.interval_s = interval_of(body, self.default_interval_s)
         outcome.body = body
         try:
-            resource = SpeculativeDeployment.model_validate(body)
+            resource = self._validated(namespace, name, body)
         except ValidationError:
             return outcome  # the reconciler reports InvalidSpec
         status = resource.status

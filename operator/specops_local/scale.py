@@ -1,0 +1,355 @@
+"""`specops bench scale --resources N`: the operator, as its own process, running N SpeculativeDeployments.
+
+The operator runs as `specops run` would in a pod (its own process, production handlers), against
+the emulated API server, with Debian's Prometheus scraping one simulated Triton pod per resource at
+a 15 s interval (scrape and decision). This process hosts the emulated API server and every
+simulated pod; to fit 2,000 pods on a small machine, the pods do not each run a background ticker:
+one task advances every pod's performance model every 10 s, a batch at a time. Each pod still listens on its own
+two ports (Triton HTTP, metrics), so discovery, scraping and actuation are the production paths.
+
+Measured (docs/scale.md explains each figure):
+- initial_reconcile_seconds: from creating the N resources until every one is serving;
+- cycle_cpu_seconds: the operator process's CPU time per control cycle (one interval), in steady state;
+- promql_queries_per_cycle: instant queries Prometheus answered per cycle (from its own counters);
+- api_requests_per_second: requests the API server answered, in steady state;
+- peak_rss_mib: the operator process's peak resident memory (VmHWM).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import copy
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+from specops.api.crd import build_crd
+from specops.api.units import parse_duration
+from specops.domain.phases import ACTIVE_PHASES
+from specops_local.cluster import EmulatedCluster, emulated_cluster
+from specops_local.prometheus import PrometheusProcess, free_port, run_prometheus
+from specops_local.serving import ServingController
+from specops_local.sim import LoadPoint
+from specops_local.stack import EXAMPLES, operator_environment
+
+EXAMPLE = "dense-70b-7b.yaml"
+ADVANCE_EVERY_S = 10.0
+ADVANCE_BATCH = 50
+SERVING_POLL_S = 2.0
+READY_POLL_S = 2.0
+"""How often the benchmark looks whether every resource is reconciled (a scan of every resource)."""
+OPERATOR_START_TIMEOUT_S = 60.0
+STOP_GRACE_S = 20.0
+
+
+@dataclass(frozen=True)
+class ScaleResult:
+    resources: int
+    initial_reconcile_seconds: float
+    cycle_cpu_seconds: float
+    promql_queries_per_cycle: float
+    api_requests_per_second: float
+    peak_rss_mib: float
+
+
+def scale_resource(index: int, namespace: str, prometheus_url: str, interval: str) -> dict[str, Any]:
+    """The dense example with one replica, a local Prometheus and the given interval."""
+    body: dict[str, Any] = copy.deepcopy(yaml.safe_load((EXAMPLES / EXAMPLE).read_text()))
+    body["metadata"] = {"name": f"scale-{index:04d}", "namespace": namespace}
+    spec = body["spec"]
+    spec["serving"]["replicas"] = 1
+    spec["metrics"] = {"prometheus": {"url": prometheus_url}, "interval": interval}
+    return body
+
+
+# ------------------------------------------------------------------ the operator process
+
+
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process (and its reaped children), from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    ticks = sum(int(fields[i]) for i in (11, 12, 13, 14))  # utime stime cutime cstime
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def _peak_rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024.0
+    return 0.0
+
+
+@contextlib.asynccontextmanager
+async def operator_process(
+    cluster: EmulatedCluster, interval_s: float, log: Path, log_level: str = "warning"
+) -> AsyncIterator[int]:
+    """`specops run` in its own process against the emulated cluster; yields its PID once it is live."""
+    health_port = free_port()
+    env = {**os.environ, **operator_environment(cluster.kubeconfig_path, interval_s, interval_s)}
+    command = ["-m", "specops.cli", "run", "--metrics-port", "0", "--log-level", log_level]
+    command += ["--liveness", f"http://127.0.0.1:{health_port}/healthz"]
+    with log.open("ab") as stderr:
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, *command, env=env, stdin=subprocess.DEVNULL, stdout=stderr, stderr=stderr
+        )
+    try:
+        await _wait_live(process, f"http://127.0.0.1:{health_port}/healthz", log)
+        yield process.pid
+    finally:
+        if process.returncode is None:
+            process.send_signal(signal.SIGTERM)
+            try:
+                await asyncio.wait_for(process.wait(), STOP_GRACE_S)
+            except TimeoutError:
+                process.kill()
+                await process.wait()
+
+
+async def _wait_live(process: asyncio.subprocess.Process, url: str, log: Path) -> None:
+    deadline = time.monotonic() + OPERATOR_START_TIMEOUT_S
+    async with httpx.AsyncClient(timeout=2.0) as http:
+        while time.monotonic() < deadline:
+            if process.returncode is not None:
+                tail = await asyncio.to_thread(log.read_text)
+                raise RuntimeError(f"the operator exited ({process.returncode}): {tail[-2000:]}")
+            with contextlib.suppress(httpx.HTTPError):
+                if (await http.get(url)).status_code == 200:
+                    return
+            await asyncio.sleep(0.2)
+    raise TimeoutError(f"the operator was not live within {OPERATOR_START_TIMEOUT_S:g} s")
+
+
+# ------------------------------------------------------------------ the fleet of simulated pods
+
+
+async def _advance_pods(serving: ServingController, stop: asyncio.Event) -> None:
+    """One task advances every pod's model (instead of one ticker task per pod)."""
+    loop = asyncio.get_running_loop()
+    last = loop.time()
+    while not stop.is_set():
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), ADVANCE_EVERY_S)
+        now = loop.time()
+        for index, pod in enumerate(serving.all_pods()):
+            if pod.running:
+                pod.advance(now - last)
+            if index % ADVANCE_BATCH == ADVANCE_BATCH - 1:
+                await asyncio.sleep(0)  # the API server in this process answers meanwhile
+        last = now
+
+
+def _queries_answered(metrics_text: str) -> float:
+    """Instant queries Prometheus answered so far (its own prometheus_http_requests_total)."""
+    total = 0.0
+    for line in metrics_text.splitlines():
+        if line.startswith("prometheus_http_requests_total{") and 'handler="/api/v1/query"' in line:
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+async def _prometheus_queries(prometheus: PrometheusProcess) -> float:
+    async with httpx.AsyncClient(timeout=10.0) as http:
+        return _queries_answered((await http.get(f"{prometheus.url}/metrics")).text)
+
+
+HANDLED_ANNOTATION = "specops.dev/last-handled-configuration"
+"""Kopf writes it once the create handlers succeeded (the operator persists its state under specops.dev)."""
+
+
+def _reconciled(obj: dict[str, Any]) -> bool:
+    """Serving, and the operator's reconcile handler finished (not only a status that says serving)."""
+    annotations = obj["metadata"].get("annotations") or {}
+    return (obj.get("status") or {}).get("phase") in ACTIVE_PHASES and HANDLED_ANNOTATION in annotations
+
+
+def _serving(cluster: EmulatedCluster, names: set[str]) -> int:
+    """How many of the named resources are reconciled and serving."""
+    return sum(
+        1
+        for obj in cluster.objects("speculativedeployments", cluster.namespace)
+        if obj["metadata"]["name"] in names and _reconciled(obj)
+    )
+
+
+def _not_serving(cluster: EmulatedCluster, names: set[str]) -> str:
+    """Name, phase and conditions of one resource that is not serving, for the timeout's message."""
+    for obj in cluster.objects("speculativedeployments", cluster.namespace):
+        status = obj.get("status") or {}
+        if obj["metadata"]["name"] in names and not _reconciled(obj):
+            conditions = [
+                f"{c.get('type')}={c.get('status')} {c.get('reason')}: {c.get('message')}"
+                for c in status.get("conditions") or []
+            ]
+            handled = HANDLED_ANNOTATION in (obj["metadata"].get("annotations") or {})
+            return f"{obj['metadata']['name']} phase={status.get('phase')} handled={handled} {conditions}"
+    return "none"
+
+
+def _start_profiler(pid: int, duration_s: float, out: Path) -> subprocess.Popen[bytes]:
+    """py-spy (if installed) samples the operator during the measured cycles; speedscope JSON."""
+    py_spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+    if not Path(py_spy).exists():
+        raise RuntimeError("--profile needs py-spy (pip install py-spy)")
+    command = [py_spy, "record", "--pid", str(pid), "--duration", f"{duration_s:.0f}", "--rate", "50"]
+    command += ["--nonblocking", "--format", "speedscope", "--output", str(out)]
+    return subprocess.Popen(
+        command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+
+
+# ------------------------------------------------------------------ the run
+
+
+async def run_scale(
+    resources: int,
+    workdir: Path,
+    *,
+    interval: str = "15s",
+    cycles: int = 3,
+    reconcile_timeout_s: float = 600.0,
+    progress: bool = True,
+    profile: Path | None = None,
+    log_level: str = "warning",
+) -> ScaleResult:
+    interval_s = parse_duration(interval)
+    workdir.mkdir(parents=True, exist_ok=True)  # noqa: ASYNC240 (once, before anything runs)
+
+    def say(text: str) -> None:
+        if progress:
+            print(f"[scale {resources}] {text}", file=sys.stderr, flush=True)
+
+    async with contextlib.AsyncExitStack() as exits:
+        cluster = await exits.enter_async_context(emulated_cluster([], workdir, crds=[build_crd()]))
+        prometheus = await exits.enter_async_context(run_prometheus(workdir, scrape_interval=interval))
+        serving = await exits.enter_async_context(
+            ServingController(
+                cluster,
+                prometheus,
+                load=LoadPoint(batch=8, alpha=0.8),
+                pod_options=lambda _resource, _variant: {"tick_interval": None},
+                poll_s=SERVING_POLL_S,
+            )
+        )
+        stop_advancing = asyncio.Event()
+        advancer = asyncio.get_running_loop().create_task(_advance_pods(serving, stop_advancing))
+        exits.push_async_callback(lambda: advancer)
+        exits.callback(stop_advancing.set)
+        pid = await exits.enter_async_context(
+            operator_process(cluster, interval_s, workdir / "operator.log", log_level)
+        )
+        say(f"operator running (pid {pid}); creating {resources} resources")
+
+        names: set[str] = set()
+        started = time.monotonic()
+        for index in range(resources):
+            body = scale_resource(index, cluster.namespace, prometheus.url, interval)
+            cluster.create("speculativedeployments", body, namespace=cluster.namespace)
+            names.add(body["metadata"]["name"])
+            if index % 100 == 99:
+                await asyncio.sleep(0)  # let the API server answer the watch meanwhile
+        while (ready := _serving(cluster, names)) < resources:
+            if time.monotonic() - started > reconcile_timeout_s:
+                raise TimeoutError(
+                    f"{ready} of {resources} serving after {reconcile_timeout_s:g} s; "
+                    f"for example: {_not_serving(cluster, names)}"
+                )
+            await asyncio.sleep(READY_POLL_S)
+        initial_reconcile_s = time.monotonic() - started
+        say(f"all serving after {initial_reconcile_s:.1f} s; settling for one interval")
+
+        await asyncio.sleep(interval_s)
+        window_s = cycles * interval_s
+        cpu_before, requests_before = _cpu_seconds(pid), len(cluster.emulator._requests)
+        queries_before, measured_from = await _prometheus_queries(prometheus), time.monotonic()
+        say(f"measuring {cycles} cycles ({window_s:g} s); the operator used {cpu_before:.1f} CPU-s so far")
+        profiler = _start_profiler(pid, window_s, profile) if profile is not None else None
+        await asyncio.sleep(window_s)
+        if profiler is not None:
+            await asyncio.get_running_loop().run_in_executor(None, profiler.wait)
+            say(f"profile of the measured cycles: {profile}")
+        elapsed = time.monotonic() - measured_from
+        cpu = _cpu_seconds(pid) - cpu_before
+        requests = len(cluster.emulator._requests) - requests_before
+        queries = await _prometheus_queries(prometheus) - queries_before - 1  # less our own first read
+        measured_cycles = elapsed / interval_s
+        return ScaleResult(
+            resources=resources,
+            initial_reconcile_seconds=round(initial_reconcile_s, 1),
+            cycle_cpu_seconds=round(cpu / measured_cycles, 3),
+            promql_queries_per_cycle=round(max(queries, 0.0) / measured_cycles, 1),
+            api_requests_per_second=round(requests / elapsed, 1),
+            peak_rss_mib=round(_peak_rss_mib(pid), 1),
+        )
+    raise AssertionError("unreachable")  # pragma: no cover (the exit stack does not swallow)
+
+
+def report(result: ScaleResult) -> str:
+    rows = [
+        ("resources", f"{result.resources}"),
+        ("initial reconcile", f"{result.initial_reconcile_seconds:.1f} s"),
+        ("CPU per control cycle", f"{result.cycle_cpu_seconds:.3f} s"),
+        ("PromQL queries per cycle", f"{result.promql_queries_per_cycle:.1f}"),
+        ("API requests per second", f"{result.api_requests_per_second:.1f}"),
+        ("operator peak RSS", f"{result.peak_rss_mib:.1f} MiB"),
+    ]
+    width = max(len(label) for label, _ in rows)
+    return "\n".join(f"{label:<{width}}  {value}" for label, value in rows)
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog="specops bench scale",
+        description="Run the operator (its own process) against N SpeculativeDeployments with one "
+        "simulated pod each, on the emulated API server and a real Prometheus; print and write figures.",
+    )
+    parser.add_argument("--resources", type=int, default=200, help="SpeculativeDeployments (default 200)")
+    parser.add_argument("--interval", default="15s", help="scrape and decision interval (default 15s)")
+    parser.add_argument("--cycles", type=int, default=3, help="control cycles measured in steady state")
+    parser.add_argument("--timeout", type=float, default=600.0, help="initial reconcile deadline, seconds")
+    parser.add_argument("--workdir", type=Path, help="keep logs here (default: a temporary directory)")
+    parser.add_argument("--json", type=Path, help="write the figures to this file")
+    parser.add_argument("--log-level", default="warning", help="the operator's log level (default warning)")
+    parser.add_argument(
+        "--profile", type=Path, help="sample the operator with py-spy during the measured cycles (speedscope)"
+    )
+    args = parser.parse_args(argv)
+    if args.resources < 1 or args.cycles < 1:
+        parser.error("--resources and --cycles must be at least 1")
+    with contextlib.ExitStack() as stack:
+        workdir = args.workdir or Path(
+            stack.enter_context(tempfile.TemporaryDirectory(prefix="specops-scale-"))
+        )
+        result = asyncio.run(
+            run_scale(
+                args.resources,
+                workdir,
+                interval=args.interval,
+                cycles=args.cycles,
+                reconcile_timeout_s=args.timeout,
+                profile=args.profile,
+                log_level=args.log_level,
+            )
+        )
+    print(report(result))
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(asdict(result), indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main(sys.argv[1:]))

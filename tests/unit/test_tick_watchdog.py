@@ -1,0 +1,54 @@
+"""The liveness probe: an operator whose ticks stall fails it, whatever its watches do."""
+
+from __future__ import annotations
+
+import kopf
+import pytest
+
+from specops.handlers.control import MIN_OVERDUE_S, TickWatchdog, first_tick_delay, jittered, ticks_on_time
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_tick_long_overdue_fails_the_probe_and_a_finished_one_clears_it() -> None:
+    clock = Clock()
+    memo = kopf.Memo()
+    dog = memo["tick_watchdog"] = TickWatchdog(clock)
+    dog.expect(("default", "a"), wait_s=15.0, interval_s=15.0)
+    dog.expect(("default", "b"), wait_s=15.0, interval_s=15.0)
+    assert ticks_on_time(memo=memo) == 2
+
+    clock.now += 15.0 + MIN_OVERDUE_S - 1  # late, but within the grace
+    assert ticks_on_time(memo=memo) == 2
+    dog.expect(("default", "a"), wait_s=15.0, interval_s=15.0)  # a ticked; b is stuck
+    clock.now += 2
+    with pytest.raises(kopf.PermanentError, match=r"1 resources' ticks are overdue.*default/b"):
+        ticks_on_time(memo=memo)
+
+    dog.forget(("default", "b"))  # its daemon stopped
+    assert ticks_on_time(memo=memo) == 1
+
+
+def test_long_intervals_get_a_longer_grace() -> None:
+    clock = Clock()
+    dog = TickWatchdog(clock)
+    dog.expect("slow", wait_s=3600.0, interval_s=3600.0)
+    clock.now += 3600.0 + MIN_OVERDUE_S + 1
+    assert dog.overdue() == []  # two intervals of grace for an hourly resource
+    clock.now += 2 * 3600.0
+    assert dog.overdue() == ["slow"]
+
+
+def test_ticks_are_spread_over_the_interval_and_jittered_by_a_few_percent() -> None:
+    firsts = [first_tick_delay(15.0) for _ in range(500)]
+    assert all(0.0 <= delay <= 15.0 for delay in firsts)
+    assert min(firsts) < 3.0 and max(firsts) > 12.0  # spread, not all at once
+    waits = [jittered(15.0) for _ in range(500)]
+    assert all(14.25 <= wait <= 15.75 for wait in waits)
+    assert len({round(wait, 3) for wait in waits}) > 100
