@@ -72,6 +72,7 @@ class VariantMetrics:
         variant: str,
         now: datetime,
         draft_length: int | None = None,
+        draft: str | None = None,
     ) -> Measurement:
         self.reads += 1
         jitter = 0.01 * (self.reads % 5)  # ties everywhere would make the rank test say nothing
@@ -96,7 +97,8 @@ class VariantMetrics:
 
 
 class LosslessTriton:
-    """Every pod runs what it is asked for; speculation changes no answer, unless `lossless` is False."""
+    """Every pod runs what it is asked for; speculation changes no answer, unless `lossless` is
+    False: then the canary's draft changes answers (the stable draft passed its own check)."""
 
     def __init__(self, lossless: bool = True) -> None:
         self.lossless = lossless
@@ -124,7 +126,7 @@ class LosslessTriton:
     async def generate(
         self, endpoint: PodEndpoint, prompt: str, max_tokens: int, num_draft_tokens: int | None = None
     ) -> GenerateResult:
-        differs = not self.lossless and bool(num_draft_tokens)
+        differs = not self.lossless and bool(num_draft_tokens) and endpoint.variant == "canary"
         return GenerateResult(endpoint.name, True, text=prompt + (" (drafted)" if differs else ""))
 
 
