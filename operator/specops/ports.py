@@ -58,12 +58,8 @@ class MetricsSource(Protocol):
         variant: str,
         now: datetime,
         draft_length: int | None = None,
-        draft: str | None = None,
     ) -> Measurement:
-        """The latest measurement, or an Error measurement (never an exception).
-
-        ``draft`` (``drafts.draft_identity``) keeps only the series of pods serving that draft.
-        """
+        """The latest measurement, or an Error measurement (never an exception)."""
         ...
 
     async def close(self) -> None: ...

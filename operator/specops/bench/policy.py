@@ -265,7 +265,6 @@ class SimulatedPods:
         variant: str,
         now: datetime,
         draft_length: int | None = None,
-        draft: str | None = None,
     ) -> Measurement:
         if self.measurement is None:
             return Measurement.failed(now, REASON_PENDING, "no scrape yet")

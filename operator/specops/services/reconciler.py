@@ -263,10 +263,7 @@ class Reconciler:
             if not status.draft.version:
                 wanted = wanted.model_copy(
                     update={
-                        # The first draft is checked on the stable pods before speculation goes on.
-                        "draft": drafts.draft_to_status(
-                            resource.spec.draft, "Spec", lossless_check="Pending"
-                        ),
+                        "draft": drafts.draft_to_status(resource.spec.draft, "Spec"),
                         "observed_spec_draft": drafts.draft_key(resource.spec.draft),
                     }
                 )
