@@ -268,8 +268,16 @@ class ControlLoop:
                 events.append(EventRecord("Warning", decision.reason, decision.message))
                 warned = decision.reason
             elif decision.num_draft_tokens > 0 and not state.enabled and learning.holds_off(knowledge, seen):
+                # held off, not a switch: the switch on that `decide` made (its toggle time and
+                # switch credit) never happens
+                unswitched = replace(
+                    decision.state,
+                    last_toggle=state.last_toggle,
+                    switch_credit=state.switch_credit,
+                    credit_at=state.credit_at,
+                )
                 decision = _off(
-                    decision,
+                    replace(decision, state=unswitched),
                     now,
                     "HeldMeasuredSlowdown",
                     f"Speculation stays off: it was measured slower than plain at batch "
