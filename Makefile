@@ -27,7 +27,7 @@ kubectl: ## make sure Debian's kubectl is installed (apt-get when root)
 
 TEST_WORKERS ?= 2
 test: install ## run the whole test suite (unit, component, end-to-end on the emulated cluster), TEST_WORKERS processes in parallel
-	$(PY) -m pytest tests -q -n $(TEST_WORKERS) --dist worksteal
+	$(PY) -m pytest tests -q -n $(TEST_WORKERS) --dist worksteal --durations=30
 
 test-cluster: install ## run the end-to-end tests against the cluster in $$KUBECONFIG
 	$(PY) -m pytest tests/e2e -q --cluster

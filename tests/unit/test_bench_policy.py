@@ -143,6 +143,9 @@ def test_bench_all_writes_one_json_per_registered_benchmark(
 ) -> None:
     monkeypatch.setenv("SPECOPS_FUZZ_EXAMPLES", "20")  # thousands under `make bench`, a few here
     monkeypatch.setenv("SPECOPS_POLICY_TRACES", "steady_low")  # every trace under `make bench`
+    # The scale bench starts an operator process and a fleet (minutes at its default of 200);
+    # tests/component/test_scale_bench.py runs it small. Here it is only counted.
+    monkeypatch.setitem(bench.BENCHMARKS, "scale", "tests.unit.test_bench_policy:trivial_benchmark")
     assert bench.main(["all", "--out", str(tmp_path / "out")]) == 0
     written = sorted(p.name for p in (tmp_path / "out").iterdir())
     assert written == sorted(f"{name}.json" for name in bench.BENCHMARKS)
