@@ -58,8 +58,12 @@ class MetricsSource(Protocol):
         variant: str,
         now: datetime,
         draft_length: int | None = None,
+        draft: str | None = None,
     ) -> Measurement:
-        """The latest measurement, or an Error measurement (never an exception)."""
+        """The latest measurement, or an Error measurement (never an exception).
+
+        ``draft`` (``drafts.draft_identity``) keeps only the series of pods serving that draft.
+        """
         ...
 
     async def close(self) -> None: ...

@@ -29,6 +29,7 @@ log = logging.getLogger(__name__)
 
 DEPLOYMENT_LABEL = "specops.dev/deployment"
 VARIANT_LABEL = "specops.dev/variant"
+DRAFT_LABEL = "specops.dev/draft"
 
 
 @dataclass(frozen=True)
@@ -52,6 +53,8 @@ class ServingSet:
     """The ``specops.dev/deployment`` label value: the name, or a hashed form of a long one."""
     pods: list[SimPod] = field(default_factory=list)
     template_key: str | None = None
+    draft_label: str = ""
+    """The pods' ``specops.dev/draft`` label, which the PodMonitor relabels into ``specops_draft``."""
 
 
 class ServingController:
@@ -148,6 +151,9 @@ class ServingController:
         if serving.template_key not in (None, template_key):
             await self._scale(serving, 0, None)  # a new pod template: replace every pod (a fast "rollout")
         serving.template_key = template_key
+        serving.draft_label = (deployment["spec"]["template"]["metadata"].get("labels") or {}).get(
+            DRAFT_LABEL, ""
+        )
         await self._scale(serving, int(deployment["spec"].get("replicas", 1)), deployment)
         ready = sum(1 for p in serving.pods if p.running and p.ready)
         status = {
@@ -180,7 +186,7 @@ class ServingController:
         draft_version = template["metadata"]["labels"].get("specops.dev/draft-version", spec.draft.version)
         options: dict[str, Any] = {
             "max_draft_len": spec.target.engine.max_draft_len,
-            "draft_length": spec.speculation.draft_length.initial if spec.speculation.mode != "off" else 0,
+            "draft_length": 0,  # as the rendered BLS config: the control loop switches speculation on
             "draft_version": draft_version,
             "load": self.load,
             "deployment": serving.label,
@@ -239,6 +245,7 @@ class ServingController:
                     "namespace": serving.namespace,
                     "specops_deployment": serving.label,
                     "variant": serving.variant,
+                    "specops_draft": serving.draft_label,
                     "pod": pod.name,
                 },
             }

@@ -55,7 +55,9 @@ def sim_pod(name: str, *, batch: float, alpha: float, draft_length: int) -> SimP
     )
 
 
-def target_group(pod: SimPod, namespace: str, deployment: str, variant: str) -> dict[str, Any]:
+def target_group(
+    pod: SimPod, namespace: str, deployment: str, variant: str, draft: str = "v1-00000000"
+) -> dict[str, Any]:
     """What the PodMonitor relabelling produces for one pod."""
     return {
         "targets": [f"127.0.0.1:{pod.metrics_port}"],
@@ -63,6 +65,7 @@ def target_group(pod: SimPod, namespace: str, deployment: str, variant: str) -> 
             "namespace": namespace,
             "specops_deployment": deployment,
             "variant": variant,
+            "specops_draft": draft,
             "pod": pod.name,
         },
     }
@@ -158,6 +161,7 @@ async def test_snapshot_reports_acceptance_batch_and_latency_per_variant(
     )
     window_full = now()
     stable = await eventually(read("team-a", "chat", "stable"), lambda m: m.ok and m.at > window_full, 5)
+    canary_m = await eventually(read("team-a", "chat", "canary"), lambda m: m.ok and m.at > window_full, 5)
 
     # then acceptance is converted back to the per-token alpha each variant runs at
     assert stable.alpha == pytest.approx(0.8, abs=0.02)
@@ -242,6 +246,56 @@ async def test_queries_per_cycle_do_not_grow_with_resources(
         assert hub_poller.queries_last_cycle == served_for_one
     finally:
         await poller.aclose()
+
+
+async def test_a_new_canary_is_measured_on_its_own_drafts_series_only(
+    prom: PrometheusProcess, pods: Callable[..., Any]
+) -> None:
+    # given a canary of draft v4 (alpha 0.88) measured next to the stable variant, over a 10 s rate window
+    hub = MetricsHub(scrape_interval_s=1.0, window_s=10.0, timeout_s=2.0)
+    try:
+        stable = await pods("chat-stable", batch=8, alpha=0.75)
+        old = await pods("chat-canary-old", batch=8, alpha=0.88)
+        prom.set_targets(
+            [
+                target_group(stable, "team-a", "chat", "stable", "v3-11111111"),
+                target_group(old, "team-a", "chat", "canary", "v4-22222222"),
+            ]
+        )
+        hub.register("team-a/chat", prom.url, "triton-trtllm", POLL_INTERVAL_S)
+
+        def canary(draft: str | None) -> Measurement:
+            return hub.lookup(prom.url, "triton-trtllm", "team-a", "chat", "canary", now(), draft=draft)
+
+        await eventually(lambda: canary("v4-22222222"), lambda m: m.ok and m.alpha is not None, 25)
+        await asyncio.sleep(3.0)  # the old draft's series fill the window
+
+        # when it is promoted and the next canary (draft v5, alpha 0.55) replaces its pod at once
+        new = await pods("chat-canary-new", batch=8, alpha=0.55)
+        prom.set_targets(
+            [
+                target_group(stable, "team-a", "chat", "stable", "v3-11111111"),
+                target_group(new, "team-a", "chat", "canary", "v5-33333333"),
+            ]
+        )
+
+        # then every reading of the new draft is the new draft's alone, while the variant as a
+        # whole still mixes in what the old draft left in the window
+        own: list[float] = []
+        whole: list[float] = []
+        deadline = asyncio.get_running_loop().time() + 20.0
+        while asyncio.get_running_loop().time() < deadline:
+            mine, all_drafts = canary("v5-33333333"), canary(None)
+            if mine.ok and mine.alpha is not None:
+                own.append(mine.alpha)
+            if all_drafts.ok and all_drafts.alpha is not None:
+                whole.append(all_drafts.alpha)
+            await asyncio.sleep(0.25)
+        assert own, "the new draft was never measured"
+        assert all(alpha == pytest.approx(0.55, abs=0.03) for alpha in own), own
+        assert max(whole) > 0.65, whole  # the old series were really there
+    finally:
+        await hub.close()
 
 
 async def test_prometheus_outage_reads_as_metrics_unavailable_then_recovers(

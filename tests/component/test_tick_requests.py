@@ -100,7 +100,7 @@ class AppliedTriton:
     async def generate(
         self, endpoint: PodEndpoint, prompt: str, max_tokens: int, num_draft_tokens: int | None = None
     ) -> GenerateResult:
-        return GenerateResult(endpoint.pod, True, text=prompt)
+        return GenerateResult(endpoint.name, True, text=prompt)
 
 
 def _resource() -> dict[str, Any]:

@@ -8,6 +8,7 @@ lossless gate, moves real Gateway API weights, analyses, and promotes or rolls b
 from __future__ import annotations
 
 import asyncio
+import re
 from typing import Any
 
 import pytest
@@ -201,6 +202,41 @@ async def test_a_worse_draft_is_rolled_back_with_its_evidence(
     )
 
 
+async def test_a_canary_right_after_a_promotion_is_not_judged_on_the_previous_drafts_series(
+    cluster: Any,
+    kube: KubeClient,
+    operator: Operator,
+    serving: ServingController,
+    prometheus: PrometheusProcess,
+    route: dict[str, Any],
+) -> None:
+    # Given a better draft (v4, alpha 0.88) just promoted through a canary
+    await kube.create(canary_resource(prometheus))
+    await serving_ready(kube)
+    await new_draft(kube, "v4")
+    await wait_condition(kube, NAME, "CanaryRollout", "False", "CanaryPromoted", timeout_s=90)
+
+    # When a worse draft (v5, alpha 0.55) is published at once, while v4's canary series are still
+    # in the rate window
+    await new_draft(kube, "v5")
+
+    async def v5_ended() -> dict[str, Any] | None:
+        body = await resource(kube, NAME)
+        last = ((body or {}).get("status") or {}).get("lastCanary") or {}
+        rollout = condition(body, "CanaryRollout") or {}
+        ended = rollout.get("status") == "False" and "v5" in (rollout.get("message") or "")
+        return body if ended or last.get("draft") == "v5" else None
+
+    body = await eventually(v5_ended, timeout_s=90, what="the v5 canary to end")
+
+    # Then v5 is rolled back on its own acceptance, and stable keeps serving v4
+    rollout = condition(body, "CanaryRollout")
+    assert rollout is not None and rollout["reason"] == "CanaryRolledBack", rollout
+    assert body["status"]["draft"]["version"] == "v4"
+    analysis_alpha = re.search(r"alpha canary ([0-9.]+)", rollout["message"])
+    assert analysis_alpha is not None and float(analysis_alpha.group(1)) < 0.7, rollout["message"]
+
+
 async def test_a_non_lossless_draft_is_refused_before_any_traffic(
     cluster: Any,
     kube: KubeClient,
@@ -364,3 +400,57 @@ async def test_deleting_mid_canary_takes_the_canary_out_of_the_users_route(
         return await resource(kube, NAME) is None and CANARY_SERVICE not in names
 
     await eventually(released, timeout_s=20, what="resource gone and canary backend removed from the route")
+
+
+async def test_a_resource_recreated_mid_canary_checks_its_first_draft_before_speculating(
+    cluster: Any,
+    kube: KubeClient,
+    operator: Operator,
+    serving: ServingController,
+    prometheus: PrometheusProcess,
+    route: dict[str, Any],
+) -> None:
+    from tests.e2e.test_control_loop import all_pods_at, pod_lengths
+
+    # Given a resource deleted while a canary runs
+    slow = [{"weight": 10, "pause": "1h"}, {"weight": 100, "pause": "1s"}]
+    await kube.create(canary_resource(prometheus, steps=slow))
+    await serving_ready(kube)
+    await new_draft(kube, "v4")
+    await eventually(lambda: _canary_phase(kube, "Progressing"), timeout_s=40, what="canary progressing")
+    await kube.delete(API_VERSION, KIND, NAMESPACE, NAME)
+    await eventually(lambda: _gone(kube), timeout_s=20, what="resource gone")
+
+    # When it is created again at once, naming a draft that breaks greedy output (v6)
+    body = canary_resource(prometheus, steps=slow)
+    body["spec"]["draft"]["version"] = "v6"
+    body["spec"]["draft"]["engine"]["uri"] = "pvc://engines/llama-70b-draft/v6"
+    await kube.create(body)
+
+    # Then its first draft is checked on the stable pods, fails, and speculation never goes on
+    failed = await wait_condition(kube, NAME, "CanaryRollout", "False", "NotLossless", timeout_s=40)
+    assert failed["status"]["draft"]["version"] == "v6"
+    assert failed["status"]["draft"]["losslessCheck"] == "Failed"
+    for _ in range(30):  # past the 2 s baseline and soak that would otherwise switch it on
+        assert set(pod_lengths(serving)) <= {0}, pod_lengths(serving)
+        await asyncio.sleep(0.2)
+    live = await resource(kube, NAME)
+    assert live is not None and live["status"]["speculation"]["reason"] == "SpeculationOffDraftUnchecked"
+
+    # And a lossless draft published next replaces it on the stable pods, is checked, then speculates
+    await new_draft(kube, "v4")
+    await wait_condition(kube, NAME, "CanaryRollout", "False", "DraftReplaced", timeout_s=20)
+
+    async def checked() -> dict[str, Any] | None:
+        live = await resource(kube, NAME)
+        draft = ((live or {}).get("status") or {}).get("draft") or {}
+        return live if draft.get("version") == "v4" and draft.get("losslessCheck") == "Passed" else None
+
+    await eventually(checked, timeout_s=40, what="v4 checked on the stable pods")
+    await all_pods_at(serving, lambda n: n > 0, 40, "speculating once the draft passed its check")
+    stable = cluster.get("deployments", NAME)
+    assert stable["spec"]["template"]["metadata"]["labels"]["specops.dev/draft-version"] == "v4"
+
+
+async def _gone(kube: KubeClient) -> bool:
+    return await resource(kube, NAME) is None

@@ -48,10 +48,6 @@ def env_of(job: dict[str, Any]) -> dict[str, str]:
     return {e["name"]: e.get("value", "") for e in container.get("env", [])}
 
 
-# Known flake: the trained draft's canary is sometimes judged on its pods' first, young rate windows
-# (alpha 0.78 vs 0.80) and rolled back; issue "samples start a full rate window after the canary
-# serves" fixes the cause. One rerun is allowed until then.
-@pytest.mark.flaky(reruns=1)
 @pytest.mark.timeout(300)  # a canary and a training round, each at the calibrated loop's pace
 async def test_target_bump_retrains_once_and_promotes_the_new_draft(
     cluster: Any,

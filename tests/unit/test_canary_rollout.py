@@ -333,7 +333,9 @@ def test_a_canary_whose_objects_are_gone_is_rendered_again_instead_of_waiting_fo
     progressing = serving(canary=canary_status())
     step = rollout.step(inputs(progressing, canary_sample=Sample(ok=False), canary_missing=True))
     assert step.actions == (ApplyCanary(SPEC.draft, receives_traffic=True), SetWeight(10))
-    assert step.status.canary == progressing.canary
+    # the bake goes on; the new pods warm up before their next sample
+    assert progressing.canary is not None
+    assert step.status.canary == progressing.canary.model_copy(update={"traffic_started_at": T0})
 
 
 def test_judgement_resumes_at_once_after_a_metrics_outage() -> None:
@@ -371,3 +373,190 @@ def test_ticks_at_which_only_the_canary_was_missing_still_count_against_it() -> 
     assert step.status.canary is not None and step.status.canary.step == 0  # not advanced on thin evidence
     analysis = step.status.canary.last_analysis
     assert analysis is not None and analysis.verdict != "Pass"
+
+
+# ---------------------------------------------------------------- warm-up: a full rate window of traffic first
+
+GOOD = Sample(alpha=0.8, tpot_p99_s=0.02, tokens_per_s=100.0, tpot_p50_s=0.01)
+WINDOW_S = 60.0
+
+
+def test_traffic_starts_the_warm_up_when_the_lossless_check_passes() -> None:
+    status = serving(canary=canary_status(phase="LosslessCheck", step=-1, weight=0, lossless_check=None))
+    later = T0 + timedelta(seconds=7)
+    step = rollout.step(inputs(status, now=later, lossless=LosslessPassed(), warm_up_s=WINDOW_S))
+    assert step.status.canary is not None and step.status.canary.traffic_started_at == later
+
+
+def test_a_canary_takes_no_samples_until_its_pods_served_traffic_for_a_full_rate_window() -> None:
+    # Given a canary whose pods began to serve at T0 (what the rate window holds is still mostly before)
+    status = serving(canary=canary_status(traffic_started_at=T0))
+    # When ticks arrive within the first rate window, then one just after it
+    young = rollout.step(
+        inputs(
+            status,
+            now=T0 + timedelta(seconds=59),
+            stable_sample=GOOD,
+            canary_sample=GOOD,
+            warm_up_s=WINDOW_S,
+        )
+    )
+    warm = rollout.step(
+        inputs(
+            status,
+            now=T0 + timedelta(seconds=60),
+            stable_sample=GOOD,
+            canary_sample=GOOD,
+            warm_up_s=WINDOW_S,
+        )
+    )
+    # Then only the tick after a full window is a sample, of both variants
+    assert young.status.canary is not None and young.status.canary.samples == CanarySamples()
+    assert warm.status.canary is not None
+    assert (len(warm.status.canary.samples.canary), len(warm.status.canary.samples.stable)) == (1, 1)
+
+
+def test_the_first_steps_bake_counts_from_the_end_of_the_warm_up() -> None:
+    # Given a first step of pause 1m whose pods began to serve at T0, with a sample each tick since the warm-up
+    status = serving(
+        canary=canary_status(
+            traffic_started_at=T0,
+            samples=CanarySamples(stable=samples(0.8, 29), canary=samples(0.8, 29)),
+        )
+    )
+    # When the pause has passed since the step began, but not since the warm-up ended
+    early = rollout.step(
+        inputs(
+            status,
+            now=T0 + timedelta(seconds=90),
+            stable_sample=GOOD,
+            canary_sample=GOOD,
+            warm_up_s=WINDOW_S,
+        )
+    )
+    # Then the step only collects; a full pause after the warm-up, it is judged
+    assert early.status.canary is not None and early.status.canary.last_analysis is None
+    judged = rollout.step(
+        inputs(
+            status,
+            now=T0 + timedelta(seconds=120),
+            stable_sample=GOOD,
+            canary_sample=GOOD,
+            warm_up_s=WINDOW_S,
+        )
+    )
+    assert judged.status.canary is not None and judged.status.canary.step == 1
+
+
+def test_judgement_resumes_within_two_intervals_after_a_long_outage() -> None:
+    # Given a first step baked on 12 healthy ticks (15 s apart), past its pause
+    interval = timedelta(seconds=15)
+    status = serving(
+        canary=canary_status(
+            traffic_started_at=T0 - timedelta(minutes=5),
+            step_started_at=T0 - timedelta(minutes=3),
+            samples=CanarySamples(stable=samples(0.8, 12), canary=samples(0.8, 12)),
+        )
+    )
+    now = T0
+    # When metrics are out for 15 minutes (60 ticks), judgement pauses every tick, never advancing
+    for _ in range(60):
+        now += interval
+        step = rollout.step(
+            inputs(
+                status, now=now, stable_sample=Sample(ok=False), canary_sample=Sample(ok=False), warm_up_s=60
+            )
+        )
+        status = step.status
+        assert status.canary is not None and status.canary.step == 0
+        assert status.canary.last_analysis is not None and status.canary.last_analysis.verdict == "Error"
+    # Then once they are back, the step is judged again within two intervals (not after ~3x the outage)
+    ticks = 0
+    while status.canary is not None and status.canary.step == 0:
+        ticks += 1
+        assert ticks <= 2, status.canary.last_analysis
+        now += interval
+        status = rollout.step(
+            inputs(status, now=now, stable_sample=GOOD, canary_sample=GOOD, warm_up_s=60)
+        ).status
+    assert status.canary is not None and status.canary.step == 1
+
+
+# ---------------------------------------------------------------- the first draft: checked before speculation
+
+
+def first_draft(check: str | None = "Pending") -> SpeculativeDeploymentStatus:
+    """A resource just created (or deleted and created again): its spec draft serves, unchecked."""
+    return serving(
+        observed_spec_draft="v4@pvc://engines/d/v4",
+        draft=DraftStatus(
+            model=V4.model, version="v4", engine_uri=V4.engine.uri, source="Spec", lossless_check=check
+        ),
+    )
+
+
+def test_the_first_draft_waits_for_a_stable_pod_to_run_its_golden_prompts() -> None:
+    for outcome in (None, LosslessUnrunnable("connection refused")):
+        step = rollout.step(inputs(first_draft(), lossless=outcome))
+        assert step.status == first_draft() and step.actions == () and step.events == ()
+
+
+def test_a_first_draft_that_passes_its_lossless_check_may_speculate() -> None:
+    step = rollout.step(inputs(first_draft(), lossless=LosslessPassed()))
+    assert step.status.draft.lossless_check == "Passed" and step.status.canary is None
+    assert [e.reason for e in step.events] == ["LosslessCheckPassed"]
+
+
+def test_a_first_draft_that_changes_greedy_output_never_speculates() -> None:
+    step = rollout.step(inputs(first_draft(), lossless=LosslessDiffers("golden prompt #1 differs")))
+    assert step.status.draft.lossless_check == "Failed" and step.status.canary is None
+    assert [(e.type, e.reason) for e in step.events] == [("Warning", "NotLossless")]
+    assert [(u.type, u.status, u.reason) for u in step.updates] == [("CanaryRollout", "False", "NotLossless")]
+    assert "golden prompt #1 differs" in step.events[0].message
+
+
+def test_no_canary_starts_before_the_first_draft_is_checked() -> None:
+    # spec.draft changed again while the first draft's check has not run yet
+    status = first_draft().model_copy(update={"observed_spec_draft": V3})
+    step = rollout.step(inputs(status))
+    assert step.status.canary is None and step.actions == ()
+
+
+def test_a_new_draft_takes_the_place_of_a_first_draft_that_failed_and_is_checked_in_turn() -> None:
+    # Given a first draft v3 that failed its check (speculation never went on), when spec.draft names v4
+    failed = serving(
+        draft=DraftStatus(
+            model="llama-3.1-8b-draft",
+            version="v3",
+            engine_uri="pvc://engines/llama-70b-draft/v3",
+            source="Spec",
+            lossless_check="Failed",
+        )
+    )
+    step = rollout.step(inputs(failed))
+    # Then no canary (nothing to compare with): v4 serves on the stable pods, pending its own check
+    assert step.status.canary is None
+    assert (step.status.draft.version, step.status.draft.lossless_check) == ("v4", "Pending")
+    assert step.status.observed_spec_draft == "v4@pvc://engines/d/v4"
+    assert step.after_write == (RolloutStable(SPEC.draft),)
+    assert [e.reason for e in step.events] == ["DraftReplaced"]
+    assert (step.finished, step.source) == ("Promoted", "Spec")  # in service: retraining counts it current
+
+
+def test_a_promoted_canary_records_its_draft_as_checked() -> None:
+    last_step = canary_status(step=1, samples=CanarySamples(stable=samples(0.8, 12), canary=samples(0.8, 12)))
+    status = serving(canary=last_step)
+    step = rollout.step(inputs(status, now=T0 + timedelta(minutes=2), stable_sample=GOOD, canary_sample=GOOD))
+    assert step.status.canary is not None and step.status.canary.phase == "Promoting"
+    assert (step.status.draft.version, step.status.draft.lossless_check) == ("v4", "Passed")
+
+
+def test_a_trained_draft_takes_the_place_of_a_failed_first_draft_and_retraining_counts_it_current() -> None:
+    failed = first_draft("Failed")
+    trained = V4.model_copy(update={"version": "v4-rt1", "engine": DraftEngine(uri="pvc://engines/d/v4-rt1")})
+    step = rollout.step(inputs(failed, candidate=trained))
+    assert step.status.canary is None
+    assert (step.status.draft.version, step.status.draft.source) == ("v4-rt1", "Retraining")
+    assert step.status.draft.lossless_check == "Pending"
+    assert step.status.observed_spec_draft == failed.observed_spec_draft
+    assert (step.finished, step.source) == ("Promoted", "Retraining")

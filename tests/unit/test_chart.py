@@ -13,6 +13,7 @@ import pytest
 
 from specops import rbac
 from specops.api.crd import render_yaml
+from specops.domain.metrics import DRAFT_LABEL, GROUP_LABELS
 from specops_local.admission import AdmissionError
 from tests.unit.chart import CHART, MONITORING_ON, NAMESPACE, ROOT, notes, one, render, upstream_admission
 from tests.unit.test_deploy_manifests import restricted_violations
@@ -111,6 +112,7 @@ def test_default_values_render_the_operator_and_no_monitoring_objects() -> None:
         "ClusterRole",
         "ClusterRoleBinding",
         "Deployment",
+        "PodDisruptionBudget",
         "Role",
         "RoleBinding",
         "ServiceAccount",
@@ -183,6 +185,38 @@ def test_two_leader_elected_operators_run_probed_on_kopfs_health_endpoint_with_m
     assert {"cpu", "memory"} <= set(container["resources"]["limits"])
 
 
+def test_two_operators_get_a_disruption_budget_that_keeps_one_through_drains() -> None:
+    objects = render()
+    budget = one(objects, "PodDisruptionBudget", FULLNAME)
+    selector = one(objects, "Deployment", FULLNAME)["spec"]["selector"]["matchLabels"]
+    assert budget["spec"] == {"maxUnavailable": 1, "selector": {"matchLabels": selector}}
+    assert budget["metadata"]["namespace"] == NAMESPACE
+
+
+@pytest.mark.parametrize(
+    ("values", "spec"),
+    [
+        ({"podDisruptionBudget": {"minAvailable": 1}}, {"minAvailable": 1}),
+        ({"podDisruptionBudget": {"maxUnavailable": "50%"}}, {"maxUnavailable": "50%"}),
+        ({"replicas": 3, "podDisruptionBudget": {"minAvailable": "60%"}}, {"minAvailable": "60%"}),
+    ],
+)
+def test_the_disruption_budget_takes_min_available_or_max_unavailable(
+    values: dict[str, Any], spec: dict[str, Any]
+) -> None:
+    budget = one(render(values), "PodDisruptionBudget", FULLNAME)
+    kubernetes_validate.validate(budget, kubernetes_validate.latest_version(), strict=True)
+    assert {k: v for k, v in budget["spec"].items() if k != "selector"} == spec
+
+
+@pytest.mark.parametrize(
+    "values", [{"replicas": 1}, {"replicas": 0}, {"podDisruptionBudget": {"enabled": False}}]
+)
+def test_no_disruption_budget_for_a_single_operator_or_when_disabled(values: dict[str, Any]) -> None:
+    # One replica: a budget would block every drain (minAvailable 1) or protect nothing
+    assert [obj for obj in render(values) if obj["kind"] == "PodDisruptionBudget"] == []
+
+
 def test_every_operator_setting_the_operator_reads_is_set_by_the_chart() -> None:
     read = set(re.findall(r"SPECOPS_[A-Z_]+", (ROOT / "operator/specops/services/config.py").read_text()))
     set_here = {name for name in _env(_operator_container(render())) if name.startswith("SPECOPS_")}
@@ -224,8 +258,9 @@ def test_the_serving_pod_monitor_adds_the_labels_the_operator_queries_group_by()
     pod_monitor = one(render(MONITORING_ON), "PodMonitor")
     assert pod_monitor["spec"]["namespaceSelector"] == {"any": True}
     (endpoint,) = pod_monitor["spec"]["podMetricsEndpoints"]
-    targets = {relabel["targetLabel"] for relabel in endpoint["relabelings"]}
-    assert targets == {"namespace", "specops_deployment", "variant", "pod"}
+    targets = {relabel["targetLabel"]: relabel["sourceLabels"] for relabel in endpoint["relabelings"]}
+    assert set(targets) == {*GROUP_LABELS, "pod"}
+    assert targets[DRAFT_LABEL] == ["__meta_kubernetes_pod_label_specops_dev_draft"]
 
 
 def test_the_dashboard_configmap_carries_the_sidecar_label_and_the_dashboard() -> None:
@@ -325,6 +360,16 @@ BAD_VALUES = {
     "log format": ({"operator": {"log": {"format": "xml"}}}, "/operator/log/format", "'text', 'json'"),
     "port out of range": ({"operator": {"metricsPort": 70000}}, "/operator/metricsPort", "got 70,000"),
     "typo at the top": ({"replica": 1}, "replica", "replica"),
+    "a budget that is no count": (
+        {"podDisruptionBudget": {"maxUnavailable": "one"}},
+        "/podDisruptionBudget/maxUnavailable",
+        "one",
+    ),
+    "a budget below zero": (
+        {"podDisruptionBudget": {"minAvailable": -1}},
+        "/podDisruptionBudget/minAvailable",
+        "-1",
+    ),
     "scrape interval not a duration": (
         {"monitoring": {"serviceMonitor": {"interval": "often"}}},
         "/monitoring/serviceMonitor/interval",

@@ -99,6 +99,19 @@ def test_a_stale_draft_with_while_stale_off_is_an_input_of_the_policy() -> None:
     assert not cs.policy_config(spec(), draft_stale=True).draft_stale_off
 
 
+def test_a_draft_that_has_not_passed_its_lossless_check_keeps_speculation_off_whatever_the_mode() -> None:
+    for mode in ("auto", "on"):
+        resource = spec().model_copy(
+            update={"speculation": spec().speculation.model_copy(update={"mode": mode})}
+        )
+        config = cs.policy_config(resource, draft_unchecked=True)
+        state = PolicyState("Dynamic", T0, True, 4, 0.8, None, None)
+        observation = cs.observation_from(Measurement(phase="Ok", at=T0, batch=2.0, alpha=0.8))
+        decision = decide(config, state, observation, T0)
+        assert decision.num_draft_tokens == 0 and decision.reason == "SpeculationOffDraftUnchecked", mode
+    assert not cs.policy_config(spec()).draft_unchecked_off
+
+
 def test_only_measurements_moving_is_not_a_significant_status_change() -> None:
     live = {
         "phase": "Dynamic",

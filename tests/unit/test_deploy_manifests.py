@@ -177,6 +177,14 @@ def test_two_leader_elected_operators_run_with_their_liveness_endpoint_probed() 
     assert {"cpu", "memory"} <= set(container["resources"]["limits"])
 
 
+def test_a_disruption_budget_keeps_one_of_the_two_operators_through_drains() -> None:
+    deployment = _one("Deployment", OPERATOR)
+    budget = _one("PodDisruptionBudget", OPERATOR)
+    assert budget["spec"]["maxUnavailable"] == 1
+    assert budget["spec"]["selector"]["matchLabels"] == deployment["spec"]["selector"]["matchLabels"]
+    assert budget["metadata"]["namespace"] == NAMESPACE
+
+
 def test_every_operator_setting_in_the_manifest_is_one_the_operator_reads() -> None:
     read = set(re.findall(r"SPECOPS_[A-Z_]+", (SOURCE / "services" / "config.py").read_text()))
     (container,) = _one("Deployment", OPERATOR)["spec"]["template"]["spec"]["containers"]

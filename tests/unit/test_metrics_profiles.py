@@ -11,6 +11,7 @@ import pytest
 from specops.domain.acceptance import acceptance_rate_from_alpha
 from specops.domain.discovery import PodEndpoint, ready_endpoints
 from specops.domain.metrics import (
+    DRAFT_LABEL,
     GROUP_LABELS,
     PROFILES,
     Q_ACCEPTANCE_GAUGE,
@@ -38,9 +39,15 @@ KEY = ("team-a", "chat", "stable")
 
 
 def sample(
-    value: str | float, namespace: str = "team-a", deployment: str = "chat", variant: str = "stable"
+    value: str | float,
+    namespace: str = "team-a",
+    deployment: str = "chat",
+    variant: str = "stable",
+    draft: str | None = None,
 ) -> Any:
     labels = {"namespace": namespace, "specops_deployment": deployment, "variant": variant}
+    if draft is not None:
+        labels[DRAFT_LABEL] = draft
     return {"metric": labels, "value": [1735732800.0, str(value)]}
 
 
@@ -73,9 +80,10 @@ def raw_for(backend: str, alpha: float, draft_length: int, draft_steps_per_s: fl
 
 
 @pytest.mark.parametrize("backend", sorted(PROFILES))
-def test_every_query_is_grouped_by_resource_and_variant(backend: str) -> None:
+def test_every_query_is_grouped_by_resource_variant_and_draft(backend: str) -> None:
     queries = PROFILES[backend].queries(rate_window_s(15))
     group = "by (" + ", ".join(GROUP_LABELS)
+    assert GROUP_LABELS == ("namespace", "specops_deployment", "variant", "specops_draft")
     for quantity, promql in queries.items():
         assert group in promql, (quantity, promql)
         assert "[60s]" in promql or "rate(" not in promql, (quantity, promql)
@@ -220,6 +228,57 @@ def test_each_variant_and_resource_is_its_own_measurement() -> None:
     assert snapshot.lookup("team-a", "chat", "canary", now=T0, max_age_s=30).batch == 2
     assert snapshot.lookup("team-b", "chat", "stable", now=T0, max_age_s=30).batch == 40
     assert snapshot.lookup(*KEY, now=T0, max_age_s=30).batch == 10
+
+
+def two_drafts_in_the_canary_variant() -> dict[str, Any]:
+    """What Prometheus answers right after a promotion: the old canary pod's series (draft v4,
+    alpha 0.88) are still in the rate window next to the new canary's (draft v5, alpha 0.55)."""
+    raw: dict[str, Any] = {}
+    for draft, alpha, pods, batch, p99 in (("v4-aaaa", 0.88, 1, 10.0, 0.03), ("v5-bbbb", 0.55, 2, 4.0, 0.05)):
+        for quantity, series in raw_for("triton-trtllm", alpha, 4).items():
+            value = float(series[0]["value"][1])
+            value = {Q_PODS: pods, Q_BATCH: batch, Q_TPOT_P99: p99}.get(quantity, value)
+            raw.setdefault(quantity, []).append(sample(value, variant="canary", draft=draft))
+    return raw
+
+
+def test_each_draft_of_a_variant_is_measured_on_its_own_series() -> None:
+    snapshot = build_snapshot(PROFILES["triton-trtllm"], two_drafts_in_the_canary_variant(), T0)
+
+    old = snapshot.lookup("team-a", "chat", "canary", now=T0, max_age_s=30, draft="v4-aaaa")
+    new = snapshot.lookup("team-a", "chat", "canary", now=T0, max_age_s=30, draft="v5-bbbb")
+
+    assert old.alpha == pytest.approx(0.88, abs=1e-6)
+    assert new.alpha == pytest.approx(0.55, abs=1e-6)
+    assert (new.pods_reporting, new.batch, new.tpot_p99_s) == (2, 4.0, 0.05)
+
+
+def test_a_draft_without_series_reads_as_no_metrics_not_as_another_drafts_numbers() -> None:
+    snapshot = build_snapshot(PROFILES["triton-trtllm"], two_drafts_in_the_canary_variant(), T0)
+    assert_error_without_numbers(
+        snapshot.lookup("team-a", "chat", "canary", now=T0, max_age_s=30, draft="v6-cccc"), REASON_NO_METRICS
+    )
+
+
+def test_the_variant_as_a_whole_adds_up_the_drafts_pods() -> None:
+    # The control loop reads the variant as a whole, as during a rolling update of the stable pods
+    snapshot = build_snapshot(PROFILES["triton-trtllm"], two_drafts_in_the_canary_variant(), T0)
+
+    whole = snapshot.lookup("team-a", "chat", "canary", now=T0, max_age_s=30)
+
+    assert whole.ok and whole.pods_reporting == 3
+    assert whole.request_rate == pytest.approx(6.0) and whole.tokens_per_s == pytest.approx(1200.0)
+    assert whole.batch == pytest.approx((10.0 * 1 + 4.0 * 2) / 3)  # per pod
+    assert whole.tpot_p99_s == pytest.approx(0.04)  # requests-weighted, equal rates here
+    # acceptance from the summed counters: between the two drafts'
+    assert 0.55 < (whole.alpha or 0) < 0.88
+
+
+def test_a_scrape_without_the_draft_label_still_answers_a_draft_lookup() -> None:
+    # A hand-written scrape config that adds no specops_draft: every series has ""
+    snapshot = build_snapshot(PROFILES["triton-trtllm"], raw_for("triton-trtllm", 0.7, 4), T0)
+    measured = snapshot.lookup(*KEY, now=T0, max_age_s=30, draft="v3-abcd")
+    assert measured.ok and measured.alpha == pytest.approx(0.7, abs=1e-6)
 
 
 def test_series_without_the_deployment_label_are_ignored() -> None:

@@ -13,7 +13,7 @@ import yaml
 from kubernetes_validate.utils import latest_version
 
 from specops.api.models import DraftSpec, SpeculativeDeployment
-from specops.domain import render
+from specops.domain import drafts, render
 from specops.domain.render import RenderError, RenderOptions, render_children
 from tests.unit.golden import assert_golden
 
@@ -236,7 +236,8 @@ def test_bls_parameters_name_the_deployment_variant_and_draft() -> None:
     configmap = one(render_children(resource(), OPTIONS), "ConfigMap")
     bls = configmap["data"]["tensorrt_llm_bls.config.pbtxt"]
     for key, value in {
-        "specops_default_num_draft_tokens": "4",
+        # pods start plain: speculation goes on at run time, once the draft passed its check
+        "specops_default_num_draft_tokens": "0",
         "specops_max_draft_len": "8",
         "specops_deployment": "llama-70b-chat",
         "specops_variant": "stable",
@@ -310,6 +311,10 @@ def test_canary_render_differs_only_in_names_labels_and_draft() -> None:
         "stable": "canary",
         "v3": "v4",
         "llama-70b-draft/v3": "llama-70b-draft/v4",
+        # the draft identity label: version and a hash of version and engine
+        drafts.draft_identity(resource().spec.draft): drafts.draft_identity(
+            new_draft("v4", "pvc://engines/llama-70b-draft/v4")
+        ),
     }
 
     def renamed(value: Any) -> Any:
@@ -341,6 +346,7 @@ def test_pod_monitor_scrapes_metrics_with_the_labels_the_queries_group_by() -> N
     assert targets == {
         "specops_deployment": ["__meta_kubernetes_pod_label_specops_dev_deployment"],
         "variant": ["__meta_kubernetes_pod_label_specops_dev_variant"],
+        "specops_draft": ["__meta_kubernetes_pod_label_specops_dev_draft"],
         "namespace": ["__meta_kubernetes_namespace"],
         "pod": ["__meta_kubernetes_pod_name"],
     }

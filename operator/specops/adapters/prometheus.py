@@ -261,8 +261,12 @@ class MetricsHub:
         variant: str,
         now: datetime,
         draft_length: int | None = None,
+        draft: str | None = None,
     ) -> Measurement:
-        """The latest measurement from memory; an Error measurement when none is usable (never raises)."""
+        """The latest measurement from memory; an Error measurement when none is usable (never raises).
+
+        ``draft`` keeps only the series of pods serving that draft (the ``specops_draft`` label).
+        """
         if backend not in self._profiles:
             return Measurement.failed(now, REASON_METRICS_UNAVAILABLE, f"no metrics profile for {backend!r}")
         running = self._running.get((url.rstrip("/"), backend))
@@ -273,7 +277,9 @@ class MetricsHub:
         poller = running.poller
         max_age_s = 3 * poller.interval_s + poller.timeout_s
         # Series carry the derived label value (names.label_value), not the raw resource name.
-        return poller.latest.lookup(namespace, label_value(name), variant, now, max_age_s, draft_length)
+        return poller.latest.lookup(
+            namespace, label_value(name), variant, now, max_age_s, draft_length, draft=draft
+        )
 
     @staticmethod
     async def _poll_until_stopped(poller: PrometheusPoller, stop: asyncio.Event) -> None:

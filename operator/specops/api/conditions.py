@@ -69,6 +69,7 @@ class Reason:
     PROFILE_LOADED = "ProfileLoaded"
     PROFILE_NOT_FOUND = "ProfileNotFound"
     PROFILE_INVALID = "ProfileInvalid"
+    SPECULATION_OFF_DRAFT_UNCHECKED = "SpeculationOffDraftUnchecked"
     # canary
     CANARY_STARTED = "CanaryStarted"
     CANARY_PROGRESSING = "CanaryProgressing"
@@ -80,6 +81,7 @@ class Reason:
     LOSSLESS_CHECK_PASSED = "LosslessCheckPassed"
     LOSSLESS_CHECK_FAILED = "LosslessCheckFailed"
     NOT_LOSSLESS = "NotLossless"
+    DRAFT_REPLACED = "DraftReplaced"
     TRAFFIC_SPLIT_FAILED = "TrafficSplitFailed"
     ROUTE_RELEASED = "RouteReleased"
     ROUTE_NOT_RELEASED = "RouteNotReleased"

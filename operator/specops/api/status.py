@@ -19,6 +19,7 @@ from specops.api.units import DurationText, Timestamp
 
 Phase = Literal["Pending", "Baseline", "Fixed", "Dynamic", "Canary", "Degraded", "Invalid"]
 ControlPhase = Literal["Baseline", "Fixed", "Dynamic"]
+LosslessCheck = Literal["Pending", "Passed", "Failed"]
 DraftSource = Literal["Spec", "Retraining"]
 
 
@@ -244,6 +245,12 @@ class DraftStatus(ApiModel):
     parameters: str | None = Field(default=None, description="Its parameter count.")
     engine_uri: str | None = Field(default=None, description="Where its engine lives.")
     source: DraftSource | None = Field(default=None, description="Where it came from: Spec or Retraining.")
+    lossless_check: LosslessCheck | None = Field(
+        default=None,
+        description="The golden-prompt check of this draft: Pending (speculation stays off until it ran), "
+        "Passed, or Failed (speculation stays off). A promoted canary passed it; unset on drafts "
+        "recorded before the check existed.",
+    )
 
 
 # ---------------------------------------------------------------- canary
@@ -308,6 +315,10 @@ class CanaryStatus(ApiModel):
     weight: int = Field(default=0, description="Canary share of traffic in percent, as achieved.")
     requested_weight: int | None = Field(default=None, description="The step's weight as asked for.")
     step_started_at: Timestamp | None = Field(default=None, description="When this step's bake began.")
+    traffic_started_at: Timestamp | None = Field(
+        default=None,
+        description="When the canary's pods began to serve traffic: samples start a full rate window later.",
+    )
     traffic_routing: Literal["GatewayAPI", "ReplicaRatio"] = Field(
         default="ReplicaRatio",
         description="How traffic is split: Gateway API backend weights, or replicas behind the shared Service.",

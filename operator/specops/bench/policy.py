@@ -265,6 +265,7 @@ class SimulatedPods:
         variant: str,
         now: datetime,
         draft_length: int | None = None,
+        draft: str | None = None,
     ) -> Measurement:
         if self.measurement is None:
             return Measurement.failed(now, REASON_PENDING, "no scrape yet")

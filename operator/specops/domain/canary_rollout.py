@@ -12,6 +12,10 @@ same step is tried again at the next tick and status never claims what did not h
    rolls back with NotLossless before the canary ever receives traffic.
 3. Progressing: each step sets the canary weight, collects one sample per tick and
    variant, and after the step's pause asks `domain.canary.analyse` / `next_action`.
+   Samples start only once the canary's pods have served traffic for a full rate window
+   (`CanaryInputs.warm_up_s`): before that the window still holds the time they served
+   nothing, and back-to-back canaries would share what the previous one left in it. The
+   first step's pause counts from the end of the warm-up.
 4. Promoting: all traffic to the canary, the stable variant re-rendered with the new draft
    (status.draft), and once it has rolled, traffic back to stable and canary objects removed.
    Rollback: traffic to stable, canary objects removed, the draft remembered as rejected.
@@ -21,7 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Literal
 
 from specops.api import conditions as cond
@@ -91,12 +95,15 @@ class CanaryInputs:
     paused: bool = False
     action: Literal["promote", "abort"] | None = None
     lossless: LosslessOutcome | None = None
-    """None while the canary pods are not ready to answer."""
+    """None while the canary pods are not ready to answer. With no canary and a stable draft whose
+    check is pending (a resource's first draft), the outcome on a stable pod of that draft."""
     stable_sample: judgement.Sample | None = None
     canary_sample: judgement.Sample | None = None
     stable_rolled_out: bool = False
     canary_missing: bool = False
     """The canary's serving objects are gone (a rollback whose status write was lost, a person)."""
+    warm_up_s: float = 0.0
+    """The metrics' rate window: samples are taken once the canary pods served traffic this long."""
 
 
 # ---------------------------------------------------------------- actions
@@ -188,6 +195,8 @@ def step(inputs: CanaryInputs) -> CanaryStep:
     status = inputs.status
     canary = status.canary
     if canary is None:
+        if status.draft.lossless_check == "Pending":
+            return _first_draft_check(inputs)
         return _maybe_start(inputs)
     if inputs.action == "abort":
         ended = _rollback(inputs, canary, Reason.CANARY_ABORTED, "aborted by specops.dev/canary-action")
@@ -227,6 +236,8 @@ def _maybe_start(inputs: CanaryInputs) -> CanaryStep:
         draft, source = inputs.candidate, "Retraining"
     else:
         return CanaryStep(status)
+    if status.draft.lossless_check == "Failed":
+        return _replace_failed_draft(inputs, draft, source)
     canary = CanaryStatus(
         phase="LosslessCheck",
         source=source,
@@ -241,6 +252,57 @@ def _maybe_start(inputs: CanaryInputs) -> CanaryStep:
         actions=(ApplyCanary(draft, receives_traffic=False),),
         updates=(ConditionUpdate(cond.CANARY_ROLLOUT, "True", Reason.CANARY_STARTED, message),),
         events=(EventRecord("Normal", Reason.CANARY_STARTED, message),),
+    )
+
+
+def _first_draft_check(inputs: CanaryInputs) -> CanaryStep:
+    """The first draft of a resource (created, or deleted and created again) has no canary: its
+    golden prompts run on a stable pod, and speculation stays off until they pass."""
+    status = inputs.status
+    outcome = inputs.lossless
+    version = status.draft.version
+    if outcome is None or isinstance(outcome, LosslessUnrunnable):
+        return CanaryStep(status)  # no stable pod of this draft ready, or it could not answer: next tick
+    if isinstance(outcome, LosslessDiffers):
+        failed = status.draft.model_copy(update={"lossless_check": "Failed"})
+        message = (
+            f"draft {version} is not lossless: {outcome.evidence}; speculation stays off until "
+            "spec.draft names another draft"
+        )[:1000]
+        return CanaryStep(
+            _with(status, None, draft=failed),
+            updates=(ConditionUpdate(cond.CANARY_ROLLOUT, "False", Reason.NOT_LOSSLESS, message),),
+            events=(EventRecord("Warning", Reason.NOT_LOSSLESS, message),),
+        )
+    passed = status.draft.model_copy(update={"lossless_check": "Passed"})
+    message = f"draft {version}: golden prompts identical with speculation on and off; speculation may go on"
+    return CanaryStep(
+        _with(status, None, draft=passed),
+        events=(EventRecord("Normal", Reason.LOSSLESS_CHECK_PASSED, message),),
+    )
+
+
+def _replace_failed_draft(inputs: CanaryInputs, draft: DraftSpec, source: DraftSource) -> CanaryStep:
+    """The stable draft failed its check and never speculated: nothing to compare a canary with.
+    The new draft takes its place on the stable pods, and is checked there in turn."""
+    status, spec = inputs.status, inputs.spec
+    changes: dict[str, object] = (
+        {"observed_spec_draft": drafts.draft_key(spec.draft)} if source == "Spec" else {}
+    )
+    replaced = drafts.draft_to_status(draft, source, lossless_check="Pending")
+    message = (
+        f"draft {draft.version} replaces draft {status.draft.version}, which is not lossless and never "
+        "served speculation; it is checked on the stable pods before speculation goes on"
+    )
+    return CanaryStep(
+        _with(status, None, draft=replaced, **changes),
+        after_write=(RolloutStable(draft),),
+        updates=(ConditionUpdate(cond.CANARY_ROLLOUT, "False", Reason.DRAFT_REPLACED, message),),
+        events=(EventRecord("Normal", Reason.DRAFT_REPLACED, message),),
+        # In service now, as after a promotion: retraining records a trained draft as current.
+        finished="Promoted",
+        source=source,
+        evidence=message,
     )
 
 
@@ -264,7 +326,9 @@ def _lossless_check(inputs: CanaryInputs, canary: CanaryStatus) -> CanaryStep:
         return CanaryStep(_with(inputs.status, replace_canary(canary, lossless_attempts=attempts)))
     if isinstance(outcome, LosslessDiffers):
         return _rollback(inputs, canary, Reason.NOT_LOSSLESS, outcome.evidence)
-    canary = replace_canary(canary, phase="Progressing", lossless_check="Passed")
+    canary = replace_canary(
+        canary, phase="Progressing", lossless_check="Passed", traffic_started_at=inputs.now
+    )
     entered = _enter_step(inputs, canary, 0)
     return replace(
         entered,
@@ -321,14 +385,22 @@ def _progress(inputs: CanaryInputs, canary: CanaryStatus) -> CanaryStep:
         # Its objects are gone: bring them back at the step's weight; the bake goes on.
         draft = _draft(canary, spec)
         weight = canary.requested_weight if canary.requested_weight is not None else canary.weight
+        # New pods: their warm-up starts again (what the old pods of this draft measured still counts).
+        canary = replace_canary(canary, traffic_started_at=now)
         return CanaryStep(
             _with(inputs.status, canary),
             actions=(ApplyCanary(draft, receives_traffic=True), SetWeight(weight)),
         )
+    warmed_at = _warmed_at(canary, inputs)
+    if warmed_at is not None and now < warmed_at:
+        return CanaryStep(_with(inputs.status, canary))  # warming up: no sample yet
     canary = _sampled(canary, inputs)
     index = max(0, canary.step)
     pause_s = parse_duration(spec.canary.steps[index].pause)
-    elapsed_s = (now - (canary.step_started_at or now)).total_seconds()
+    bake_started = canary.step_started_at or now
+    if warmed_at is not None:
+        bake_started = max(bake_started, warmed_at)
+    elapsed_s = (now - bake_started).total_seconds()
     if elapsed_s < pause_s:
         return CanaryStep(_with(inputs.status, canary))
     stable_kept, canary_kept = _without_shared_outages(canary.samples)
@@ -399,7 +471,9 @@ def _start_promotion(inputs: CanaryInputs, canary: CanaryStatus, evidence: str) 
     draft = _draft(canary, inputs.spec)
     canary = replace_canary(canary, phase="Promoting", weight=100, promotion_evidence=evidence)
     return CanaryStep(
-        _with(inputs.status, canary, draft=drafts.draft_to_status(draft, canary.source)),
+        _with(
+            inputs.status, canary, draft=drafts.draft_to_status(draft, canary.source, lossless_check="Passed")
+        ),
         actions=(SetWeight(100),),
         after_write=(RolloutStable(draft),),
         updates=(
@@ -450,6 +524,13 @@ def _rollback(inputs: CanaryInputs, canary: CanaryStatus, reason: str, evidence:
         source=canary.source,
         evidence=message,
     )
+
+
+def _warmed_at(canary: CanaryStatus, inputs: CanaryInputs) -> datetime | None:
+    """When the canary's pods will have served traffic for a full rate window (None: not known)."""
+    if canary.traffic_started_at is None:
+        return None
+    return canary.traffic_started_at + timedelta(seconds=inputs.warm_up_s)
 
 
 def _without_shared_outages(samples: CanarySamples) -> tuple[list[CanarySample], list[CanarySample]]:

@@ -29,11 +29,14 @@ from specops.domain.policy import (
 )
 
 
-def policy_config(spec: SpeculativeDeploymentSpec, *, draft_stale: bool = False) -> PolicyConfig:
+def policy_config(
+    spec: SpeculativeDeploymentSpec, *, draft_stale: bool = False, draft_unchecked: bool = False
+) -> PolicyConfig:
     """The policy's view of a spec: bounds clipped to the engine, the performance model of this setup.
 
     `draft_stale` is the retraining verdict for the draft in service; with
     retraining.whileStale: off it switches speculation off until a retrained draft is promoted.
+    `draft_unchecked`: the stable draft has not passed its lossless check; speculation stays off.
     """
     speculation, guard = spec.speculation, spec.speculation.batch_guard
     engine_max = spec.target.engine.max_draft_len
@@ -60,6 +63,7 @@ def policy_config(spec: SpeculativeDeploymentSpec, *, draft_stale: bool = False)
         on_below_batch=guard.on_below,
         min_acceptance=spec.slo.min_acceptance,
         draft_stale_off=draft_stale and spec.retraining.while_stale == "off",
+        draft_unchecked_off=draft_unchecked,
     )
 
 

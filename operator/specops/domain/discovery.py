@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 VARIANT_LABEL = "specops.dev/variant"
+DRAFT_LABEL = "specops.dev/draft"
 SERVING_CONTAINER = "triton"
 HTTP_PORT_NAME = "http"
 DEFAULT_HTTP_PORT = 8000
@@ -25,6 +26,8 @@ class PodEndpoint:
     host: str
     http_port: int
     variant: str
+    draft: str = ""
+    """The pod's ``specops.dev/draft`` label: which draft it serves."""
 
     @property
     def address(self) -> str:
@@ -63,6 +66,7 @@ def ready_endpoints(pods: Sequence[Mapping[str, Any]]) -> list[PodEndpoint]:
                 host=str(pod_ip),
                 http_port=_http_port(pod),
                 variant=str((metadata.get("labels") or {}).get(VARIANT_LABEL, "stable")),
+                draft=str((metadata.get("labels") or {}).get(DRAFT_LABEL, "")),
             )
         )
     return sorted(endpoints, key=lambda e: (e.namespace, e.name))

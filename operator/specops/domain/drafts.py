@@ -8,7 +8,8 @@ canary of the new draft is promoted. These helpers convert between the two forms
 from __future__ import annotations
 
 from specops.api.models import DraftEngine, DraftSpec
-from specops.api.status import DraftSource, DraftStatus, SpeculativeDeploymentStatus
+from specops.api.status import DraftSource, DraftStatus, LosslessCheck, SpeculativeDeploymentStatus
+from specops.domain.names import draft_label
 
 
 def draft_key(draft: DraftSpec) -> str:
@@ -16,7 +17,14 @@ def draft_key(draft: DraftSpec) -> str:
     return f"{draft.version}@{draft.engine.uri}"
 
 
-def draft_to_status(draft: DraftSpec, source: DraftSource) -> DraftStatus:
+def draft_identity(draft: DraftSpec) -> str:
+    """The ``specops.dev/draft`` pod label (``specops_draft`` in Prometheus) of pods serving ``draft``."""
+    return draft_label(draft.version, draft_key(draft))
+
+
+def draft_to_status(
+    draft: DraftSpec, source: DraftSource, lossless_check: LosslessCheck | None = None
+) -> DraftStatus:
     return DraftStatus(
         model=draft.model,
         version=draft.version,
@@ -24,7 +32,18 @@ def draft_to_status(draft: DraftSpec, source: DraftSource) -> DraftStatus:
         parameters=draft.parameters,
         engine_uri=draft.engine.uri,
         source=source,
+        lossless_check=lossless_check,
     )
+
+
+def speculation_allowed(status: SpeculativeDeploymentStatus) -> bool:
+    """False while the stable draft has not passed its lossless check (or failed it).
+
+    The first draft of a resource is checked on its stable pods before speculation first goes
+    on; later drafts pass the check as canaries. Drafts recorded before the check existed
+    (unset) are trusted.
+    """
+    return status.draft.lossless_check not in ("Pending", "Failed")
 
 
 def draft_from_status(recorded: DraftStatus | None, fallback: DraftSpec) -> DraftSpec:

@@ -1,10 +1,13 @@
 """What specops measures, per serving backend, and how raw Prometheus answers become measurements.
 
 One query per quantity covers every resource: each query is grouped
-``by (namespace, specops_deployment, variant)``, the labels the PodMonitor
-relabels from the pod labels, so the number of queries per cycle does not grow
-with the number of resources. This module is pure: the adapter runs the
-queries and hands the raw vectors to :func:`build_snapshot`.
+``by (namespace, specops_deployment, variant, specops_draft)``, the labels the
+PodMonitor relabels from the pod labels, so the number of queries per cycle does
+not grow with the number of resources. ``specops_draft`` is the identity of the
+draft a pod serves (``names.draft_label``): a canary is judged on the series of
+the draft under test only, never on what an earlier draft left in the rate
+window. This module is pure: the adapter runs the queries and hands the raw
+vectors to :func:`build_snapshot`.
 """
 
 from __future__ import annotations
@@ -17,7 +20,9 @@ from typing import Any, Literal
 
 from specops.domain.acceptance import alpha_from_acceptance_rate
 
-GROUP_LABELS = ("namespace", "specops_deployment", "variant")
+DRAFT_LABEL = "specops_draft"
+"""The Prometheus label with the draft identity (relabelled from the pod label specops.dev/draft)."""
+GROUP_LABELS = ("namespace", "specops_deployment", "variant", DRAFT_LABEL)
 _GROUP = ", ".join(GROUP_LABELS)
 
 # Quantity names: the keys of BackendProfile.queries() and of the raw results.
@@ -46,6 +51,12 @@ REASON_PENDING = "MetricsPending"  # the first poll after start-up has not compl
 
 Key = tuple[str, str, str]
 """(namespace, deployment, variant)."""
+DraftKey = tuple[str, str, str, str]
+"""(namespace, deployment, variant, draft identity); the draft is "" for series without the label."""
+
+# Quantities that add up across the pods of two drafts, and those that are per-pod averages.
+_ADDITIVE = (Q_DRAFTED, Q_ACCEPTED, Q_DRAFT_STEPS, Q_REQUESTS, Q_TOKENS, Q_PODS)
+_PER_POD = (Q_BATCH, Q_ACCEPTANCE_GAUGE)
 
 RawVector = Sequence[Mapping[str, Any]]
 """A Prometheus instant-query vector: [{"metric": {...}, "value": [ts, "1.5"]}, ...]."""
@@ -241,7 +252,10 @@ class Snapshot:
     phase: Literal["Ok", "Error"]
     error: str | None = None
     measurements: Mapping[Key, Measurement] = field(default_factory=dict)
+    """Each variant as a whole (every draft its pods serve): what the control loop reads."""
     reason: str = REASON_METRICS_UNAVAILABLE
+    by_draft: Mapping[Key, Mapping[str, Measurement]] = field(default_factory=dict)
+    """Each variant's measurement per draft identity: what a canary judges."""
 
     @classmethod
     def failed(cls, at: datetime, message: str, reason: str = REASON_METRICS_UNAVAILABLE) -> Snapshot:
@@ -255,11 +269,13 @@ class Snapshot:
         now: datetime,
         max_age_s: float,
         draft_length: int | None = None,
+        draft: str | None = None,
     ) -> Measurement:
         """The measurement for one resource's variant, or an Error measurement saying why there is none.
 
         ``draft_length`` is the configured draft length, used only by engines
-        whose metrics do not reveal it.
+        whose metrics do not reveal it. ``draft`` (a ``specops_draft`` value) keeps
+        only the series of the pods serving that draft; None takes the variant as a whole.
         """
         if self.phase != "Ok":
             return Measurement.failed(now, self.reason, self.error or "metrics unavailable")
@@ -268,14 +284,27 @@ class Snapshot:
             return Measurement.failed(
                 now, REASON_STALE, f"last metrics are {age_s:.0f}s old (limit {max_age_s:.0f}s)"
             )
-        found = self.measurements.get((namespace, deployment, variant))
+        key = (namespace, deployment, variant)
+        found = self.measurements.get(key) if draft is None else _of_draft(self.by_draft.get(key), draft)
         if found is None:
+            which = "" if draft is None else f" draft {draft}"
             return Measurement.failed(
                 now,
                 REASON_NO_METRICS,
-                f"no metrics for {namespace}/{deployment} variant {variant} (no pod scraped yet?)",
+                f"no metrics for {namespace}/{deployment} variant {variant}{which} (no pod scraped yet?)",
             )
         return found.with_configured_draft_length(draft_length)
+
+
+def _of_draft(drafts: Mapping[str, Measurement] | None, draft: str) -> Measurement | None:
+    """The draft's measurement; a scrape that adds no draft label at all (its series all have "")
+    still answers, so a hand-written scrape config keeps working, without the draft separation."""
+    if not drafts:
+        return None
+    found = drafts.get(draft)
+    if found is None and set(drafts) == {""}:
+        return drafts[""]
+    return found
 
 
 def _finite(raw: Any) -> float | None:
@@ -286,15 +315,20 @@ def _finite(raw: Any) -> float | None:
     return value if math.isfinite(value) else None
 
 
-def _by_key(vector: RawVector) -> dict[Key, float | None]:
+def _by_key(vector: RawVector) -> dict[DraftKey, float | None]:
     """Index a vector by its group labels; NaN/Inf (e.g. a quantile with no observations) become None."""
-    indexed: dict[Key, float | None] = {}
+    indexed: dict[DraftKey, float | None] = {}
     for sample in vector:
         labels = sample.get("metric") or {}
         deployment = labels.get("specops_deployment")
         if not deployment:
             continue
-        key = (str(labels.get("namespace", "")), str(deployment), str(labels.get("variant", "")))
+        key = (
+            str(labels.get("namespace", "")),
+            str(deployment),
+            str(labels.get("variant", "")),
+            str(labels.get(DRAFT_LABEL, "")),
+        )
         value = sample.get("value")
         indexed[key] = _finite(value[1]) if isinstance(value, list | tuple) and len(value) == 2 else None
     return indexed
@@ -366,24 +400,68 @@ def _per_pod(results: Mapping[str, RawVector]) -> dict[Key, dict[str, PodMeasure
     }
 
 
+def _weighted(pairs: Sequence[tuple[float | None, float]]) -> float | None:
+    known = [(value, weight) for value, weight in pairs if value is not None]
+    total = sum(weight for _, weight in known)
+    if not known:
+        return None
+    if total <= 0:
+        return sum(value for value, _ in known) / len(known)
+    return sum(value * weight for value, weight in known) / total
+
+
+def merge_drafts(per_draft: Sequence[Mapping[str, float | None]]) -> dict[str, float | None]:
+    """One variant's values from those of its drafts (two drafts serve at once during a rollout).
+
+    Rates and pod counts add up; per-pod averages are weighted by pods; latency figures
+    (quantiles, mean), which do not add up, are weighted by requests: an approximation
+    that lasts as long as the rollout.
+    """
+    if len(per_draft) == 1:
+        return dict(per_draft[0])
+    quantities = {quantity for values in per_draft for quantity in values}
+    merged: dict[str, float | None] = {}
+    for quantity in quantities:
+        present = [values.get(quantity) for values in per_draft]
+        if quantity in _ADDITIVE:
+            known = [value for value in present if value is not None]
+            merged[quantity] = sum(known) if known else None
+        elif quantity in _PER_POD:
+            merged[quantity] = _weighted(
+                [(values.get(quantity), values.get(Q_PODS) or 1.0) for values in per_draft]
+            )
+        else:
+            merged[quantity] = _weighted(
+                [(values.get(quantity), values.get(Q_REQUESTS) or 0.0) for values in per_draft]
+            )
+    return merged
+
+
 def build_snapshot(profile: BackendProfile, results: Mapping[str, RawVector], at: datetime) -> Snapshot:
     """Turn the raw vectors of one cycle (quantity -> vector) into per-resource measurements.
 
-    A resource appears when any quantity mentions it; quantities it lacks stay None.
+    A resource appears when any quantity mentions it; quantities it lacks stay None. Each
+    variant is measured per draft (``by_draft``) and as a whole (``measurements``).
     """
     pods = _per_pod(results)
     results = {q: vector for q, vector in results.items() if q not in POD_QUANTITIES}
     indexed = {quantity: _by_key(vector) for quantity, vector in results.items()}
-    keys: set[Key] = set(pods)
-    for per_key in indexed.values():
-        keys.update(per_key)
-    measurements = {
-        key: replace(
-            measurement_from_values(
-                profile, {quantity: per_key.get(key) for quantity, per_key in indexed.items()}, at
-            ),
-            per_pod=pods.get(key, {}),
-        )
-        for key in keys
+    values: dict[Key, dict[str, dict[str, float | None]]] = {}
+    for quantity, per_key in indexed.items():
+        for (namespace, deployment, variant, draft), value in per_key.items():
+            values.setdefault((namespace, deployment, variant), {}).setdefault(draft, {})[quantity] = value
+    by_draft = {
+        key: {draft: measurement_from_values(profile, found, at) for draft, found in drafts.items()}
+        for key, drafts in values.items()
     }
-    return Snapshot(at=at, phase="Ok", measurements=measurements)
+    measurements: dict[Key, Measurement] = {}
+    for key in set(values) | set(pods):
+        drafts = values.get(key, {})
+        if len(drafts) == 1:
+            whole = by_draft[key][next(iter(drafts))]
+        elif drafts:
+            whole = measurement_from_values(profile, merge_drafts(list(drafts.values())), at)
+        else:  # only the per-pod series mention it
+            whole = measurement_from_values(profile, dict.fromkeys(indexed), at)
+        measurements[key] = replace(whole, per_pod=pods.get(key, {}))
+    return Snapshot(at=at, phase="Ok", measurements=measurements, by_draft=by_draft)

@@ -24,6 +24,8 @@ LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 LABEL_DEPLOYMENT = "specops.dev/deployment"
 LABEL_VARIANT = "specops.dev/variant"
 LABEL_DRAFT_VERSION = "specops.dev/draft-version"
+LABEL_DRAFT = "specops.dev/draft"
+"""The identity of the draft a pod serves (``draft_label``); Prometheus sees it as ``specops_draft``."""
 LABEL_TRAFFIC = "specops.dev/traffic"
 TRAFFIC_SERVE = "serve"
 TRAFFIC_HOLD = "hold"
@@ -129,6 +131,16 @@ def label_value(resource_name: str) -> str:
         return resource_name
     cleaned = re.sub(r"[^A-Za-z0-9_.-]+", "-", resource_name).strip("-_.")
     return _with_digest(cleaned, resource_name, _MAX_NAME, "-_.")
+
+
+def draft_label(version: str, identity: str) -> str:
+    """The value of ``specops.dev/draft``: the version, readable, then a hash of the whole identity.
+
+    Two drafts with the same version but another engine get different values, so their
+    series never mix; the value is a valid label value whatever the version holds.
+    """
+    cleaned = re.sub(r"[^A-Za-z0-9_.-]+", "-", version).strip("-_.")
+    return _with_digest(cleaned, identity, _MAX_NAME, "-_.")
 
 
 def label_problem(key: str, value: str) -> str | None:

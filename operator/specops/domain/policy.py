@@ -80,6 +80,8 @@ class PolicyConfig:
     enable_evidence: float = 5.0  # speedup-seconds above the on threshold needed to switch back on
     # The draft is stale for the target in service and spec.retraining.whileStale is off.
     draft_stale_off: bool = False
+    # The draft in service has not passed its lossless check (a resource's first draft).
+    draft_unchecked_off: bool = False
     # The speedup model the decisions use; None = the roofline of `setup` (domain.calibration
     # supplies one corrected by the deployment's own measurements).
     model: SpeedupModel | None = None
@@ -174,7 +176,7 @@ def measured_speedup(baseline: Baseline | None, observation: Observation) -> flo
 
 def decide(config: PolicyConfig, state: PolicyState, observation: Observation, now: datetime) -> Decision:
     """The next state and the draft length every pod should run now (0 = speculation off)."""
-    if config.mode == "off" or config.draft_stale_off:
+    if config.mode == "off" or config.draft_stale_off or config.draft_unchecked_off:
         return _forced_off(config, state, observation, now)
     if config.mode == "on":
         return _forced_on(config, state, observation, now)
@@ -439,6 +441,15 @@ def _forced_off(config: PolicyConfig, state: PolicyState, obs: Observation, now:
         next_state = replace(state, enabled=False, phase_since=phase_since)
     if state.enabled:
         next_state = replace(next_state, last_toggle=now)
+    if config.mode != "off" and config.draft_unchecked_off:
+        return _decision(
+            state,
+            next_state,
+            "SpeculationOffDraftUnchecked",
+            "the draft has not passed its lossless check (golden prompts with speculation on and off); "
+            "speculation off until it does",
+            1.0,
+        )
     if config.mode != "off":  # the stale-draft rule, not the spec's mode
         return _decision(
             state,

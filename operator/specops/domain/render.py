@@ -13,8 +13,8 @@ For the stable variant also:
 - Service ``<name>``: every variant's pods, the address users call; without Gateway
   API a canary splits traffic by its share of ready replicas behind it;
 - PodMonitor ``<name>`` (optional): scrapes every variant's ``metrics`` port and
-  relabels the pod labels into ``specops_deployment`` and ``variant``, the labels
-  the operator's grouped Prometheus queries use.
+  relabels the pod labels into ``specops_deployment``, ``variant`` and
+  ``specops_draft``, the labels the operator's grouped Prometheus queries use.
 
 Names longer than 63 characters are cut and suffixed with a hash so they stay
 valid DNS labels and label values; the same rule gives the label values.
@@ -35,7 +35,7 @@ from specops.api.models import (
     SpeculativeDeployment,
 )
 from specops.api.units import parse_duration
-from specops.domain import triton_repo
+from specops.domain import drafts, triton_repo
 from specops.domain.names import (
     ANNOTATION_CONFIG_HASH,
     APP_NAME,
@@ -44,6 +44,7 @@ from specops.domain.names import (
     COMPONENT_SERVING,
     GPU_RESOURCE,
     LABEL_COMPONENT,
+    LABEL_DRAFT,
     LABEL_DRAFT_VERSION,
     LABEL_INSTANCE,
     LABEL_MANAGED_BY,
@@ -226,14 +227,18 @@ def tritonserver_args() -> list[str]:
 def repository_settings(
     resource: SpeculativeDeployment, variant: str, draft: DraftSpec
 ) -> RepositorySettings:
-    """What the variant's model repository is built from; ``mode: off`` starts with speculation off."""
+    """What the variant's model repository is built from.
+
+    Pods start with speculation off whatever the mode: the control loop switches it on at run
+    time, and only once the draft passed its lossless check (a pod that booted speculating would
+    serve an unchecked draft until the first tick). A mode change therefore rolls no pod.
+    """
     spec = resource.spec
-    initial = 0 if spec.speculation.mode == "off" else spec.speculation.draft_length.initial
     return RepositorySettings(
         deployment=label_value(str(resource.metadata.get("name", ""))),
         variant=variant,
         draft_version=draft.version,
-        default_num_draft_tokens=initial,
+        default_num_draft_tokens=0,
         max_draft_len=spec.target.engine.max_draft_len,
         tensor_parallel=spec.serving.tensor_parallel,
     )
@@ -438,6 +443,7 @@ def _deployment(
             {
                 **_labels(name, variant, COMPONENT_SERVING),
                 LABEL_DRAFT_VERSION: draft.version,
+                LABEL_DRAFT: drafts.draft_identity(draft),
                 LABEL_TRAFFIC: traffic,
             }.items()
         )
@@ -520,6 +526,7 @@ def _pod_monitor(resource: SpeculativeDeployment, owner: Mapping[str, Any]) -> d
                     "relabelings": [
                         _relabel("__meta_kubernetes_pod_label_specops_dev_deployment", "specops_deployment"),
                         _relabel("__meta_kubernetes_pod_label_specops_dev_variant", "variant"),
+                        _relabel("__meta_kubernetes_pod_label_specops_dev_draft", "specops_draft"),
                         _relabel("__meta_kubernetes_namespace", "namespace"),
                         _relabel("__meta_kubernetes_pod_name", "pod"),
                     ],

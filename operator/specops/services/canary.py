@@ -80,6 +80,7 @@ class CanaryService:
         *,
         routers: Mapping[TrafficRouting, TrafficRouter],
         gateway_api: bool,
+        rate_window_s: float = 60.0,
     ) -> None:
         self.kube = kube
         self.metrics = metrics
@@ -87,6 +88,8 @@ class CanaryService:
         self.reconciler = reconciler
         self.routers = routers
         self.gateway_api = gateway_api
+        self.rate_window_s = rate_window_s
+        """What one measurement spans: a canary's samples start once its pods served traffic this long."""
 
     # ------------------------------------------------------------------ the tick
 
@@ -171,9 +174,17 @@ class CanaryService:
             routing=router.routing,
             achievable=lambda weight: router.achievable(weight, spec.serving.replicas),
             candidate=candidate,
+            warm_up_s=self.rate_window_s,
             paused=annotations.get(PAUSED_ANNOTATION) == "true",
             action=action if action in ("promote", "abort") else None,
         )
+        if canary is None and status.draft.lossless_check == "Pending" and not inputs.paused:
+            # The first draft: its golden prompts run on a stable pod serving it.
+            identity = drafts.draft_identity(drafts.stable_draft(spec.draft, status))
+            pods = [e for e in endpoints if e.variant == STABLE and e.draft == identity]
+            if pods:
+                return replace(inputs, lossless=await self._lossless(resource, pods[0]))
+            return inputs
         if canary is None or inputs.action is not None or inputs.paused:
             return inputs
         namespace, name = resource.metadata["namespace"], resource.metadata["name"]
@@ -181,11 +192,14 @@ class CanaryService:
             canary_pods = [endpoint for endpoint in endpoints if endpoint.variant == CANARY]
             if not canary_pods:
                 return replace(inputs, canary_missing=await self._canary_missing(namespace, name))
-            return replace(inputs, lossless=await self._lossless(resource, canary, canary_pods[0]))
+            return replace(inputs, lossless=await self._lossless(resource, canary_pods[0]))
         if canary.phase == "Progressing":
             url, backend = spec.metrics.prometheus.url, spec.serving.backend
-            stable = self.metrics.lookup(url, backend, namespace, name, STABLE, now)
-            tested = self.metrics.lookup(url, backend, namespace, name, CANARY, now)
+            # Each variant's series of its own draft only: never what an earlier draft left in the window.
+            stable_draft = drafts.draft_identity(drafts.stable_draft(spec.draft, status))
+            canary_draft = drafts.draft_identity(drafts.draft_from_status(canary.draft, spec.draft))
+            stable = self.metrics.lookup(url, backend, namespace, name, STABLE, now, draft=stable_draft)
+            tested = self.metrics.lookup(url, backend, namespace, name, CANARY, now, draft=canary_draft)
             missing = not tested.ok and await self._canary_missing(namespace, name)
             return replace(
                 inputs,
@@ -221,7 +235,7 @@ class CanaryService:
         return prompts or list(DEFAULT_GOLDEN_PROMPTS)
 
     async def _lossless(
-        self, resource: SpeculativeDeployment, canary: CanaryStatus, endpoint: PodEndpoint
+        self, resource: SpeculativeDeployment, endpoint: PodEndpoint
     ) -> rollout.LosslessOutcome:
         """Golden prompts at temperature 0 with speculation on and off: token for token, or not."""
         spec = resource.spec

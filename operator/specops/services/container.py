@@ -84,7 +84,15 @@ async def build_services(config: OperatorConfig | None = None) -> Services:
         "ReplicaRatio": ReplicaRatioRouter(),
     }
     gateway_api = await kube.api_served("gateway.networking.k8s.io/v1")
-    canary = CanaryService(kube, metrics, triton, reconciler, routers=routers, gateway_api=gateway_api)
+    canary = CanaryService(
+        kube,
+        metrics,
+        triton,
+        reconciler,
+        routers=routers,
+        gateway_api=gateway_api,
+        rate_window_s=config.rate_window_s or rate_window_s(config.scrape_interval_s),
+    )
     retraining = RetrainingService(kube)
     ticker = ResourceTick(kube, control, retraining, canary, default_interval_s=config.default_interval_s)
     return Services(

@@ -171,6 +171,7 @@ class ControlLoop:
         now: datetime,
         *,
         draft_stale: bool,
+        draft_unchecked: bool = False,
     ) -> ControlResult:
         spec = resource.spec
         namespace, name = _key(resource)
@@ -189,7 +190,7 @@ class ControlLoop:
         # Every variant runs the same setting, so a canary is compared like for like.
         if not measurement.ok:
             # Hold: the last decision stays, pods that lack it still get it, nothing new is decided.
-            held = current.draft_length
+            held = 0 if draft_unchecked else current.draft_length
             fleet = await self.triton.apply_to_all(endpoints, num_draft_tokens=held, retries=self.retries)
             if measurement.reason != REASON_PENDING:  # the first poll after start-up is not an outage
                 updates.append(
@@ -205,7 +206,7 @@ class ControlLoop:
             speculation = current.model_copy(update={"pods": pods})
             return ControlResult(status.model_copy(update={"speculation": speculation}), updates, events)
 
-        config = cs.policy_config(spec, draft_stale=draft_stale)
+        config = cs.policy_config(spec, draft_stale=draft_stale, draft_unchecked=draft_unchecked)
         learn = cs.learning_config(spec, self.rate_window_s)
         uid = str(resource.metadata.get("uid", ""))
         remembered = self._memory.get((namespace, name))
@@ -251,7 +252,11 @@ class ControlLoop:
             others = [p for p in measurement.per_pod if p not in split.pods]
             split_verdict = split_fleet.verdict(split, smoothed, others)
         warned: str | None = None  # the reason of a Warning Event already posted for the decision
-        learns = config.mode == "auto" and not config.draft_stale_off and decision.state.phase == "Dynamic"
+        learns = (
+            config.mode == "auto"
+            and not (config.draft_stale_off or config.draft_unchecked_off)
+            and decision.state.phase == "Dynamic"
+        )
         learns = learns and state.phase == "Dynamic"
         if learns:
             verdict = learning.guard(knowledge, fitted, seen, decision.num_draft_tokens, learn, now)

@@ -263,7 +263,10 @@ class Reconciler:
             if not status.draft.version:
                 wanted = wanted.model_copy(
                     update={
-                        "draft": drafts.draft_to_status(resource.spec.draft, "Spec"),
+                        # The first draft is checked on the stable pods before speculation goes on.
+                        "draft": drafts.draft_to_status(
+                            resource.spec.draft, "Spec", lossless_check="Pending"
+                        ),
                         "observed_spec_draft": drafts.draft_key(resource.spec.draft),
                     }
                 )

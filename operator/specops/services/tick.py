@@ -28,7 +28,7 @@ from specops.api.conditions import ConditionUpdate, Reason
 from specops.api.models import API_VERSION, KIND, SpeculativeDeployment
 from specops.api.status import SpeculativeDeploymentStatus
 from specops.api.units import parse_duration
-from specops.domain import lifecycle, phases
+from specops.domain import drafts, lifecycle, phases
 from specops.domain.discovery import ready_endpoints
 from specops.domain.lifecycle import EventRecord
 from specops.domain.names import LABEL_DEPLOYMENT, label_value
@@ -264,7 +264,14 @@ class ResourceTick:
             events += retraining.events
             candidate, draft_stale = retraining.candidate, retraining.draft_stale
 
-        control = await self.control.tick(resource, status, endpoints, now, draft_stale=draft_stale)
+        control = await self.control.tick(
+            resource,
+            status,
+            endpoints,
+            now,
+            draft_stale=draft_stale,
+            draft_unchecked=not drafts.speculation_allowed(status),
+        )
         parts.update({block: getattr(control.status, block) for block in CONTROL_BLOCKS})
         updates += control.updates
         events += control.events
