@@ -32,6 +32,18 @@ def plain_s(batch: float) -> float:
     return perf.target_step_time(SETUP, batch)
 
 
+def observe(state: learning.LearningState, seen: learning.Observed, now: datetime) -> learning.LearningState:
+    """One decision's learning, as the loop runs it: the batch joins the window, then the sample."""
+    return learning.observe(learning.track_load(state, seen.batch, CONFIG, now), seen, SETUP, CONFIG, now)
+
+
+def hold_load(state: learning.LearningState, batch: float, start: int, end: int) -> learning.LearningState:
+    """Decisions at seconds [start, end) that saw `batch`."""
+    for second in range(start, end):
+        state = learning.track_load(state, batch, CONFIG, at(second))
+    return state
+
+
 def test_probe_timing_follows_the_rate_window_and_interval() -> None:
     assert CONFIG.settle_s == 12.0
     assert CONFIG.probes.probe_duration_s == 13.0  # one window + lag (12 s), then one clean sample
@@ -53,25 +65,49 @@ def test_a_sample_counts_only_once_the_setting_held_a_full_rate_window() -> None
     state = learning.applied(learning.LearningState(), 0, at(0))
     seen = learning.Observed(batch=16, tpot_s=plain_s(16), alpha=None)
     for second in range(12):
-        state = learning.observe(state, seen, SETUP, CONFIG, at(second))
+        state = observe(state, seen, at(second))
     assert state.calibration.samples == 0
-    state = learning.observe(state, seen, SETUP, CONFIG, at(12))
+    state = observe(state, seen, at(12))
     assert state.calibration.samples == 1
     # a new setting restarts the clock; an on-sample without alpha is not a sample
     state = learning.applied(state, 4, at(13))
-    state = learning.observe(state, seen, SETUP, CONFIG, at(30))
+    state = hold_load(state, 16, 13, 30)
+    state = observe(state, seen, at(30))
     assert state.calibration.samples == 1
     on = learning.Observed(batch=16, tpot_s=0.02, alpha=0.8)
-    assert learning.observe(state, on, SETUP, CONFIG, at(30)).calibration.samples == 2
+    assert observe(state, on, at(30)).calibration.samples == 2
+
+
+def test_right_after_the_load_moves_latency_and_batch_are_not_paired() -> None:
+    # Speculation on at length 5 for long at batch 16; then the load jumps to 256. The latency
+    # (a rate over the window) still shows batch 16 while the batch gauge already reads 256.
+    state = hold_load(learning.applied(learning.LearningState(), 5, at(0)), 16, 0, 30)
+    fast_at_16 = learning.Observed(batch=256, tpot_s=0.6 * plain_s(16), alpha=0.8)
+    for second in range(30, 38):  # within the window after the jump: not a sample
+        state = observe(state, fast_at_16, at(second))
+    assert state.calibration.samples == 0
+    # once the load held over the window, the measurement is one
+    slow_at_256 = learning.Observed(batch=256, tpot_s=1.3 * plain_s(256), alpha=0.8)
+    for second in range(38, 43):
+        state = observe(state, slow_at_256, at(second))
+    assert state.calibration.samples == 1
+    # and a load moving within a factor of two (ordinary fluctuation) still yields samples
+    for second in range(43, 60):
+        wobble = learning.Observed(
+            batch=256 * (1.3 if second % 2 else 0.8), tpot_s=1.3 * plain_s(256), alpha=0.8
+        )
+        state = observe(state, wobble, at(second))
+    assert state.calibration.samples > 10
 
 
 def learned_plain(batch: float, samples: int = 6) -> learning.LearningState:
     """Plain decoding measured at `batch`, then speculation on at length 4 for a full rate window."""
     state = learning.applied(learning.LearningState(), 0, at(0))
     seen = learning.Observed(batch=batch, tpot_s=plain_s(batch), alpha=None)
+    state = hold_load(state, batch, 0, 12)
     for second in range(12, 12 + samples):
-        state = learning.observe(state, seen, SETUP, CONFIG, at(second))
-    return learning.applied(state, 4, at(100))
+        state = observe(state, seen, at(second))
+    return hold_load(learning.applied(state, 4, at(100)), batch, 100, 112)
 
 
 def test_the_guard_switches_off_after_three_measurements_slower_than_plain_and_names_the_evidence() -> None:
@@ -97,7 +133,7 @@ def test_the_guard_switches_off_after_three_measurements_slower_than_plain_and_n
 
 
 def test_the_guard_does_not_act_without_plain_measurements_near_the_load_or_when_faster() -> None:
-    state = learned_plain(4)  # plain measured only far below
+    state = hold_load(learned_plain(4), 256, 100, 112)  # plain measured only far below
     fitted = learning.model(SETUP, state, CONFIG)
     slow = learning.Observed(batch=256, tpot_s=plain_s(256) * 1.5, alpha=0.8)
     for second in range(112, 120):
@@ -140,7 +176,7 @@ def run_off(state: learning.LearningState, seconds: int, batch: float) -> tuple[
         length = explored.num_draft_tokens
         tpot = plain_s(batch) if length == 0 else plain_s(batch) * 1.3 / expected_tokens(0.8, length)
         seen = learning.Observed(batch=batch, tpot_s=tpot, alpha=0.8 if length else None)
-        state = learning.observe(state, seen, SETUP, CONFIG, now)
+        state = observe(state, seen, now)
     return state, probing
 
 

@@ -47,6 +47,7 @@ GUARD_MIN_OFF_SAMPLES = 2.0  # ... when plain speed near the batch rests on this
 GUARD_STREAK = 3  # ... for this many measurements in a row
 GUARD_RELEASE = 0.8  # the guard's hold ends when the batch falls below this share of its batch
 MEASURED_FIRST = 2.0  # effective samples of the setting in force near the batch before probing the other
+LOAD_SPREAD = 2.0  # a measurement counts only while max/min of the batch over its window stays below this
 
 
 @dataclass(frozen=True)
@@ -104,6 +105,9 @@ class LearningState:
     announced: int | None = None  # break-even at the last announcement (NO_BREAK_EVEN = none)
     announced_known: bool = False
     decided_at: datetime | None = None  # the last decision (for the probe ledger's clock)
+    # (seconds since the epoch, batch) of the decisions within the last settle window; kept in
+    # memory only (after a restart, measurements wait one window for it to fill again)
+    recent_batches: tuple[tuple[float, float], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -128,11 +132,40 @@ def settled(state: LearningState, config: LearningConfig, now: datetime) -> bool
     return (now - state.applied_since).total_seconds() >= config.settle_s
 
 
+def track_load(state: LearningState, batch: float, config: LearningConfig, now: datetime) -> LearningState:
+    """Remember the batch of this decision among those of the last settle window."""
+    now_s = now.timestamp()
+    kept = tuple(p for p in state.recent_batches if now_s - p[0] <= config.settle_s and p[0] < now_s)
+    return replace(state, recent_batches=(*kept, (now_s, batch)))
+
+
+def load_held(state: LearningState, config: LearningConfig, now: datetime) -> bool:
+    """Whether this measurement's latency can be paired with its batch.
+
+    The batch is an instant gauge while per-token latency is a rate over the window: right after
+    the load moves, the two describe different loads, and pairing them would teach the fit a
+    latency the pods never had at that batch. So a measurement counts only when the decisions
+    of the window (half of it covered, at least) saw the batch within a factor LOAD_SPREAD.
+    """
+    points = state.recent_batches
+    if not points or now.timestamp() - points[0][0] < config.settle_s / 2:
+        return False
+    batches = [b for _, b in points]
+    low, high = min(batches), max(batches)
+    return low > 0 and high / low <= LOAD_SPREAD
+
+
 def observe(
     state: LearningState, seen: Observed, setup: ModelSetup, config: LearningConfig, now: datetime
 ) -> LearningState:
-    """Add the measurement as a calibration sample when the setting in force has settled."""
-    if not config.enabled or not settled(state, config, now) or seen.tpot_s is None:
+    """Add the measurement as a calibration sample when the setting in force has settled and the
+    load held over the window (see load_held)."""
+    if (
+        not config.enabled
+        or not settled(state, config, now)
+        or not load_held(state, config, now)
+        or seen.tpot_s is None
+    ):
         return state
     assert state.applied_length is not None
     if state.applied_length > 0 and seen.alpha is None:
@@ -178,6 +211,7 @@ def guard(
         or seen.tpot_s is None
         or seen.tpot_s <= 0
         or not settled(state, config, now)
+        or not load_held(state, config, now)
     ):
         return GuardVerdict(state)
     off_samples = fitted.confidence(seen.batch).off

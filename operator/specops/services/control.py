@@ -221,11 +221,13 @@ class ControlLoop:
         observation = cs.observation_from(measurement)
         tpot = measurement.tpot_mean_s if measurement.tpot_mean_s is not None else measurement.tpot_p50_s
         seen = learning.Observed(observation.batch, tpot, observation.alpha)
+        knowledge = learning.track_load(knowledge, seen.batch, learn, now)
         if split is None:
             knowledge = learning.observe(knowledge, seen, config.setup, learn, now)
         elif (
             learn.enabled
             and learning.settled(knowledge, learn, now)
+            and learning.load_held(knowledge, learn, now)
             and (now - split.since).total_seconds() >= (learn.settle_s)
         ):
             # the fleet's measurement mixes two settings: each pod is measured with its own
