@@ -64,8 +64,9 @@ OPERATOR_RULES: tuple[Rule, ...] = (
     _rule(
         "",
         "pods",
-        "list",
-        "serving pods' IPs (Triton model control, lossless check), training pods' termination messages",
+        "list watch",
+        "serving pods' IPs (Triton model control, lossless check; watched into the operator's pod "
+        "index), training pods' termination messages",
     ),
     _rule(
         "monitoring.coreos.com",

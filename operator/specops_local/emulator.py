@@ -381,6 +381,11 @@ class FidelityEmulator(kmock.KubernetesEmulator):
     def revision(self) -> int:
         return self._revision
 
+    @property
+    def requests(self) -> list[kmock.Request]:
+        """Every request answered so far, in order (tests count what the operator asked)."""
+        return self._requests
+
     def watchers(self, res: ResourceRef) -> int:
         """How many watch streams are open on a resource (tests wait for an operator to be watching)."""
         return self._watchers[_resource(res)]

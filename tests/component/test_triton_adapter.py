@@ -294,3 +294,47 @@ async def test_a_hung_pod_never_holds_the_others_setting_beyond_the_deadline(
     done = await control.apply_to_all(endpoints, num_draft_tokens=2, retries=0)
     assert done.complete, done.errors
     assert slow.draft_length == 2
+
+
+async def test_confirmed_settings_are_trusted_for_a_while_and_a_restarted_container_is_read_at_once(
+    start_pod: Callable[..., Any],
+) -> None:
+    # given a pod drafting 4 tokens, and a control that trusts a confirmation for 60 s
+    clock = [1000.0]
+    control = TritonModelControl(
+        timeout_s=2.0, load_timeout_s=2.0, confirm_ttl_s=60.0, clock=lambda: clock[0]
+    )
+    pod = await start_pod("p0", draft_length=4)
+    endpoint = PodEndpoint(pod.name, "ns", pod.host, pod.http_port, "stable", incarnation="uid-1/0")
+
+    # when every tick asks for what the pod already runs
+    first = await control.apply_to_all([endpoint], num_draft_tokens=4)
+    reads = pod.config_reads
+    for _ in range(5):
+        clock[0] += 10.0
+        again = await control.apply_to_all([endpoint], num_draft_tokens=4)
+        assert again.applied == 1 and not again.errors
+
+    # then the pod was read once, not every tick
+    assert first.applied == 1 and reads == 1
+    assert pod.config_reads == reads
+    # a different setting is applied (read, reloaded) at once, whatever was confirmed
+    changed = await control.apply_to_all([endpoint], num_draft_tokens=2)
+    assert changed.changed == 1 and pod.draft_length == 2
+    reads = pod.config_reads
+    # a restarted container (its config back to the repository's) is read at once
+    restarted = PodEndpoint(pod.name, "ns", pod.host, pod.http_port, "stable", incarnation="uid-1/1")
+    await control.apply_to_all([restarted], num_draft_tokens=2)
+    assert pod.config_reads == reads + 1
+    # and past the trust period it is read again
+    clock[0] += 61.0
+    await control.apply_to_all([restarted], num_draft_tokens=2)
+    assert pod.config_reads == reads + 2
+
+
+async def test_without_a_trust_period_every_apply_reads_the_pod(start_pod: Callable[..., Any]) -> None:
+    control = TritonModelControl(timeout_s=2.0, load_timeout_s=2.0)
+    pod = await start_pod("p0", draft_length=4)
+    for _ in range(3):
+        await control.apply_to_all([endpoint_of(pod)], num_draft_tokens=4)
+    assert pod.config_reads == 3

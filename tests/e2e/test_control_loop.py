@@ -14,10 +14,11 @@ from typing import Any
 import pytest
 
 from specops.adapters.kube import KubeClient
+from specops.api.models import API_VERSION, KIND
 from specops_local.prometheus import PrometheusProcess
 from specops_local.serving import ServingController
 from specops_local.sim import LoadPoint
-from tests.e2e.conftest import Operator, example
+from tests.e2e.conftest import NAMESPACE, Operator, example
 from tests.e2e.waiting import condition, events_for, eventually, resource, wait_condition
 
 pytestmark = [pytest.mark.e2e, pytest.mark.emulated_only]
@@ -210,3 +211,33 @@ async def test_a_pod_down_does_not_block_the_others_and_status_shows_partial(
     await broken.start()
     await all_pods_at(serving, lambda n: n == 0, 20, "recovered pod switched off too")
     await wait_condition(kube, NAME, "SpeculationApplied", "True", timeout_s=20)
+
+
+async def test_ticks_read_serving_pods_from_the_watch_and_a_new_pod_gets_the_setting(
+    cluster: Any,
+    kube: KubeClient,
+    operator: Operator,
+    serving: ServingController,
+    prometheus: PrometheusProcess,
+) -> None:
+    # Given two speculating pods, ticking every second
+    await kube.create(fast_resource(prometheus, replicas=2))
+    await in_dynamic(kube)
+    await all_pods_at(serving, lambda n: n > 0, 20, "speculation on")
+
+    # When five intervals pass
+    seen = len(cluster.emulator.requests)
+    await asyncio.sleep(5)
+
+    # Then no tick listed pods: they come from the operator's pod watch (its index)
+    pod_lists = [
+        r
+        for r in cluster.emulator.requests[seen:]
+        if r.action == "LIST" and r.resource and r.resource.plural == "pods"
+    ]
+    assert pod_lists == [], [str(r.url) for r in pod_lists]
+
+    # And a pod added later is seen by the next ticks and given the decided setting
+    await kube.patch(API_VERSION, KIND, NAMESPACE, NAME, {"spec": {"serving": {"replicas": 3}}})
+    await eventually(lambda: len(serving.all_pods()) == 3 or None, timeout_s=20, what="a third pod")
+    await all_pods_at(serving, lambda n: n > 0, 20, "speculation on in the new pod too")

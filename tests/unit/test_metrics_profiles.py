@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from specops.domain.acceptance import acceptance_rate_from_alpha
-from specops.domain.discovery import PodEndpoint, ready_endpoints
+from specops.domain.discovery import PodEndpoint, ready_endpoint, ready_endpoints
 from specops.domain.metrics import (
     DRAFT_LABEL,
     GROUP_LABELS,
@@ -351,6 +351,21 @@ def pod(
 
 def test_ready_endpoints_reads_the_triton_http_port_and_variant() -> None:
     assert ready_endpoints([pod("a")]) == [PodEndpoint("a", "ns", "10.0.0.1", 8123, "canary")]
+
+
+def test_a_restarted_serving_container_is_a_new_incarnation_of_the_pod() -> None:
+    body = pod("a")
+    body["metadata"]["uid"] = "u1"
+    body["status"]["containerStatuses"] = [
+        {"name": "metrics-sidecar", "restartCount": 7},
+        {"name": "triton", "restartCount": 0},
+    ]
+    before = ready_endpoint(body)
+    body["status"]["containerStatuses"][1]["restartCount"] = 1
+    after = ready_endpoint(body)
+    assert before is not None and after is not None
+    assert (before.incarnation, after.incarnation) == ("u1/0", "u1/1")
+    assert before.address == after.address
 
 
 def test_ready_endpoints_skips_pods_that_cannot_serve() -> None:

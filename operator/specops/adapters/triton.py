@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
@@ -88,11 +89,23 @@ class TritonModelControl:
     """Triton model repository and BLS settings over HTTP (tritonclient's asyncio client)."""
 
     def __init__(
-        self, *, timeout_s: float = 10.0, load_timeout_s: float = 120.0, apply_deadline_s: float | None = None
+        self,
+        *,
+        timeout_s: float = 10.0,
+        load_timeout_s: float = 120.0,
+        apply_deadline_s: float | None = None,
+        confirm_ttl_s: float = 0.0,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.timeout_s = timeout_s
         self.load_timeout_s = load_timeout_s
         self.apply_deadline_s = apply_deadline_s
+        # What each pod last confirmed (read back or applied), by address: (pod incarnation,
+        # settings, when). apply_to_all trusts it for confirm_ttl_s instead of reading the BLS
+        # config again every tick; a restarted container (a new incarnation) is read at once.
+        self.confirm_ttl_s = confirm_ttl_s
+        self._clock = clock
+        self._confirmed: dict[str, tuple[str, BlsSettings, float]] = {}
         # One apply at a time per pod: a pod still busy with the last one is not sent another.
         self._inflight: dict[str, tuple[tuple[int | None, str | None], asyncio.Task[ApplyResult]]] = {}
 
@@ -112,12 +125,35 @@ class TritonModelControl:
             operator_metrics.count_error("triton", type(exc).__name__)
             return ApplyResult(pod=endpoint.name, ok=False, message=_describe(exc))
 
+    def _remember(self, endpoint: PodEndpoint, result: ApplyResult) -> ApplyResult:
+        if result.ok and result.settings is not None:
+            self._confirmed[endpoint.address] = (endpoint.incarnation, result.settings, self._clock())
+        else:
+            self._confirmed.pop(endpoint.address, None)
+        return result
+
+    def _still_confirmed(
+        self, endpoint: PodEndpoint, num_draft_tokens: int | None, draft_model_name: str | None
+    ) -> BlsSettings | None:
+        """The pod's confirmed settings, if they are the wanted ones and recent enough to trust."""
+        found = self._confirmed.get(endpoint.address)
+        if found is None or self.confirm_ttl_s <= 0:
+            return None
+        incarnation, settings, at = found
+        if incarnation != endpoint.incarnation or self._clock() - at > self.confirm_ttl_s:
+            return None
+        if num_draft_tokens is not None and settings.num_draft_tokens != num_draft_tokens:
+            return None
+        if draft_model_name is not None and settings.draft_model_name != draft_model_name:
+            return None
+        return settings
+
     async def read_bls_settings(self, endpoint: PodEndpoint) -> ApplyResult:
         async def read(client: InferenceServerClient) -> ApplyResult:
             config = await client.get_model_config(BLS_MODEL)
             return ApplyResult(pod=endpoint.name, ok=True, settings=settings_from_config(config))
 
-        return await self._with_client(endpoint, read)
+        return self._remember(endpoint, await self._with_client(endpoint, read))
 
     async def apply_bls_settings(
         self,
@@ -143,7 +179,8 @@ class TritonModelControl:
             await client.load_model(BLS_MODEL, config=json.dumps(updated))
             return ApplyResult(pod=endpoint.name, ok=True, changed=True, settings=wanted)
 
-        return await self._with_client(endpoint, apply, self.load_timeout_s)
+        self._confirmed.pop(endpoint.address, None)  # unknown while it changes
+        return self._remember(endpoint, await self._with_client(endpoint, apply, self.load_timeout_s))
 
     async def apply_to_all(
         self,
@@ -162,6 +199,9 @@ class TritonModelControl:
         """
 
         async def one(endpoint: PodEndpoint) -> ApplyResult:
+            confirmed = self._still_confirmed(endpoint, num_draft_tokens, draft_model_name)
+            if confirmed is not None:
+                return ApplyResult(pod=endpoint.name, ok=True, changed=False, settings=confirmed, attempts=0)
             result = ApplyResult(pod=endpoint.name, ok=False, message="not attempted")
             for attempt in range(1, max(retries, 0) + 2):
                 result = await self.apply_bls_settings(
@@ -227,6 +267,7 @@ class TritonModelControl:
             await client.load_model(name, config=json.dumps(config) if config is not None else None)
             return ApplyResult(pod=endpoint.name, ok=True, changed=True)
 
+        self._confirmed.pop(endpoint.address, None)  # a model (re)load may change what the BLS runs
         return await self._with_client(endpoint, load, self.load_timeout_s)
 
     async def unload_model(self, endpoint: PodEndpoint, name: str) -> ApplyResult:
@@ -234,6 +275,7 @@ class TritonModelControl:
             await client.unload_model(name)
             return ApplyResult(pod=endpoint.name, ok=True, changed=True)
 
+        self._confirmed.pop(endpoint.address, None)
         return await self._with_client(endpoint, unload)
 
     async def is_ready(self, endpoint: PodEndpoint, model: str | None = None) -> bool:

@@ -6,7 +6,7 @@ code is the one production runs.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,6 +28,9 @@ class PodEndpoint:
     variant: str
     draft: str = ""
     """The pod's ``specops.dev/draft`` label: which draft it serves."""
+    incarnation: str = ""
+    """The pod's uid and its serving container's restart count: a restarted container reads its
+    model configuration from the repository again, so what it confirmed before no longer holds."""
 
     @property
     def address(self) -> str:
@@ -51,22 +54,36 @@ def _http_port(pod: Mapping[str, Any]) -> int:
     return DEFAULT_HTTP_PORT
 
 
+def ready_endpoint(pod: Mapping[str, Any]) -> PodEndpoint | None:
+    """The pod's endpoint when it is Ready, has an IP and is not terminating; else None."""
+    metadata = pod.get("metadata") or {}
+    pod_ip = (pod.get("status") or {}).get("podIP")
+    if metadata.get("deletionTimestamp") or not pod_ip or not _is_ready(pod):
+        return None
+    return PodEndpoint(
+        name=str(metadata.get("name", "")),
+        namespace=str(metadata.get("namespace", "")),
+        host=str(pod_ip),
+        http_port=_http_port(pod),
+        variant=str((metadata.get("labels") or {}).get(VARIANT_LABEL, "stable")),
+        draft=str((metadata.get("labels") or {}).get(DRAFT_LABEL, "")),
+        incarnation=_incarnation(pod),
+    )
+
+
+def _incarnation(pod: Mapping[str, Any]) -> str:
+    statuses = (pod.get("status") or {}).get("containerStatuses") or []
+    serving = next((c for c in statuses if c.get("name") == SERVING_CONTAINER), None)
+    restarts = serving.get("restartCount", 0) if serving else 0
+    uid = (pod.get("metadata") or {}).get("uid")
+    return f"{uid}/{restarts}" if uid else ""
+
+
+def sorted_endpoints(endpoints: Iterable[PodEndpoint]) -> list[PodEndpoint]:
+    """Sorted by namespace and name, for stable ordering."""
+    return sorted(endpoints, key=lambda e: (e.namespace, e.name))
+
+
 def ready_endpoints(pods: Sequence[Mapping[str, Any]]) -> list[PodEndpoint]:
     """Pods that are Ready, have an IP and are not terminating, sorted by name for stable ordering."""
-    endpoints = []
-    for pod in pods:
-        metadata = pod.get("metadata") or {}
-        pod_ip = (pod.get("status") or {}).get("podIP")
-        if metadata.get("deletionTimestamp") or not pod_ip or not _is_ready(pod):
-            continue
-        endpoints.append(
-            PodEndpoint(
-                name=str(metadata.get("name", "")),
-                namespace=str(metadata.get("namespace", "")),
-                host=str(pod_ip),
-                http_port=_http_port(pod),
-                variant=str((metadata.get("labels") or {}).get(VARIANT_LABEL, "stable")),
-                draft=str((metadata.get("labels") or {}).get(DRAFT_LABEL, "")),
-            )
-        )
-    return sorted(endpoints, key=lambda e: (e.namespace, e.name))
+    return sorted_endpoints(e for e in map(ready_endpoint, pods) if e is not None)

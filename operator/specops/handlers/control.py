@@ -19,6 +19,8 @@ import kopf
 
 from specops.adapters import operator_metrics
 from specops.api.models import GROUP, PLURAL, VERSION
+from specops.domain.discovery import PodEndpoint, ready_endpoint
+from specops.domain.names import COMPONENT_SERVING, LABEL_COMPONENT, LABEL_DEPLOYMENT, label_value
 from specops.handlers.lifecycle import now, post_events
 from specops.services.container import Services
 from specops.services.tick import interval_of
@@ -79,13 +81,31 @@ def ticks_on_time(memo: kopf.Memo, **_: Any) -> int:
     return dog.watched
 
 
+@kopf.index("", "v1", "pods", labels={LABEL_COMPONENT: COMPONENT_SERVING, LABEL_DEPLOYMENT: kopf.PRESENT})
+def serving_pods(
+    namespace: str | None, labels: kopf.Labels, body: kopf.Body, **_: Any
+) -> dict[tuple[str, str], PodEndpoint] | None:
+    """Ready serving pods by (namespace, specops.dev/deployment): each tick reads its pods here, not
+    with a LIST (the watch replaces one LIST per resource per interval). Pods not ready are left out."""
+    endpoint = ready_endpoint(body)
+    if endpoint is None or namespace is None:
+        return None
+    return {(namespace, str(labels[LABEL_DEPLOYMENT])): endpoint}
+
+
 @kopf.daemon(GROUP, VERSION, PLURAL, cancellation_timeout=5.0)
 async def speculation_control(
-    stopped: kopf.DaemonStopped, name: str, namespace: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any
+    stopped: kopf.DaemonStopped,
+    name: str,
+    namespace: str | None,
+    body: kopf.Body,
+    memo: kopf.Memo,
+    **kwargs: Any,
 ) -> None:
     assert namespace is not None  # SpeculativeDeployments are namespaced
     services: Services = memo.services
     dog, key = watchdog(memo), (namespace, name)
+    pods: kopf.Index[tuple[str, str], PodEndpoint] | None = kwargs.get("serving_pods")  # the index above
     try:
         interval_s = interval_of(dict(body), services.config.default_interval_s)
         wait_s = first_tick_delay(interval_s)
@@ -93,7 +113,9 @@ async def speculation_control(
         await stopped.wait(wait_s)
         while not stopped:
             with operator_metrics.time_tick():
-                outcome = await services.tick(namespace, name, now, body)  # Kopf's live body: no GET
+                serving = None if pods is None else list(pods.get((namespace, label_value(name)), ()))
+                # Kopf's live body and pod index: no GET, no LIST
+                outcome = await services.tick(namespace, name, now, body, serving)
             if outcome.events:
                 post_events(outcome.body or body, outcome.events)
             if outcome.body is not None:

@@ -26,6 +26,8 @@ class OperatorConfig:
     # How long one tick waits for the pods to take a setting: a slow or hung pod is reported as
     # not applied and keeps trying in the background, so it never holds the others' decisions.
     triton_deadline_s: float = 5.0
+    triton_confirm_s: float = 60.0
+    """How long a pod's confirmed BLS settings are trusted before the control loop reads them again."""
     # The span of one measurement's rates; None = max(4 scrapes, 10 s).
     rate_window_s: float | None = None
 
@@ -39,6 +41,7 @@ class OperatorConfig:
             triton_retries=int(env.get("SPECOPS_TRITON_RETRIES", "3")),
             scrape_interval_s=float(env.get("SPECOPS_SCRAPE_INTERVAL_SECONDS", "15")),
             triton_deadline_s=float(env.get("SPECOPS_TRITON_DEADLINE_SECONDS", "5")),
+            triton_confirm_s=float(env.get("SPECOPS_TRITON_CONFIRM_SECONDS", "60")),
             rate_window_s=float(env["SPECOPS_RATE_WINDOW_SECONDS"])
             if float(env.get("SPECOPS_RATE_WINDOW_SECONDS") or 0) > 0
             else None,

@@ -6,7 +6,7 @@ the ports (specops.ports), which an import-linter contract enforces.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -16,6 +16,7 @@ from specops.adapters.prometheus import MetricsHub
 from specops.adapters.routing import GatewayApiRouter, ReplicaRatioRouter
 from specops.adapters.triton import TritonModelControl
 from specops.assets import bls_model_source
+from specops.domain.discovery import PodEndpoint
 from specops.domain.metrics import rate_window_s
 from specops.domain.render import RenderOptions
 from specops.ports import TrafficRouter, TrafficRouting
@@ -46,9 +47,10 @@ class Services:
         name: str,
         now: Callable[[], datetime],
         watched: Mapping[str, Any] | None = None,
+        serving: Sequence[PodEndpoint] | None = None,
     ) -> TickOutcome:
         """One resource's periodic tick; API errors are logged and retried next interval, never raised."""
-        return await self.ticker.run(namespace, name, now(), watched)
+        return await self.ticker.run(namespace, name, now(), watched, serving)
 
     def forget(self, namespace: str, name: str) -> None:
         """The resource's daemon stopped: stop polling for it and drop its in-memory state."""
@@ -70,7 +72,9 @@ async def build_services(config: OperatorConfig | None = None) -> Services:
         bls_source=bls_model_source(), default_image=config.default_image, pod_monitor=pod_monitor
     )
     metrics = MetricsHub(scrape_interval_s=config.scrape_interval_s, window_s=config.rate_window_s)
-    triton = TritonModelControl(apply_deadline_s=config.triton_deadline_s)
+    triton = TritonModelControl(
+        apply_deadline_s=config.triton_deadline_s, confirm_ttl_s=config.triton_confirm_s
+    )
     reconciler = Reconciler(kube, options)
     control = ControlLoop(
         metrics,

@@ -1,6 +1,7 @@
 """One resource's periodic tick: one read, the control loop, retraining and the canary, one write.
 
-gather: the resource (as the watch last saw it, else one GET) and its pods (one LIST); each
+gather: the resource (as the watch last saw it, else one GET) and its serving pods (as the
+operator's pod index last saw them, else one LIST); each
 part takes the typed status and returns its own blocks of it plus condition updates and
 Events; the phase is derived
 from the parts (domain.phases); one optimistic status patch writes what changed. A 409
@@ -16,7 +17,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -29,9 +30,9 @@ from specops.api.models import API_VERSION, KIND, SpeculativeDeployment
 from specops.api.status import SpeculativeDeploymentStatus
 from specops.api.units import parse_duration
 from specops.domain import drafts, lifecycle, phases
-from specops.domain.discovery import ready_endpoints
+from specops.domain.discovery import PodEndpoint, ready_endpoints, sorted_endpoints
 from specops.domain.lifecycle import EventRecord
-from specops.domain.names import LABEL_DEPLOYMENT, label_value
+from specops.domain.names import shared_selector_labels
 from specops.domain.status_patch import merge_patch, only_volatile
 from specops.ports import KubeApiError, KubePort
 from specops.services.canary import CanaryResult, CanaryService
@@ -132,17 +133,24 @@ class ResourceTick:
         self._resources: dict[tuple[str, str], tuple[Any, SpeculativeDeployment]] = {}
 
     async def run(
-        self, namespace: str, name: str, now: datetime, watched: Mapping[str, Any] | None = None
+        self,
+        namespace: str,
+        name: str,
+        now: datetime,
+        watched: Mapping[str, Any] | None = None,
+        serving: Sequence[PodEndpoint] | None = None,
     ) -> TickOutcome:
         """One tick; an unexpected exception parks the resource (Degraded=True/TickFailed, one Warning
         Event, logged once) and comes back after a growing delay instead of crashing the daemon.
 
         ``watched`` is the resource as the operator's watch last saw it (Kopf's live body): the tick
         starts from it instead of reading the resource again. A stale copy costs nothing: the status
-        patch carries its resourceVersion, and a conflict re-reads and recomputes."""
+        patch carries its resourceVersion, and a conflict re-reads and recomputes. ``serving`` is
+        likewise the resource's ready serving pods as the operator's pod watch last saw them; without
+        it, the tick LISTs them."""
         outcome = TickOutcome(interval_s=self.default_interval_s)
         try:
-            await self._run(outcome, namespace, name, now, watched)
+            await self._run(outcome, namespace, name, now, watched, serving)
         except KubeApiError as error:  # the API is down or refused a write: the next interval retries
             log.warning("tick of %s/%s: Kubernetes API: %s", namespace, name, error)
             return outcome
@@ -219,6 +227,7 @@ class ResourceTick:
         name: str,
         now: datetime,
         watched: Mapping[str, Any] | None = None,
+        serving: Sequence[PodEndpoint] | None = None,
     ) -> TickOutcome:
         body: dict[str, Any] | None = dict(watched) if watched is not None else None
         if not (body and (body.get("metadata") or {}).get("resourceVersion")):
@@ -244,12 +253,15 @@ class ResourceTick:
         parts: dict[str, Any] = {}
         updates: list[ConditionUpdate] = []
         events: list[EventRecord] = []
-        try:
-            pods = await self.kube.list("v1", "Pod", namespace, {LABEL_DEPLOYMENT: label_value(name)})
-        except KubeApiError as error:
-            log.warning("tick of %s/%s: listing pods failed: %s", namespace, name, error)
-            return outcome
-        endpoints = ready_endpoints(pods)
+        if serving is not None:
+            endpoints = sorted_endpoints(serving)
+        else:
+            try:
+                pods = await self.kube.list("v1", "Pod", namespace, shared_selector_labels(name))
+            except KubeApiError as error:
+                log.warning("tick of %s/%s: listing pods failed: %s", namespace, name, error)
+                return outcome
+            endpoints = ready_endpoints(pods)
 
         candidate = None
         draft_stale = False

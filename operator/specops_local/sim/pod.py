@@ -338,6 +338,7 @@ class SimPod:
         self._active = 0
         self._waiting = 0
         self.bls_loads = 0
+        self.config_reads = 0
         self.model_loads: dict[str, int] = {}
         self.generate_requests = 0
         self._build_repository()
@@ -769,6 +770,7 @@ class SimPod:
         model = self._loaded_model(request)
         if model is None:
             return self._unknown_model(request)
+        self.config_reads += 1
         return web.json_response(model.config)
 
     async def _handle_repository_index(self, request: web.Request) -> web.Response:
