@@ -239,5 +239,9 @@ async def test_ticks_read_serving_pods_from_the_watch_and_a_new_pod_gets_the_set
 
     # And a pod added later is seen by the next ticks and given the decided setting
     await kube.patch(API_VERSION, KIND, NAMESPACE, NAME, {"spec": {"serving": {"replicas": 3}}})
-    await eventually(lambda: len(serving.all_pods()) == 3 or None, timeout_s=20, what="a third pod")
+
+    async def three_pods() -> bool:
+        return len(serving.all_pods()) == 3
+
+    await eventually(three_pods, timeout_s=20, what="a third pod")
     await all_pods_at(serving, lambda n: n > 0, 20, "speculation on in the new pod too")
