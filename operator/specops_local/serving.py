@@ -106,6 +106,8 @@ class ServingSet:
     """The ``specops.dev/deployment`` label value: the name, or a hashed form of a long one."""
     pods: list[SimPod] = field(default_factory=list)
     template_key: str | None = None
+    seen_version: str | None = None
+    """The Deployment's resourceVersion template_key was taken from."""
     draft_label: str = ""
     """The pods' ``specops.dev/draft`` label, which the PodMonitor relabels into ``specops_draft``."""
 
@@ -209,7 +211,12 @@ class ServingController:
             serving = self.sets[key] = ServingSet(
                 namespace, name, owner, labels.get(VARIANT_LABEL, "stable"), label=label
             )
-        template_key = json.dumps(deployment["spec"]["template"], sort_keys=True)
+        version = deployment["metadata"].get("resourceVersion")
+        if version is None or version != serving.seen_version or serving.template_key is None:
+            template_key = json.dumps(deployment["spec"]["template"], sort_keys=True)
+        else:
+            template_key = serving.template_key  # the same version: the same template (2,000 per poll)
+        serving.seen_version = version
         if serving.template_key not in (None, template_key):
             await self._scale(serving, 0, None)  # a new pod template: replace every pod (a fast "rollout")
         serving.template_key = template_key
