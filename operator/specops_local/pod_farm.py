@@ -38,6 +38,8 @@ from specops_local.sim.pod import MAX_TICK_SECONDS
 ADVANCE_EVERY_S = 10.0
 ADVANCE_BATCH = 50
 POLL_S = 2.0
+CONCURRENCY = 16
+"""Deployments a farm syncs at a time (each costs a few API round trips when its pods start)."""
 
 log = logging.getLogger(__name__)
 
@@ -107,6 +109,7 @@ async def run_farm(
     advance_every_s: float = ADVANCE_EVERY_S,
     advance_batch: int = ADVANCE_BATCH,
     poll_s: float = POLL_S,
+    concurrency: int = CONCURRENCY,
     load: LoadPoint | None = None,
     stop: asyncio.Event | None = None,
 ) -> None:
@@ -124,6 +127,7 @@ async def run_farm(
             pod_options=lambda _resource, _variant: {"tick_interval": None},
             poll_s=poll_s,
             select=in_shard(shard, shards) if shards > 1 else None,
+            concurrency=concurrency,
         ) as serving:
             await asyncio.gather(
                 advance_pods(serving, stop, advance_every_s, advance_batch),
@@ -148,6 +152,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--advance-every", type=float, default=ADVANCE_EVERY_S, help="seconds (default 10)")
     parser.add_argument("--advance-batch", type=int, default=ADVANCE_BATCH, help="pods between yields")
     parser.add_argument("--poll", type=float, default=POLL_S, help="Deployment poll interval, seconds")
+    parser.add_argument(
+        "--concurrency", type=int, default=CONCURRENCY, help="Deployments synced at a time (default 16)"
+    )
     parser.add_argument("--batch", type=float, default=8.0, help="the pods' offered batch (default 8)")
     parser.add_argument("--alpha", type=float, default=0.8, help="the pods' offered acceptance (0.8)")
     parser.add_argument("--log-level", default="warning")
@@ -164,6 +171,7 @@ def main(argv: list[str]) -> int:
             advance_every_s=args.advance_every,
             advance_batch=args.advance_batch,
             poll_s=args.poll,
+            concurrency=args.concurrency,
             load=LoadPoint(batch=args.batch, alpha=args.alpha),
         )
     )

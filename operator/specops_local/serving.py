@@ -115,7 +115,8 @@ class ServingSet:
 class ServingController:
     """Reconciles serving Deployments into running simulated pods (a poll loop).
 
-    ``select`` narrows which Deployments this controller serves (a pod farm serves its shard).
+    ``select`` narrows which Deployments this controller serves (a pod farm serves its shard);
+    ``concurrency`` > 1 syncs that many Deployments at a time (a pod farm, over HTTP).
     """
 
     def __init__(
@@ -128,11 +129,13 @@ class ServingController:
         drafts: dict[str, DraftBehaviour] | None = None,
         poll_s: float = 0.1,
         select: Callable[[Body], bool] | None = None,
+        concurrency: int = 1,
     ) -> None:
         self.cluster: ServingCluster = (
             InProcessCluster(cluster) if isinstance(cluster, EmulatedCluster) else cluster
         )
         self.select = select
+        self.concurrency = concurrency
         self.prometheus = prometheus
         self.load = load or LoadPoint(batch=8, alpha=0.8)
         self.pod_options = pod_options
@@ -179,6 +182,7 @@ class ServingController:
 
     async def sync(self) -> None:
         live_keys = set()
+        work: list[tuple[tuple[str, str], Body]] = []
         for deployment in await self.cluster.objects("deployments", MANAGED_SELECTOR):
             meta = deployment["metadata"]
             labels = meta.get("labels") or {}
@@ -188,11 +192,30 @@ class ServingController:
                 continue
             key = (meta["namespace"], meta["name"])
             live_keys.add(key)
-            await self._sync_deployment(key, deployment)
+            if self.concurrency <= 1:
+                await self._sync_deployment(key, deployment)
+            else:
+                work.append((key, deployment))
+        if work:
+            await self._sync_concurrently(work)
         for key in list(self.sets):
             if key not in live_keys:
                 await self._scale(self.sets.pop(key), 0, None)
         self._publish_targets()
+
+    async def _sync_concurrently(self, work: list[tuple[tuple[str, str], Body]]) -> None:
+        """Up to ``concurrency`` Deployments at a time: over HTTP, starting 2,000 pods one request
+        after another would take minutes. One Deployment's failure does not hold up the others."""
+        bound = asyncio.Semaphore(self.concurrency)
+
+        async def one(key: tuple[str, str], deployment: Body) -> None:
+            async with bound:
+                try:
+                    await self._sync_deployment(key, deployment)
+                except Exception:
+                    log.exception("serving controller sync of %s/%s failed", *key)
+
+        await asyncio.gather(*(one(key, deployment) for key, deployment in work))
 
     async def _sync_deployment(self, key: tuple[str, str], deployment: dict[str, Any]) -> None:
         namespace, name = key
