@@ -364,6 +364,11 @@ class FidelityEmulator(kmock.KubernetesEmulator):
     _cuts: int = attrs.field(default=0, init=False)
     _watchers: collections.Counter[kmock.resource] = attrs.field(factory=collections.Counter, init=False)
     _matching: rendering.Request | None = attrs.field(default=None, init=False)
+    # Live objects by (resource, label key, label value), so a LIST with an equality term in its
+    # label selector (an operator's pods LIST per tick) reads its matches, not the whole store.
+    _label_index: dict[tuple[Any, str, str], set[Any]] = attrs.field(factory=dict, init=False)
+    _labels_of: dict[Any, list[tuple[Any, str, str]]] = attrs.field(factory=dict, init=False)
+    _stored_keys: int = attrs.field(default=0, init=False)
 
     def __attrs_post_init__(self) -> None:
         """Register no fallback reactions: the emulated server below replaces all of them."""
@@ -766,6 +771,8 @@ class FidelityEmulator(kmock.KubernetesEmulator):
             self._objects[key].history.append(obj)
         else:
             self._objects[key] = obj
+            self._stored_keys += 1
+        self._index_labels(key, None if event == "DELETED" else obj)
         self._publish(
             res, WatchEvent(self._revision, event, meta.get("namespace"), meta["name"], obj, previous)
         )
@@ -813,6 +820,31 @@ class FidelityEmulator(kmock.KubernetesEmulator):
             raise self._not_found(resource, name)
         return found
 
+    def _index_labels(self, key: Any, obj: Body | None) -> None:
+        """Replace a key's entries in the label index with those of its new version (none: deleted)."""
+        for entry in self._labels_of.pop(key, ()):
+            self._label_index[entry].discard(key)
+        if obj is None:
+            return
+        res = key[0]
+        kind = (res.group, res.version, res.plural)
+        labels = obj["metadata"].get("labels") or {}
+        entries = [(kind, label, value) for label, value in labels.items() if isinstance(value, str)]
+        for entry in entries:
+            self._label_index.setdefault(entry, set()).add(key)
+        self._labels_of[key] = entries
+
+    def _indexed_keys(self, res: kmock.resource, label_selector: str) -> set[Any] | None:
+        """Keys that may match the selector's first equality term; None when the index cannot say
+        (no such term, or the store was written around `_store`)."""
+        if self._stored_keys != len(self._objects):
+            return None
+        term = next((r for r in parse_label_selector(label_selector) if r.operator == "in"), None)
+        if term is None:
+            return None
+        kind = (res.group, res.version, res.plural)
+        return set().union(*(self._label_index.get((kind, term.key, value), ()) for value in term.values))
+
     def list_objects(
         self,
         res: ResourceRef,
@@ -823,11 +855,21 @@ class FidelityEmulator(kmock.KubernetesEmulator):
         resource = _resource(res)
         self._info(resource)
         selected = self._selection(label_selector, field_selector)
-        found = [
-            stored.raw
-            for (key_res, key_ns, _), stored in self._objects.items()
-            if key_res == resource and not stored.deleted and (namespace is None or key_ns == namespace)
-        ]
+        indexed = self._indexed_keys(resource, label_selector)
+        if indexed is not None:
+            found = [
+                stored.raw
+                for key in indexed
+                if (namespace is None or key[1] == namespace)
+                and key in self._objects
+                and not (stored := self._objects[key]).deleted
+            ]
+        else:
+            found = [
+                stored.raw
+                for (key_res, key_ns, _), stored in self._objects.items()
+                if key_res == resource and not stored.deleted and (namespace is None or key_ns == namespace)
+            ]
         found = [obj for obj in found if selected(obj)]
         return sorted(
             found, key=lambda obj: (obj["metadata"].get("namespace") or "", obj["metadata"]["name"])

@@ -1,6 +1,7 @@
 """Run Debian's real Prometheus for tests: 127.0.0.1, a free port, file-based service discovery.
 
-Scrape targets are written to targets.json with the labels the production
+Scrape targets are written to targets.json (and read from every targets.d/*.json, which other
+processes may write: the scale benchmark's pod farms) with the labels the production
 PodMonitor relabels pods into (namespace, specops_deployment, variant, pod).
 The first scrape of a new target lands about 5 s after it is written
 (Prometheus throttles discovery updates), so tests poll with a deadline.
@@ -31,7 +32,7 @@ def free_port() -> int:
         return port
 
 
-def _config(scrape_interval: str, targets_file: Path) -> str:
+def _config(scrape_interval: str, targets_file: Path, targets_dir: Path) -> str:
     return json.dumps(
         {
             "global": {
@@ -42,7 +43,12 @@ def _config(scrape_interval: str, targets_file: Path) -> str:
             "scrape_configs": [
                 {
                     "job_name": "specops-pods",
-                    "file_sd_configs": [{"files": [str(targets_file)], "refresh_interval": "1s"}],
+                    "file_sd_configs": [
+                        {
+                            "files": [str(targets_file), str(targets_dir / "*.json")],
+                            "refresh_interval": "1s",
+                        }
+                    ],
                 }
             ],
         },
@@ -59,13 +65,16 @@ class PrometheusProcess:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.targets_file = workdir / "targets.json"
+        self.targets_dir = workdir / "targets.d"
+        """Prometheus also reads every *.json here: target files other processes write."""
         self.config_file = workdir / "prometheus.yml"
         self.log_file = workdir / "prometheus.log"
         self.data_dir = workdir / "data"
         self._process: asyncio.subprocess.Process | None = None
         self._http = httpx.AsyncClient(timeout=5.0)
         self.set_targets([])
-        self.config_file.write_text(_config(scrape_interval, self.targets_file))
+        self.targets_dir.mkdir(exist_ok=True)
+        self.config_file.write_text(_config(scrape_interval, self.targets_file, self.targets_dir))
 
     @property
     def running(self) -> bool:

@@ -2,16 +2,20 @@
 
 The operator runs as `specops run` would in a pod (its own process, production handlers), against
 the emulated API server, with Debian's Prometheus scraping one simulated Triton pod per resource at
-a 15 s interval (scrape and decision). This process hosts the emulated API server and every
-simulated pod; to fit 2,000 pods on a small machine, the pods do not each run a background ticker:
-one task advances every pod's performance model every 10 s, a batch at a time. Each pod still listens on its own
-two ports (Triton HTTP, metrics), so discovery, scraping and actuation are the production paths.
+a 15 s interval (scrape and decision). This process hosts only the emulated API server; the
+simulated pods and their controller run in `--farms` pod farm processes (`specops_local.pod_farm`,
+each serving the Deployments that hash to its shard, over the API server's HTTP API), or in this
+process with ``--farms 0``. To fit 2,000 pods on a small machine, the pods do not each run a
+background ticker: one task per farm advances every pod's performance model every 10 s, a batch
+at a time. Each pod still listens on its own two ports (Triton HTTP, metrics), so discovery,
+scraping and actuation are the production paths.
 
 Measured (docs/scale.md explains each figure):
 - initial_reconcile_seconds: from creating the N resources until every one is serving;
 - cycle_cpu_seconds: the operator process's CPU time per control cycle (one interval), in steady state;
 - promql_queries_per_cycle: instant queries Prometheus answered per cycle (from its own counters);
-- api_requests_per_second: requests the API server answered, in steady state;
+- api_requests_per_second: requests the API server answered, in steady state (the operator's:
+  the pod farms' own requests are left out, as in-process calls were before);
 - peak_rss_mib: the operator process's peak resident memory (VmHWM).
 """
 
@@ -41,18 +45,19 @@ from specops.api.crd import build_crd
 from specops.api.units import parse_duration
 from specops.domain.phases import ACTIVE_PHASES
 from specops_local.cluster import EmulatedCluster, emulated_cluster
+from specops_local.pod_farm import ADVANCE_BATCH, ADVANCE_EVERY_S, advance_pods
 from specops_local.prometheus import PrometheusProcess, free_port, run_prometheus
+from specops_local.remote_cluster import USER_AGENT as FARM_AGENT
 from specops_local.serving import ServingController
 from specops_local.sim import LoadPoint
 from specops_local.stack import EXAMPLES, operator_environment
 
 EXAMPLE = "dense-70b-7b.yaml"
-ADVANCE_EVERY_S = 10.0
-ADVANCE_BATCH = 50
 SERVING_POLL_S = 2.0
 READY_POLL_S = 2.0
 """How often the benchmark looks whether every resource is reconciled (a scan of every resource)."""
 OPERATOR_START_TIMEOUT_S = 60.0
+FARM_START_TIMEOUT_S = 60.0
 STOP_GRACE_S = 20.0
 
 
@@ -136,20 +141,85 @@ async def _wait_live(process: asyncio.subprocess.Process, url: str, log: Path) -
 # ------------------------------------------------------------------ the fleet of simulated pods
 
 
-async def _advance_pods(serving: ServingController, stop: asyncio.Event) -> None:
-    """One task advances every pod's model (instead of one ticker task per pod)."""
-    loop = asyncio.get_running_loop()
-    last = loop.time()
-    while not stop.is_set():
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), ADVANCE_EVERY_S)
-        now = loop.time()
-        for index, pod in enumerate(serving.all_pods()):
-            if pod.running:
-                pod.advance(now - last)
-            if index % ADVANCE_BATCH == ADVANCE_BATCH - 1:
-                await asyncio.sleep(0)  # the API server in this process answers meanwhile
-        last = now
+@contextlib.asynccontextmanager
+async def in_process_pods(cluster: EmulatedCluster, prometheus: PrometheusProcess) -> AsyncIterator[None]:
+    """The simulated pods and their controller in this process (``--farms 0``)."""
+    async with ServingController(
+        cluster,
+        prometheus,
+        load=LoadPoint(batch=8, alpha=0.8),
+        pod_options=lambda _resource, _variant: {"tick_interval": None},
+        poll_s=SERVING_POLL_S,
+    ) as serving:
+        stop = asyncio.Event()
+        advancer = asyncio.get_running_loop().create_task(
+            advance_pods(serving, stop, ADVANCE_EVERY_S, ADVANCE_BATCH)
+        )
+        try:
+            yield
+        finally:
+            stop.set()
+            await advancer
+
+
+async def _stop_process(process: asyncio.subprocess.Process) -> None:
+    """SIGTERM our own child (by PID), SIGKILL if it outlives the grace period."""
+    if process.returncode is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            await asyncio.wait_for(process.wait(), STOP_GRACE_S)
+        except TimeoutError:
+            process.kill()
+            await process.wait()
+
+
+@contextlib.asynccontextmanager
+async def pod_farms(
+    cluster: EmulatedCluster, prometheus: PrometheusProcess, farms: int, workdir: Path
+) -> AsyncIterator[list[int]]:
+    """``farms`` pod farm processes sharing the Deployments; yields their PIDs once all are live.
+
+    Each writes its scrape targets to its own file in Prometheus's targets.d; a farm is live once
+    that file exists (its first pass over the Deployments is done)."""
+    processes: list[asyncio.subprocess.Process] = []
+    try:
+        for shard in range(farms):
+            targets = prometheus.targets_dir / f"farm-{shard}.json"
+            targets.unlink(missing_ok=True)
+            command = ["-m", "specops_local.pod_farm", "--kubeconfig", str(cluster.kubeconfig_path)]
+            command += ["--targets-file", str(targets), "--shard", str(shard), "--shards", str(farms)]
+            command += ["--advance-every", f"{ADVANCE_EVERY_S:g}", "--advance-batch", str(ADVANCE_BATCH)]
+            command += ["--poll", f"{SERVING_POLL_S:g}"]
+            log = workdir / f"farm-{shard}.log"
+            with log.open("ab") as stderr:
+                processes.append(
+                    await asyncio.create_subprocess_exec(
+                        sys.executable, *command, stdin=subprocess.DEVNULL, stdout=stderr, stderr=stderr
+                    )
+                )
+        deadline = time.monotonic() + FARM_START_TIMEOUT_S
+        for shard, process in enumerate(processes):
+            targets = prometheus.targets_dir / f"farm-{shard}.json"
+            while not targets.exists():
+                if process.returncode is not None:
+                    tail = (workdir / f"farm-{shard}.log").read_text()[-2000:]
+                    raise RuntimeError(f"pod farm {shard} exited ({process.returncode}): {tail}")
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"pod farm {shard} was not live within {FARM_START_TIMEOUT_S:g} s")
+                await asyncio.sleep(0.2)
+        yield [process.pid for process in processes]
+    finally:
+        await asyncio.gather(*(_stop_process(process) for process in processes))
+
+
+def _operator_requests(cluster: EmulatedCluster, since: int) -> tuple[int, int]:
+    """Requests the API server answered since index ``since``: (the operator's, the pod farms')."""
+    farm = 0
+    requests = cluster.emulator._requests[since:]
+    for request in requests:
+        agent = next((v for k, v in request.headers.items() if k.lower() == "user-agent"), "")
+        farm += agent.startswith(FARM_AGENT)
+    return len(requests) - farm, farm
 
 
 def _queries_answered(metrics_text: str) -> float:
@@ -224,6 +294,7 @@ async def run_scale(
     progress: bool = True,
     profile: Path | None = None,
     log_level: str = "warning",
+    farms: int = 1,
 ) -> ScaleResult:
     interval_s = parse_duration(interval)
     workdir.mkdir(parents=True, exist_ok=True)  # noqa: ASYNC240 (once, before anything runs)
@@ -235,19 +306,12 @@ async def run_scale(
     async with contextlib.AsyncExitStack() as exits:
         cluster = await exits.enter_async_context(emulated_cluster([], workdir, crds=[build_crd()]))
         prometheus = await exits.enter_async_context(run_prometheus(workdir, scrape_interval=interval))
-        serving = await exits.enter_async_context(
-            ServingController(
-                cluster,
-                prometheus,
-                load=LoadPoint(batch=8, alpha=0.8),
-                pod_options=lambda _resource, _variant: {"tick_interval": None},
-                poll_s=SERVING_POLL_S,
-            )
-        )
-        stop_advancing = asyncio.Event()
-        advancer = asyncio.get_running_loop().create_task(_advance_pods(serving, stop_advancing))
-        exits.push_async_callback(lambda: advancer)
-        exits.callback(stop_advancing.set)
+        farm_pids: list[int] = []
+        if farms > 0:
+            farm_pids = await exits.enter_async_context(pod_farms(cluster, prometheus, farms, workdir))
+            say(f"{farms} pod farm(s) live (pids {', '.join(map(str, farm_pids))})")
+        else:
+            await exits.enter_async_context(in_process_pods(cluster, prometheus))
         pid = await exits.enter_async_context(
             operator_process(cluster, interval_s, workdir / "operator.log", log_level)
         )
@@ -274,6 +338,8 @@ async def run_scale(
         await asyncio.sleep(interval_s)
         window_s = cycles * interval_s
         cpu_before, requests_before = _cpu_seconds(pid), len(cluster.emulator._requests)
+        own_cpu_before = _cpu_seconds(os.getpid())
+        farm_cpu_before = [_cpu_seconds(farm) for farm in farm_pids]
         queries_before, measured_from = await _prometheus_queries(prometheus), time.monotonic()
         say(f"measuring {cycles} cycles ({window_s:g} s); the operator used {cpu_before:.1f} CPU-s so far")
         profiler = _start_profiler(pid, window_s, profile) if profile is not None else None
@@ -283,7 +349,16 @@ async def run_scale(
             say(f"profile of the measured cycles: {profile}")
         elapsed = time.monotonic() - measured_from
         cpu = _cpu_seconds(pid) - cpu_before
-        requests = len(cluster.emulator._requests) - requests_before
+        own_cpu = _cpu_seconds(os.getpid()) - own_cpu_before
+        farm_cpu = [
+            _cpu_seconds(farm) - before for farm, before in zip(farm_pids, farm_cpu_before, strict=True)
+        ]
+        requests, farm_requests = _operator_requests(cluster, requests_before)
+        say(
+            f"in the window: this process (API server) used {100 * own_cpu / elapsed:.0f} % of a core, "
+            f"the pod farms {', '.join(f'{100 * c / elapsed:.0f} %' for c in farm_cpu) or 'none'}; "
+            f"the farms made {farm_requests / elapsed:.1f} API requests/s"
+        )
         queries = await _prometheus_queries(prometheus) - queries_before - 1  # less our own first read
         measured_cycles = elapsed / interval_s
         return ScaleResult(
@@ -326,9 +401,17 @@ def main(argv: list[str]) -> int:
     parser.add_argument(
         "--profile", type=Path, help="sample the operator with py-spy during the measured cycles (speedscope)"
     )
+    parser.add_argument(
+        "--farms",
+        type=int,
+        default=1,
+        help="pod farm processes serving the simulated pods (default 1; 0: in this process)",
+    )
     args = parser.parse_args(argv)
     if args.resources < 1 or args.cycles < 1:
         parser.error("--resources and --cycles must be at least 1")
+    if args.farms < 0:
+        parser.error("--farms must be at least 0")
     with contextlib.ExitStack() as stack:
         workdir = args.workdir or Path(
             stack.enter_context(tempfile.TemporaryDirectory(prefix="specops-scale-"))
@@ -342,6 +425,7 @@ def main(argv: list[str]) -> int:
                 reconcile_timeout_s=args.timeout,
                 profile=args.profile,
                 log_level=args.log_level,
+                farms=args.farms,
             )
         )
     print(report(result))

@@ -7,6 +7,11 @@ the container's real ports), keeps the Deployment's status current, and points
 Prometheus at their metrics ports with the labels a PodMonitor would set. The
 operator's discovery, metrics and actuation code paths are therefore the
 production ones.
+
+The controller reaches the cluster through `ServingCluster` (a handful of operations) and
+publishes scrape targets through `TargetSink`: in-process (`InProcessCluster`, the tests and the
+demo) or over the emulator's HTTP API from another process (`specops_local.remote_cluster`, the
+scale benchmark's pod farms).
 """
 
 from __future__ import annotations
@@ -15,9 +20,9 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from specops.api.models import SpeculativeDeployment
 from specops.domain.control_status import policy_config
@@ -30,6 +35,54 @@ log = logging.getLogger(__name__)
 DEPLOYMENT_LABEL = "specops.dev/deployment"
 VARIANT_LABEL = "specops.dev/variant"
 DRAFT_LABEL = "specops.dev/draft"
+MANAGED_SELECTOR = "app.kubernetes.io/managed-by=specops"
+"""The label selector of the Deployments specops renders (the controller serves only those)."""
+
+Body = dict[str, Any]
+
+
+class ServingCluster(Protocol):
+    """The cluster operations the controller uses (resources by plural: deployments, pods, ...)."""
+
+    async def objects(self, resource: str, label_selector: str = "") -> list[Body]:
+        """Every stored object of the resource in all namespaces that matches the selector."""
+        ...
+
+    async def get(self, resource: str, name: str, namespace: str) -> Body | None: ...
+
+    async def create(self, resource: str, body: Body, namespace: str) -> Body: ...
+
+    async def patch_status(self, resource: str, name: str, status: Body, namespace: str) -> Body: ...
+
+    async def delete(self, resource: str, name: str, namespace: str) -> None: ...
+
+
+class TargetSink(Protocol):
+    """Where the controller writes Prometheus's file_sd target groups (PrometheusProcess is one)."""
+
+    def set_targets(self, groups: Sequence[Mapping[str, Any]]) -> None: ...
+
+
+class InProcessCluster:
+    """`ServingCluster` over an emulated cluster in this process: direct calls, no HTTP."""
+
+    def __init__(self, cluster: EmulatedCluster) -> None:
+        self.cluster = cluster
+
+    async def objects(self, resource: str, label_selector: str = "") -> list[Body]:
+        return self.cluster.emulator.list_objects(self.cluster.resource(resource), None, label_selector)
+
+    async def get(self, resource: str, name: str, namespace: str) -> Body | None:
+        return self.cluster.get(resource, name, namespace=namespace)
+
+    async def create(self, resource: str, body: Body, namespace: str) -> Body:
+        return self.cluster.create(resource, body, namespace=namespace)
+
+    async def patch_status(self, resource: str, name: str, status: Body, namespace: str) -> Body:
+        return self.cluster.patch_status(resource, name, status, namespace=namespace)
+
+    async def delete(self, resource: str, name: str, namespace: str) -> None:
+        self.cluster.emulator.delete_object(self.cluster.resource(resource), namespace, name)
 
 
 @dataclass(frozen=True)
@@ -53,24 +106,36 @@ class ServingSet:
     """The ``specops.dev/deployment`` label value: the name, or a hashed form of a long one."""
     pods: list[SimPod] = field(default_factory=list)
     template_key: str | None = None
+    seen_version: str | None = None
+    """The Deployment's resourceVersion template_key was taken from."""
     draft_label: str = ""
     """The pods' ``specops.dev/draft`` label, which the PodMonitor relabels into ``specops_draft``."""
 
 
 class ServingController:
-    """Reconciles serving Deployments into running simulated pods (poll loop, in-process)."""
+    """Reconciles serving Deployments into running simulated pods (a poll loop).
+
+    ``select`` narrows which Deployments this controller serves (a pod farm serves its shard);
+    ``concurrency`` > 1 syncs that many Deployments at a time (a pod farm, over HTTP).
+    """
 
     def __init__(
         self,
-        cluster: EmulatedCluster,
-        prometheus: PrometheusProcess | None = None,
+        cluster: EmulatedCluster | ServingCluster,
+        prometheus: PrometheusProcess | TargetSink | None = None,
         *,
         load: LoadPoint | None = None,
         pod_options: Callable[[SpeculativeDeployment, str], dict[str, Any]] | None = None,
         drafts: dict[str, DraftBehaviour] | None = None,
         poll_s: float = 0.1,
+        select: Callable[[Body], bool] | None = None,
+        concurrency: int = 1,
     ) -> None:
-        self.cluster = cluster
+        self.cluster: ServingCluster = (
+            InProcessCluster(cluster) if isinstance(cluster, EmulatedCluster) else cluster
+        )
+        self.select = select
+        self.concurrency = concurrency
         self.prometheus = prometheus
         self.load = load or LoadPoint(batch=8, alpha=0.8)
         self.pod_options = pod_options
@@ -117,18 +182,40 @@ class ServingController:
 
     async def sync(self) -> None:
         live_keys = set()
-        for deployment in self.cluster.objects("deployments"):
+        work: list[tuple[tuple[str, str], Body]] = []
+        for deployment in await self.cluster.objects("deployments", MANAGED_SELECTOR):
             meta = deployment["metadata"]
             labels = meta.get("labels") or {}
             if labels.get("app.kubernetes.io/managed-by") != "specops" or meta.get("deletionTimestamp"):
                 continue
+            if self.select is not None and not self.select(deployment):
+                continue
             key = (meta["namespace"], meta["name"])
             live_keys.add(key)
-            await self._sync_deployment(key, deployment)
+            if self.concurrency <= 1:
+                await self._sync_deployment(key, deployment)
+            else:
+                work.append((key, deployment))
+        if work:
+            await self._sync_concurrently(work)
         for key in list(self.sets):
             if key not in live_keys:
                 await self._scale(self.sets.pop(key), 0, None)
         self._publish_targets()
+
+    async def _sync_concurrently(self, work: list[tuple[tuple[str, str], Body]]) -> None:
+        """Up to ``concurrency`` Deployments at a time: over HTTP, starting 2,000 pods one request
+        after another would take minutes. One Deployment's failure does not hold up the others."""
+        bound = asyncio.Semaphore(self.concurrency)
+
+        async def one(key: tuple[str, str], deployment: Body) -> None:
+            async with bound:
+                try:
+                    await self._sync_deployment(key, deployment)
+                except Exception:
+                    log.exception("serving controller sync of %s/%s failed", *key)
+
+        await asyncio.gather(*(one(key, deployment) for key, deployment in work))
 
     async def _sync_deployment(self, key: tuple[str, str], deployment: dict[str, Any]) -> None:
         namespace, name = key
@@ -147,7 +234,12 @@ class ServingController:
             serving = self.sets[key] = ServingSet(
                 namespace, name, owner, labels.get(VARIANT_LABEL, "stable"), label=label
             )
-        template_key = json.dumps(deployment["spec"]["template"], sort_keys=True)
+        version = deployment["metadata"].get("resourceVersion")
+        if version is None or version != serving.seen_version or serving.template_key is None:
+            template_key = json.dumps(deployment["spec"]["template"], sort_keys=True)
+        else:
+            template_key = serving.template_key  # the same version: the same template (2,000 per poll)
+        serving.seen_version = version
         if serving.template_key not in (None, template_key):
             await self._scale(serving, 0, None)  # a new pod template: replace every pod (a fast "rollout")
         serving.template_key = template_key
@@ -164,20 +256,20 @@ class ServingController:
             "availableReplicas": ready,
         }
         if any(deployment.get("status", {}).get(k) != v for k, v in status.items()):
-            self.cluster.patch_status("deployments", name, status, namespace=namespace)
+            await self.cluster.patch_status("deployments", name, status, namespace)
 
     async def _scale(self, serving: ServingSet, replicas: int, deployment: dict[str, Any] | None) -> None:
         while len(serving.pods) > replicas:
             pod = serving.pods.pop()
             await pod.stop()
             with contextlib.suppress(Exception):
-                self.cluster.emulator.delete_object("v1/pods", serving.namespace, pod.name)
+                await self.cluster.delete("pods", pod.name, serving.namespace)
         while len(serving.pods) < replicas and deployment is not None:
             pod = await self._start_pod(serving, deployment, len(serving.pods))
             serving.pods.append(pod)
 
     async def _start_pod(self, serving: ServingSet, deployment: dict[str, Any], index: int) -> SimPod:
-        owner = self.cluster.get("speculativedeployments", serving.owner, namespace=serving.namespace)
+        owner = await self.cluster.get("speculativedeployments", serving.owner, serving.namespace)
         if owner is None:
             raise LookupError(f"owner {serving.owner} of {serving.deployment} not found")
         resource = SpeculativeDeployment.model_validate(owner)
@@ -222,8 +314,8 @@ class ServingController:
                 ]
             },
         }
-        self.cluster.create("pods", body, namespace=serving.namespace)
-        self.cluster.patch_status(
+        await self.cluster.create("pods", body, serving.namespace)
+        await self.cluster.patch_status(
             "pods",
             pod.name,
             {
@@ -231,7 +323,7 @@ class ServingController:
                 "podIP": "127.0.0.1",
                 "conditions": [{"type": "Ready", "status": "True"}],
             },
-            namespace=serving.namespace,
+            serving.namespace,
         )
         return pod
 

@@ -1,12 +1,14 @@
 """`specops bench scale`: a tiny run (three resources, 2 s intervals) writes the documented figures.
 
 Timings are not asserted here (the benchmark measures them); this checks that a run reaches
-steady state with the operator as its own process, and that every figure is there and plausible.
+steady state with the operator as its own process and the pods in a pod farm process, that every
+figure is there and plausible, and that the farm closed its pods' ports when the run ended.
 """
 
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -47,3 +49,13 @@ def test_scale_bench_writes_every_figure_for_a_small_fleet(tmp_path: Path) -> No
     assert 1 <= figures["promql_queries_per_cycle"] <= 40
     assert 30 < figures["peak_rss_mib"] < 1000
     assert "CPU per control cycle" in finished.stdout
+
+    # The pods ran in the pod farm (the default), which published them to Prometheus from its own
+    # targets file, and stopped with the run: none of their metrics ports still listens.
+    assert "1 pod farm(s) live" in finished.stderr
+    groups = json.loads((tmp_path / "work" / "prometheus" / "targets.d" / "farm-0.json").read_text())
+    assert sorted(group["labels"]["pod"] for group in groups) == [f"scale-000{i}-0" for i in range(3)]
+    for group in groups:
+        host, port = group["targets"][0].split(":")
+        with socket.socket() as probe:
+            assert probe.connect_ex((host, int(port))) != 0, f"{group['labels']['pod']} still listens"

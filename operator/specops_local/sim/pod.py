@@ -489,12 +489,17 @@ class SimPod:
             return model.lossless
         return self.lossless
 
-    def advance(self, dt: float) -> None:
-        """Integrate dt simulated seconds in ticks of at most MAX_TICK_SECONDS."""
+    def advance(self, dt: float, max_tick: float = MAX_TICK_SECONDS) -> None:
+        """Integrate dt simulated seconds in ticks of at most ``max_tick`` (MAX_TICK_SECONDS).
+
+        Under a constant load the counters come out the same for any tick, so a caller that
+        advances many such pods may pass a coarser one (the scale benchmark's pod farms do)."""
         if dt < 0:
             raise ValueError("time only moves forward")
+        if max_tick <= 0:
+            raise ValueError("max_tick must be positive")
         while dt > 1e-12:
-            tick = min(dt, MAX_TICK_SECONDS)
+            tick = min(dt, max_tick)
             self._integrate(tick)
             self._time += tick
             dt -= tick
@@ -555,7 +560,11 @@ class SimPod:
         totals.latency_sample_carry += LATENCY_SAMPLES_PER_SECOND * dt
         samples = math.floor(totals.latency_sample_carry)
         totals.latency_sample_carry -= samples
-        if tokens > 0:
+        if tokens > 0 and self.noise_sigma <= 0:
+            # Without noise every sample is tpot: one weighted observation, the same histogram.
+            counters.tpot.observe(tpot, tokens)
+            totals.all_drafts.tpot.observe(tpot, tokens)
+        elif tokens > 0:
             groups = min(tokens, max(1, samples))
             share, remainder = divmod(tokens, groups)
             for group in range(groups):
@@ -570,10 +579,15 @@ class SimPod:
         completed = math.floor(totals.completion_carry)
         totals.completion_carry -= completed
         totals.successes += completed
-        for _ in range(completed):
-            e2e = self._noisy(tpot * point.mean_output_tokens)
-            totals.e2e.observe(e2e)
-            totals.request_duration_us += e2e * 1e6
+        if completed > 0 and self.noise_sigma <= 0:
+            e2e = tpot * point.mean_output_tokens
+            totals.e2e.observe(e2e, completed)
+            totals.request_duration_us += e2e * 1e6 * completed
+        else:
+            for _ in range(completed):
+                e2e = self._noisy(tpot * point.mean_output_tokens)
+                totals.e2e.observe(e2e)
+                totals.request_duration_us += e2e * 1e6
 
     def _round_seconds(self, setup: perf.ModelSetup, batch: int, length: int) -> float:
         """One decode step (length 0) or speculative round: from the serving profile, else the roofline."""
