@@ -420,15 +420,24 @@ class Soak:
             if not speculation or not self.stack.operator.running:
                 continue
             decided = int(speculation.get("draftLength") or 0)
+            calibration = speculation.get("calibration") or {}
+            probing = bool(calibration.get("probing"))
+            probe_length = calibration.get("probeLength")
+            probe_pods = set(calibration.get("probePods") or [])  # empty: a probe on every pod
             for pod in self.stack.pods(name, "stable"):
                 if not pod.running:
                     continue
                 key = f"speculation {pod.name}"
                 seen.add(key)
                 self.seen["pod speculation checks"] += 1
-                if pod.draft_length != decided:
+                # a probe status shows runs its length on its pods (every pod, or the split's)
+                expected = decided
+                if probing and probe_length is not None and (not probe_pods or pod.name in probe_pods):
+                    expected = int(probe_length)
+                    self.seen["pod speculation checks during a probe"] += 1
+                if pod.draft_length != expected:
                     self.seen["pod speculation mismatches within the allowance"] += 1
-                if pod.draft_length == decided or self.excused(pod.name):
+                if pod.draft_length == expected or self.excused(pod.name):
                     self.mismatch_since.pop(key, None)
                     self.settle(key)
                     continue
@@ -438,7 +447,8 @@ class Soak:
                         "speculation-mismatch",
                         key,
                         f"{pod.name} runs num_draft_tokens={pod.draft_length}, status of {name} decided "
-                        f"{decided} ({speculation.get('reason')}) for {now - since:.0f} s",
+                        f"{expected} ({speculation.get('reason')}{', probing' if probing else ''}) "
+                        f"for {now - since:.0f} s",
                     )
         for key in set(self.mismatch_since) - seen:
             del self.mismatch_since[key]

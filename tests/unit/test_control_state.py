@@ -143,6 +143,20 @@ def test_only_measurements_moving_is_not_a_significant_status_change() -> None:
     assert not only_volatile(merge_patch(live, {**moved, "phase": "Fixed"}))
 
 
+def test_a_probe_starting_or_ending_is_written_at_once_while_the_fit_alone_waits() -> None:
+    live = {"speculation": {"draftLength": 0, "calibration": {"samples": 3, "probing": False}}}
+    fitted = {"speculation": {"draftLength": 0, "calibration": {"samples": 4, "probing": False}}}
+    assert only_volatile(merge_patch(live, fitted))
+    probing = {
+        "speculation": {
+            "draftLength": 0,
+            "calibration": {"samples": 4, "probing": True, "probeLength": 1, "probePods": ["p-1"]},
+        }
+    }
+    assert not only_volatile(merge_patch(live, probing))  # pods now run 1 while draftLength says 0
+    assert not only_volatile(merge_patch(probing, fitted))  # and back
+
+
 def test_merge_patch_removes_what_the_new_status_no_longer_has() -> None:
     old = {"canary": {"phase": "Progressing", "step": 1}, "phase": "Canary"}
     new = {"phase": "Dynamic"}
