@@ -106,6 +106,10 @@ class TritonModelControl:
         self.confirm_ttl_s = confirm_ttl_s
         self._clock = clock
         self._confirmed: dict[str, tuple[str, BlsSettings, float]] = {}
+        # One client for every generate call: a client per call built an SSL context each time
+        # (the CA bundle loaded again, about 1 MiB), which with hundreds of first-draft checks at
+        # once set the operator's peak memory.
+        self._http: httpx.AsyncClient | None = None
         # One apply at a time per pod: a pod still busy with the last one is not sent another.
         self._inflight: dict[str, tuple[tuple[int | None, str | None], asyncio.Task[ApplyResult]]] = {}
 
@@ -287,6 +291,12 @@ class TritonModelControl:
 
         return (await self._with_client(endpoint, ready)).ok
 
+    async def aclose(self) -> None:
+        """Close the shared generate client (the BLS calls open a session per call)."""
+        if self._http is not None:
+            await self._http.aclose()
+            self._http = None
+
     async def generate(
         self, endpoint: PodEndpoint, prompt: str, max_tokens: int, num_draft_tokens: int | None = None
     ) -> GenerateResult:
@@ -295,9 +305,10 @@ class TritonModelControl:
         if num_draft_tokens is not None:
             body["num_draft_tokens"] = num_draft_tokens
         url = f"http://{endpoint.address}/v2/models/{ENSEMBLE_MODEL}/generate"
+        if self._http is None:
+            self._http = httpx.AsyncClient(timeout=self.timeout_s)
         try:
-            async with httpx.AsyncClient(timeout=self.timeout_s) as client:
-                response = await client.post(url, json=body)
+            response = await self._http.post(url, json=body)
             if response.status_code != 200:
                 return GenerateResult(
                     pod=endpoint.name, ok=False, message=f"HTTP {response.status_code}: {response.text[:200]}"

@@ -40,6 +40,7 @@ class Services:
     retraining: RetrainingService
     canary: CanaryService
     ticker: ResourceTick
+    triton: TritonModelControl | None = None
 
     async def tick(
         self,
@@ -59,6 +60,8 @@ class Services:
 
     async def close(self) -> None:
         await self.metrics.close()
+        if self.triton is not None:
+            await self.triton.aclose()
         await self.kube.close()
 
 
@@ -108,4 +111,5 @@ async def build_services(config: OperatorConfig | None = None) -> Services:
         retraining=retraining,
         canary=canary,
         ticker=ticker,
+        triton=triton,
     )
