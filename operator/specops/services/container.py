@@ -40,7 +40,7 @@ class Services:
     retraining: RetrainingService
     canary: CanaryService
     ticker: ResourceTick
-    triton: TritonModelControl | None = None
+    triton_control: TritonModelControl | None = None  # closed with the services
 
     async def tick(
         self,
@@ -60,8 +60,8 @@ class Services:
 
     async def close(self) -> None:
         await self.metrics.close()
-        if self.triton is not None:
-            await self.triton.aclose()
+        if self.triton_control is not None:
+            await self.triton_control.aclose()
         await self.kube.close()
 
 
@@ -111,5 +111,5 @@ async def build_services(config: OperatorConfig | None = None) -> Services:
         retraining=retraining,
         canary=canary,
         ticker=ticker,
-        triton=triton,
+        triton_control=triton,
     )
