@@ -115,13 +115,7 @@ async def operator_process(
         await _wait_live(process, f"http://127.0.0.1:{health_port}/healthz", log)
         yield process.pid
     finally:
-        if process.returncode is None:
-            process.send_signal(signal.SIGTERM)
-            try:
-                await asyncio.wait_for(process.wait(), STOP_GRACE_S)
-            except TimeoutError:
-                process.kill()
-                await process.wait()
+        await _stop_process(process)
 
 
 async def _wait_live(process: asyncio.subprocess.Process, url: str, log: Path) -> None:
@@ -215,7 +209,7 @@ async def pod_farms(
 def _operator_requests(cluster: EmulatedCluster, since: int) -> tuple[int, int]:
     """Requests the API server answered since index ``since``: (the operator's, the pod farms')."""
     farm = 0
-    requests = cluster.emulator._requests[since:]
+    requests = cluster.emulator.requests[since:]
     for request in requests:
         agent = next((v for k, v in request.headers.items() if k.lower() == "user-agent"), "")
         farm += agent.startswith(FARM_AGENT)
@@ -337,7 +331,7 @@ async def run_scale(
 
         await asyncio.sleep(interval_s)
         window_s = cycles * interval_s
-        cpu_before, requests_before = _cpu_seconds(pid), len(cluster.emulator._requests)
+        cpu_before, requests_before = _cpu_seconds(pid), len(cluster.emulator.requests)
         own_cpu_before = _cpu_seconds(os.getpid())
         farm_cpu_before = [_cpu_seconds(farm) for farm in farm_pids]
         queries_before, measured_from = await _prometheus_queries(prometheus), time.monotonic()
