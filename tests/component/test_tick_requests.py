@@ -15,12 +15,14 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 import yaml
 
 from specops.adapters.kube import KubeClient, load_connection_settings
 from specops.domain.discovery import PodEndpoint
 from specops.domain.metrics import Measurement
 from specops.ports import ApplyResult, FleetResult, GenerateResult
+from specops.services import tick as tick_module
 from specops.services.config import OperatorConfig
 from specops.services.container import build_services
 from specops_local.cluster import EmulatedCluster
@@ -199,6 +201,56 @@ async def test_a_steady_resource_costs_one_get_per_tick_and_writes_status_only_o
     assert counts["GET resource"] <= 10, dict(counts)
     # The measurements are refreshed in status once per refresh period (10 s here), nothing else moves.
     assert counts["PATCH status"] <= 1, dict(counts)
+
+
+async def test_a_large_fleet_refreshes_measurements_within_a_fleet_wide_write_budget(
+    cluster: EmulatedCluster, operator_env: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given 12 steady resources at 1 s intervals, and a budget of 0.5 refresh writes a second for the
+    # whole operator (the default, 5 a second, binds only from 50 resources at 1 s, 300 at 15 s)
+    monkeypatch.setattr(tick_module, "REFRESH_WRITES_PER_S", 0.5)
+    names = [f"{NAME}-{index}" for index in range(12)]
+    for name in names:
+        body = _resource()
+        body["metadata"]["name"] = name
+        cluster.create("speculativedeployments", body)
+    services = await build_services(OperatorConfig.from_env())
+    await services.kube.close()
+    services.kube = KubeClient(load_connection_settings(str(cluster.kubeconfig_path)))
+    _rewire(services)
+    counts: Counter[str] = Counter()
+
+    async def count(request: httpx.Request) -> None:
+        counts[_classify(request)] += 1
+
+    services.kube._http.event_hooks["request"].append(count)
+    try:
+        for name in names:
+            body = cluster.get("speculativedeployments", name)
+            assert body is not None
+            await services.reconciler.reconcile(body, T0)
+        _ready_pods(cluster)
+        for name in names:
+            await services.reconciler.refresh(NAMESPACE, name, T0)
+        now = T0
+        for _ in range(12):  # warm up to the Dynamic phase
+            now += timedelta(seconds=1)
+            for name in names:
+                await services.tick(NAMESPACE, name, lambda at=now: at)
+
+        # When every resource ticks once a second for 48 s
+        counts.clear()
+        for _ in range(48):
+            now += timedelta(seconds=1)
+            for name in names:
+                await services.tick(NAMESPACE, name, lambda at=now: at)
+    finally:
+        await services.close()
+
+    # Then measurements are refreshed every 12 / 0.5 = 24 s per resource (two or three times in
+    # 48 s), not every max(10 s, 4 intervals) = 10 s (five times): 0.5 a second for the fleet
+    print("status writes over 48 s of 12 steady resources:", counts["PATCH status"])
+    assert 12 <= counts["PATCH status"] <= 36, dict(counts)
 
 
 def _rewire(services: Any) -> None:

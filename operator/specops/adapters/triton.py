@@ -225,17 +225,31 @@ class TritonModelControl:
             )
 
         wanted = (num_draft_tokens, draft_model_name)
-        tasks: list[tuple[PodEndpoint, tuple[int | None, str | None], asyncio.Task[ApplyResult]]] = []
+        # per endpoint, in order: a result known now (confirmed, nothing to send: most ticks of
+        # most pods, and no task for them) or the task applying to it
+        slots: list[ApplyResult | tuple[tuple[int | None, str | None], asyncio.Task[ApplyResult]]] = []
         for endpoint in endpoints:
             inflight = self._inflight.get(endpoint.address)
+            if inflight is None:
+                confirmed = self._still_confirmed(endpoint, num_draft_tokens, draft_model_name)
+                if confirmed is not None:
+                    slots.append(
+                        ApplyResult(pod=endpoint.name, ok=True, changed=False, settings=confirmed, attempts=0)
+                    )
+                    continue
             if inflight is None or inflight[1].done():
                 inflight = (wanted, asyncio.ensure_future(one(endpoint)))
                 self._inflight[endpoint.address] = inflight
-            tasks.append((endpoint, *inflight))
-        if tasks:
-            await asyncio.wait([task for _, _, task in tasks], timeout=self.apply_deadline_s)
+            slots.append(inflight)
+        pending = [slot[1] for slot in slots if isinstance(slot, tuple)]
+        if pending:
+            await asyncio.wait(pending, timeout=self.apply_deadline_s)
         results: list[ApplyResult] = []
-        for endpoint, settings, task in tasks:
+        for endpoint, slot in zip(endpoints, slots, strict=True):
+            if isinstance(slot, ApplyResult):
+                results.append(slot)
+                continue
+            settings, task = slot
             if not task.done():
                 results.append(
                     ApplyResult(

@@ -119,9 +119,8 @@ async def speculation_control(
             if outcome.events:
                 post_events(outcome.body or body, outcome.events)
             if outcome.body is not None:
-                operator_metrics.observe_status(
-                    namespace, name, outcome.body.get("status") or {}, outcome.body.get("spec")
-                )
+                shown = outcome.status if outcome.status is not None else outcome.body.get("status")
+                operator_metrics.observe_status(namespace, name, shown or {}, outcome.body.get("spec"))
             if outcome.gone:
                 return
             wait_s = jittered(outcome.interval_s)
