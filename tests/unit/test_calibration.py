@@ -20,6 +20,7 @@ from specops.domain.calibration import (
     account,
     bucket_of,
     decay,
+    max_speedup,
     plan_probe,
     start_probe,
     update,
@@ -246,3 +247,18 @@ def test_a_probe_off_is_skipped_where_the_gain_is_large_and_the_rounds_match_the
     plan = plan_probe(CalibratedModel(PRIOR, wrong), ProbeLedger(), 0.0, enabled=True, alpha=0.8,
                       batch=16, bounds=(1, 8), current_length=4)  # fmt: skip
     assert plan.probe and plan.draft_length == 0
+
+
+def test_a_probe_off_is_skipped_where_a_gain_of_a_third_rests_on_rounds_that_match_the_prior() -> None:
+    # A 1.3-1.5x gain cannot be undone by plain speed the matching rounds already imply: a probe off
+    # there (a load ramp reaching a batch not measured off) only costs the gain for its duration
+    from specops.domain.profile import profile_from_setup
+
+    roofline = profile_from_setup("roofline", PRIOR)
+    on_only = sample_world(roofline, 40, seed=5, batches=(96,), lengths=(1, 2))
+    model = CalibratedModel(PRIOR, on_only)
+    predicted = max_speedup(model, 0.7, 96, (1, 8))
+    assert 1.3 <= predicted < 1.5, predicted
+    plan = plan_probe(model, ProbeLedger(), 0.0, enabled=True, alpha=0.7, batch=96, bounds=(1, 8),
+                      current_length=1)  # fmt: skip
+    assert not plan.probe and "match the prior" in plan.reason
