@@ -124,6 +124,24 @@ class Readiness:
     conditions: tuple[ConditionUpdate, ...]
 
 
+def readiness_signature(deployment: Mapping[str, Any]) -> tuple[object, ...]:
+    """What of a serving Deployment `readiness` reads: an event that leaves it unchanged (a
+    metadata or spec write, a status field nobody judges) cannot change the owner's conditions."""
+    meta, status = deployment.get("metadata") or {}, deployment.get("status") or {}
+    available = next(
+        (c.get("status") for c in status.get("conditions") or [] if c.get("type") == "Available"), None
+    )
+    return (
+        meta.get("uid"),
+        meta.get("generation"),
+        meta.get("deletionTimestamp") is not None,
+        status.get("observedGeneration"),
+        status.get("readyReplicas"),
+        status.get("updatedReplicas"),
+        available,
+    )
+
+
 def readiness(desired_replicas: int, deployments: Sequence[Mapping[str, Any] | None]) -> Readiness:
     """Ready / Progressing / Degraded from the serving Deployments' status."""
     present = [d for d in deployments if d is not None]

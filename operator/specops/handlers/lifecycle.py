@@ -13,6 +13,7 @@ import kopf
 from specops.adapters import log_redaction, operator_metrics
 from specops.adapters.kube import load_connection_settings
 from specops.api.models import GROUP, KIND, PLURAL, VERSION
+from specops.domain import lifecycle
 from specops.domain.lifecycle import EventRecord
 from specops.ports import KubeApiError
 from specops.services.canary import RouteNotReleased
@@ -133,6 +134,16 @@ async def serving_deployment_changed(body: kopf.Body, memo: kopf.Memo, type: str
     owner = owner_name(body.get("metadata", {}))
     if not owner or type is None:
         return
+    # Most events of a Deployment (our own patches, the controller's bookkeeping) leave what its
+    # owner's readiness reads unchanged; each refresh is a GET, a render and a status write, and
+    # thousands of resources starting at once send several events each.
+    seen: dict[tuple[str, str], tuple[object, ...]] = memo.setdefault("deployment_readiness", {})
+    key = (body["metadata"]["namespace"], body["metadata"]["name"])
+    signature = lifecycle.readiness_signature(body)
+    if type == "DELETED":
+        seen.pop(key, None)
+    elif seen.get(key) == signature:
+        return
     services: Services = memo.services
     try:
         async with reconcile_slots(memo):
@@ -142,5 +153,7 @@ async def serving_deployment_changed(body: kopf.Body, memo: kopf.Memo, type: str
     except KubeApiError as error:
         logging.getLogger(__name__).warning("status refresh of %s failed: %s", owner, error)
         return
+    if type != "DELETED":
+        seen[key] = signature
     if owner_body is not None:
         post_events(owner_body, events)
