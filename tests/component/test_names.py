@@ -119,6 +119,8 @@ async def test_a_pod_label_key_the_server_refuses_is_invalid_spec_not_a_retry_lo
         live = cluster.get("speculativedeployments", body["metadata"]["name"])
         assert live is not None
         events = await services.reconciler.reconcile(live, T0)
+        # a readiness refresh (a Deployment event) does not overwrite what reconcile found
+        await services.reconciler.refresh(NAMESPACE, body["metadata"]["name"], T0)
     finally:
         await services.close()
 

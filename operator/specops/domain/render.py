@@ -452,7 +452,10 @@ def _deployment(
         "apiVersion": "apps/v1",
         "kind": "Deployment",
         "metadata": _object_meta(
-            child_name(name, variant), namespace, _labels(name, variant, COMPONENT_SERVING), owner
+            serving_deployment_name(resource, variant),
+            namespace,
+            _labels(name, variant, COMPONENT_SERVING),
+            owner,
         ),
         "spec": {
             "replicas": replicas,
@@ -536,6 +539,29 @@ def _pod_monitor(resource: SpeculativeDeployment, owner: Mapping[str, Any]) -> d
     }
 
 
+def check_renderable(resource: SpeculativeDeployment, options: RenderOptions) -> str:
+    """What makes a spec unrenderable, checked before anything is built: pod labels and node
+    selectors a real API server refuses, and no serving image. Returns the image."""
+    serving = resource.spec.serving
+    for field_name, labels in (("podLabels", serving.pod_labels), ("nodeSelector", serving.node_selector)):
+        for key, value in (labels or {}).items():
+            problem = label_problem(key, value)
+            if problem:
+                raise RenderError(f"spec.serving.{field_name}", problem)
+    image = resource.spec.serving.image or options.default_image
+    if not image:
+        raise RenderError(
+            "spec.serving.image", "no serving image: set it or configure the operator's default image"
+        )
+    return image
+
+
+def serving_deployment_name(resource: SpeculativeDeployment, variant: str = STABLE) -> str:
+    """The name of the Deployment `render_children` renders for a variant (without rendering it:
+    readiness refreshes need only this)."""
+    return child_name(_metadata(resource)[0], variant)
+
+
 def render_children(
     resource: SpeculativeDeployment,
     options: RenderOptions,
@@ -552,17 +578,7 @@ def render_children(
     Service (a canary before its lossless check).
     """
     name, namespace, uid = _metadata(resource)
-    serving = resource.spec.serving
-    for field_name, labels in (("podLabels", serving.pod_labels), ("nodeSelector", serving.node_selector)):
-        for key, value in (labels or {}).items():
-            problem = label_problem(key, value)
-            if problem:
-                raise RenderError(f"spec.serving.{field_name}", problem)
-    image = resource.spec.serving.image or options.default_image
-    if not image:
-        raise RenderError(
-            "spec.serving.image", "no serving image: set it or configure the operator's default image"
-        )
+    image = check_renderable(resource, options)
     draft = draft or resource.spec.draft
     replicas = resource.spec.serving.replicas if replicas is None else replicas
     owner = owner_reference(name, uid)

@@ -22,7 +22,13 @@ from specops.api.status import SpeculativeDeploymentStatus
 from specops.domain import drafts, lifecycle, phases
 from specops.domain.lifecycle import EventRecord
 from specops.domain.names import LABEL_DEPLOYMENT, STABLE, label_value, selector_labels
-from specops.domain.render import RenderError, RenderOptions, render_children
+from specops.domain.render import (
+    RenderError,
+    RenderOptions,
+    check_renderable,
+    render_children,
+    serving_deployment_name,
+)
 from specops.domain.status_patch import merge_patch
 from specops.ports import KubeApiError, KubePort
 
@@ -169,10 +175,16 @@ class Reconciler:
             return None, []
         try:
             resource = SpeculativeDeployment.model_validate(body)
-            children = self.render_stable(resource, body)
+            # without rendering: readiness needs only the Deployment's name
+            check_renderable(resource, self.render_options)
         except (ValidationError, RenderError):
             return body, []  # reconcile() already reported InvalidSpec
-        return body, await self.write_status(resource, children, ApplyReport(), now)
+        deployment = {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": {"name": serving_deployment_name(resource)},
+        }
+        return body, await self.write_status(resource, [deployment], ApplyReport(), now)
 
     async def apply(self, children: list[dict[str, Any]], owner_uid: str) -> ApplyReport:
         report = ApplyReport()
