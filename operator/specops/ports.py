@@ -186,6 +186,7 @@ class KubePort(Protocol):
         mutate: Callable[[dict[str, Any]], dict[str, Any] | None],
         *,
         attempts: int = ...,
+        base: Mapping[str, Any] | None = ...,
     ) -> dict[str, Any] | None: ...
 
 

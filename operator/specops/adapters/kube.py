@@ -269,15 +269,22 @@ class KubeClient:
         mutate: Callable[[dict[str, Any]], dict[str, Any] | None],
         *,
         attempts: int = 5,
+        base: Mapping[str, Any] | None = None,
     ) -> dict[str, Any] | None:
         """Optimistic read-modify-write of .status; `mutate(obj)` returns a status patch or None.
 
         The patch carries the resourceVersion it was computed from, so two writers
         (the reconcile handler and the control loop) never overwrite each other's
         conditions: the loser gets 409 Conflict and recomputes on a fresh read.
+        ``base`` is the object as the caller just read or was handed it (with its
+        resourceVersion): the first attempt starts from it instead of a GET, and a stale
+        copy costs one conflict.
         """
-        for _ in range(attempts):
-            obj = await self.get(api_version, kind, namespace, name)
+        for attempt in range(attempts):
+            if attempt == 0 and base is not None and (base.get("metadata") or {}).get("resourceVersion"):
+                obj: dict[str, Any] | None = dict(base)  # mutate only reads it
+            else:
+                obj = await self.get(api_version, kind, namespace, name)
             if obj is None:
                 return None
             status_patch = mutate(obj)

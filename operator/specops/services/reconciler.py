@@ -148,7 +148,8 @@ class Reconciler:
         except RenderError as error:
             return await self._invalid(namespace, name, generation, f"{error.field}: {error}", now)
 
-        report = await self.apply(children, owner_uid=meta.get("uid", ""))
+        never_reconciled = resource.status.observed_generation is None
+        report = await self.apply(children, owner_uid=meta.get("uid", ""), fresh=never_reconciled)
         events = [EventRecord("Normal", "ChildCreated", f"created {key}") for key in report.created]
         events += [EventRecord("Normal", "ChildUpdated", f"updated {key}") for key in report.updated]
         events += [EventRecord("Normal", "ChildPruned", f"deleted {key}") for key in report.pruned]
@@ -156,8 +157,11 @@ class Reconciler:
             EventRecord("Warning", "ChildConflict", f"{key} exists and is not managed by this resource")
             for key in report.conflicts
         ]
-        await self.prune(namespace, name, {_key(c) for c in children}, report)
-        events += await self.write_status(resource, children, report, now)
+        if not (never_reconciled and len(report.created) == len(children)):
+            # (a resource never reconciled whose children were all created just now has nothing
+            # of its own to prune: what another incarnation left is garbage-collected by owner)
+            await self.prune(namespace, name, {_key(c) for c in children}, report)
+        events += await self.write_status(resource, children, report, now, base=body)
         return events
 
     def render_stable(self, resource: SpeculativeDeployment, body: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -184,12 +188,28 @@ class Reconciler:
             "kind": "Deployment",
             "metadata": {"name": serving_deployment_name(resource)},
         }
-        return body, await self.write_status(resource, [deployment], ApplyReport(), now)
+        return body, await self.write_status(resource, [deployment], ApplyReport(), now, base=body)
 
-    async def apply(self, children: list[dict[str, Any]], owner_uid: str) -> ApplyReport:
+    async def apply(
+        self, children: list[dict[str, Any]], owner_uid: str, *, fresh: bool = False
+    ) -> ApplyReport:
+        """Create what is missing, patch what differs, leave what matches (and what another owns).
+
+        ``fresh``: the resource was never reconciled, so its children most likely do not exist
+        yet: each is created straight away, and only one that does exist (409 AlreadyExists) is
+        read and compared. Thousands of new resources save a GET per child."""
         report = ApplyReport()
         for child in children:
             api_version, kind, meta = child["apiVersion"], child["kind"], child["metadata"]
+            if fresh:
+                try:
+                    await self.kube.create(child)
+                except KubeApiError as error:
+                    if not (error.conflict and error.reason == "AlreadyExists"):
+                        raise
+                else:
+                    report.created.append(_key(child))
+                    continue
             live = await self.kube.get(api_version, kind, meta["namespace"], meta["name"])
             if live is None:
                 await self.kube.create(child)
@@ -246,7 +266,10 @@ class Reconciler:
         children: list[dict[str, Any]],
         report: ApplyReport,
         now: datetime,
+        base: Mapping[str, Any] | None = None,
     ) -> list[EventRecord]:
+        """Readiness from the serving Deployments, written as conditions. ``base`` is the resource as
+        just read or handed over (the status write starts from it instead of a GET)."""
         meta = resource.metadata
         namespace, name = meta["namespace"], meta["name"]
         generation = int(meta.get("generation") or 1)
@@ -288,7 +311,7 @@ class Reconciler:
             )
             return wanted
 
-        await self.kube.update_status(API_VERSION, KIND, namespace, name, status_change(change))
+        await self.kube.update_status(API_VERSION, KIND, namespace, name, status_change(change), base=base)
         return events
 
     async def _invalid(
