@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 
+from specops.adapters import triton as triton_adapter
 from specops.adapters.triton import BLS_MODEL, TritonModelControl
 from specops.domain import perf
 from specops.domain.discovery import PodEndpoint, ready_endpoints
@@ -338,3 +339,26 @@ async def test_without_a_trust_period_every_apply_reads_the_pod(start_pod: Calla
     for _ in range(3):
         await control.apply_to_all([endpoint_of(pod)], num_draft_tokens=4)
     assert pod.config_reads == 3
+
+
+async def test_with_many_pods_confirmed_settings_are_trusted_longer(
+    start_pod: Callable[..., Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Re-reads of confirmed pods stay within a rate for the whole operator (10 a second: from 600
+    # pods at 60 s). Here a rate of one read per 120 s, so one pod stretches the 60 s to 120 s.
+    monkeypatch.setattr(triton_adapter, "CONFIRM_READS_PER_S", 1.0 / 120.0)
+    clock = [1000.0]
+    control = TritonModelControl(
+        timeout_s=2.0, load_timeout_s=2.0, confirm_ttl_s=60.0, clock=lambda: clock[0]
+    )
+    pod = await start_pod("p0", draft_length=4)
+    endpoint = endpoint_of(pod)
+    await control.apply_to_all([endpoint], num_draft_tokens=4)
+    reads = pod.config_reads
+
+    clock[0] += 61.0
+    await control.apply_to_all([endpoint], num_draft_tokens=4)
+    assert pod.config_reads == reads  # still trusted past 60 s
+    clock[0] += 60.0
+    await control.apply_to_all([endpoint], num_draft_tokens=4)
+    assert pod.config_reads == reads + 1  # read again past 120 s

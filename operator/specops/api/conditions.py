@@ -134,6 +134,14 @@ def set_condition(
             result.append(existing)
             continue
         found = True
+        if (
+            existing.status == update.status
+            and existing.reason == update.reason
+            and existing.message == update.message
+            and existing.observed_generation == observed_generation
+        ):
+            result.append(existing)  # unchanged: the same object (most ticks of most resources)
+            continue
         flipped = existing.status != update.status
         transition = format_time(now) if flipped else existing.last_transition_time
         result.append(_condition(update, transition, observed_generation))
