@@ -144,6 +144,32 @@ def test_a_decision_is_named_by_what_it_changed(
     assert decision_action(before, after) == action
 
 
+def test_a_value_that_leaves_and_comes_back_is_shown_again_and_a_forgotten_resource_starts_afresh(
+    metrics: OperatorMetrics,
+) -> None:
+    # Unchanged values are not set again every tick; what changes, leaves or comes back still shows
+    metrics.observe_status("ml", "chat", STATUS, SPEC)
+    off = copy.deepcopy(STATUS)
+    off["observed"]["alpha"] = None
+    metrics.observe_status("ml", "chat", off, SPEC)
+    assert value(metrics, "specops_acceptance_alpha") is None
+    metrics.observe_status("ml", "chat", off, SPEC)  # absent twice: no error
+    metrics.observe_status("ml", "chat", STATUS, SPEC)
+    assert value(metrics, "specops_acceptance_alpha") == pytest.approx(0.7801)
+    moved = copy.deepcopy(STATUS)
+    moved["observed"]["alpha"] = 0.5
+    metrics.observe_status("ml", "chat", moved, SPEC)
+    assert value(metrics, "specops_acceptance_alpha") == pytest.approx(0.5)
+    # after forget, the same status shows every series again
+    metrics.forget("ml", "chat")
+    assert value(metrics, "specops_acceptance_alpha") is None
+    metrics.observe_status("ml", "chat", moved, SPEC)
+    assert value(metrics, "specops_acceptance_alpha") == pytest.approx(0.5)
+    assert value(metrics, "specops_phase", phase="Canary") == 1.0
+    assert value(metrics, "specops_condition", type="Ready", status="True", reason="Serving") == 1.0
+    assert value(metrics, "specops_canary_active") == 1.0
+
+
 def test_forget_removes_every_series_of_the_resource_and_only_those(metrics: OperatorMetrics) -> None:
     metrics.observe_status("ml", "chat", STATUS, SPEC)
     metrics.observe_status("ml", "other", STATUS, SPEC)

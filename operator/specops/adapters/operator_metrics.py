@@ -60,6 +60,9 @@ def _seconds(value: Any) -> float | None:
         return None
 
 
+_UNSET = object()
+
+
 class OperatorMetrics:
     """All of specops' metrics in one registry (the process default in the operator, a fresh one in tests)."""
 
@@ -223,8 +226,10 @@ class OperatorMetrics:
             pods = speculation.get("pods") or {}
 
             phase = status.get("phase")
-            for known in PHASES:
-                self.phase.labels(namespace, name, known).set(1.0 if phase == known else 0.0)
+            if first or seen.get("phase", _UNSET) != phase:
+                for known in PHASES:
+                    self.phase.labels(namespace, name, known).set(1.0 if phase == known else 0.0)
+                seen["phase"] = phase
 
             state = speculation.get("state")
             length = _number(speculation.get("draftLength"))
@@ -245,7 +250,7 @@ class OperatorMetrics:
             self._set(self.baseline_tpot_p50, key, _seconds(baseline.get("perTokenLatencyP50")))
             self._set(self.baseline_tpot_p99, key, _seconds(baseline.get("perTokenLatencyP99")))
 
-            self.canary_active.labels(namespace, name).set(1.0 if canary else 0.0)
+            self._set(self.canary_active, key, 1.0 if canary else 0.0)
             weight = _number((canary or {}).get("weight"))
             self._set(self.canary_weight, key, None if weight is None else weight / 100.0)
             self._set(self.canary_step, key, _number((canary or {}).get("step")))
@@ -255,7 +260,7 @@ class OperatorMetrics:
             if round_number is None:
                 round_number = _number(retraining.get("rounds"))
             self._set(self.retraining_round, key, round_number)
-            self.retraining_running.labels(namespace, name).set(1.0 if active else 0.0)
+            self._set(self.retraining_running, key, 1.0 if active else 0.0)
             self._set(self.retraining_failures, key, _number(retraining.get("consecutiveFailures")))
 
             self._observe_conditions(key, seen, status.get("conditions") or [])
@@ -266,8 +271,9 @@ class OperatorMetrics:
 
             # Counters start at 0 so that increase() sees the first event; the first status seen
             # (e.g. after an operator restart) is a starting point, not an event.
-            self.toggles.labels(namespace, name)
-            self.rollbacks.labels(namespace, name)
+            if first:
+                self.toggles.labels(namespace, name)
+                self.rollbacks.labels(namespace, name)
             previous = seen.get("speculation") or {}
             if not first:
                 toggle = speculation.get("lastToggleTime")
@@ -310,11 +316,20 @@ class OperatorMetrics:
                         metric.remove(namespace, name, *labels)
 
     def _set(self, gauge: Gauge, key: tuple[str, str], value: float | None) -> None:
+        """Set (or, for None, remove) one resource's series; nothing when it already shows the value.
+
+        Every tick of every resource comes here for about 30 gauges: a labels() lookup each took
+        a sixth of the operator's CPU at 2,000 resources, for values that mostly did not move."""
+        shown = self._seen.setdefault(key, {"labels": {}}).setdefault("values", {})
+        metric = id(gauge)  # the gauges live as long as this object
+        if metric in shown and shown[metric] == value:
+            return
         if value is None:
             with contextlib.suppress(KeyError):
                 gauge.remove(*key)
         else:
             gauge.labels(*key).set(value)
+        shown[metric] = value
 
     def _observe_conditions(self, key: tuple[str, str], seen: dict[str, Any], conditions: list[Any]) -> None:
         current: set[tuple[str, ...]] = set()
@@ -327,7 +342,8 @@ class OperatorMetrics:
                 str(condition.get("reason", "")),
             )
             current.add(labels)
-            self.condition.labels(*key, *labels).set(1.0)
+            if labels not in seen["labels"].get("condition", set()):
+                self.condition.labels(*key, *labels).set(1.0)
         for labels in seen["labels"].get("condition", set()) - current:
             with contextlib.suppress(KeyError):
                 self.condition.remove(*key, *labels)
