@@ -10,6 +10,7 @@ running while its ticks are stuck (a jammed client, a livelock) is restarted, no
 
 from __future__ import annotations
 
+import asyncio
 import random
 import time
 from collections.abc import Hashable
@@ -93,6 +94,10 @@ def serving_pods(
     return {(namespace, str(labels[LABEL_DEPLOYMENT])): endpoint}
 
 
+# Kopf cancels the daemon as soon as it is stopped (no cancellation_backoff) and waits up to
+# cancellation_timeout for it to exit, so the waits between ticks are plain sleeps: Kopf
+# discourages `await stopped.wait(n)` in async daemons, and each one was an asyncio.wait_for with
+# a task and a cancellation, an eighth of the operator's CPU at 2,000 resources.
 @kopf.daemon(GROUP, VERSION, PLURAL, cancellation_timeout=5.0)
 async def speculation_control(
     stopped: kopf.DaemonStopped,
@@ -110,7 +115,7 @@ async def speculation_control(
         interval_s = interval_of(dict(body), services.config.default_interval_s)
         wait_s = first_tick_delay(interval_s)
         dog.expect(key, wait_s, interval_s)
-        await stopped.wait(wait_s)
+        await asyncio.sleep(wait_s)
         while not stopped:
             with operator_metrics.time_tick():
                 serving = None if pods is None else list(pods.get((namespace, label_value(name)), ()))
@@ -125,7 +130,7 @@ async def speculation_control(
                 return
             wait_s = jittered(outcome.interval_s)
             dog.expect(key, wait_s, outcome.interval_s)
-            await stopped.wait(wait_s)
+            await asyncio.sleep(wait_s)
     finally:
         dog.forget(key)
         services.forget(namespace, name)
