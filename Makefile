@@ -25,9 +25,10 @@ prometheus: ## make sure Debian's prometheus is installed (apt-get when root)
 kubectl: ## make sure Debian's kubectl is installed (apt-get when root)
 	@scripts/ensure-kubectl.sh
 
-# 4 workers on 2 cores: the end-to-end tests mostly wait on their simulated clusters' clocks
-# (the closed-loop pair uses 17 % of a core), so twice the cores in workers halves the wall time
-TEST_WORKERS ?= 4
+# 3 workers on 2 cores: the end-to-end tests mostly wait on their simulated clusters' clocks
+# (the closed-loop pair uses 17 % of a core), so more workers than cores shorten the wall time;
+# at 4 the timing-sensitive tests (client-timed profiling, the demo's settled speedups) flaked
+TEST_WORKERS ?= 3
 test: install ## run the whole test suite (unit, component, end-to-end on the emulated cluster), TEST_WORKERS processes in parallel
 	$(PY) -m pytest tests -q -n $(TEST_WORKERS) --dist worksteal --durations=30
 

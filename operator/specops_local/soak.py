@@ -538,7 +538,17 @@ class Soak:
             record = self.begin(kind, "", f"{share:.0%} of writes for {seconds:.0f} s")
             excuse = self.excuse(kind)
             self.write_failure_share = share
+            failed_before = self.writes_failed + self.reads_failed
             await self.sleep(seconds, stop)
+            # A steady operator makes few API requests (measurements are written once a refresh
+            # period): a burst that met none was no fault yet, so it holds until one request
+            # failed, for at most three times its length.
+            waited = seconds
+            while self.writes_failed + self.reads_failed == failed_before and waited < 3 * seconds:
+                if stop.is_set():
+                    break
+                await self.sleep(1.0, stop)
+                waited += 1.0
             self.write_failure_share = 0.0
             return self.end(record, excuse)
         if kind == "watch-cut":

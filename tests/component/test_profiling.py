@@ -86,8 +86,9 @@ async def test_without_engine_metrics_it_times_requests_and_takes_the_given_alph
     assert measured.alpha == 0.72
     # client-side timing adds HTTP overhead and, on a busy machine, the scheduler's delay, so it
     # reads slower, never faster (docs/profiles.md says to prefer the engine's metrics): it
-    # measured 1.17x-1.30x on a loaded two-core machine, but never under the served world
-    assert_within(measured, 0.10, slower=0.60)
+    # measured 1.17x-1.30x on a loaded two-core machine and 2.19x with four test workers on it,
+    # but never under the served world
+    assert_within(measured, 0.10, slower=1.50)
 
 
 def test_counters_sum_every_draft_series() -> None:
