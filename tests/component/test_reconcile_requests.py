@@ -13,11 +13,8 @@ from datetime import UTC, datetime
 
 import httpx
 
-from specops.adapters.kube import KubeClient, load_connection_settings
-from specops.services.config import OperatorConfig
-from specops.services.container import build_services
 from specops_local.cluster import EmulatedCluster
-from tests.component.test_tick_requests import NAME, NAMESPACE, _resource, _rewire
+from tests.component.test_tick_requests import NAME, NAMESPACE, _resource, counted_services
 
 T0 = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
 CHILD_KINDS = ("deployments", "services", "configmaps")
@@ -36,16 +33,7 @@ def _classify(request: httpx.Request) -> str:
 
 
 async def _reconcile_counted(cluster: EmulatedCluster) -> tuple[Counter[str], list[str]]:
-    services = await build_services(OperatorConfig.from_env())
-    await services.kube.close()
-    services.kube = KubeClient(load_connection_settings(str(cluster.kubeconfig_path)))
-    _rewire(services)
-    counts: Counter[str] = Counter()
-
-    async def count(request: httpx.Request) -> None:
-        counts[_classify(request)] += 1
-
-    services.kube._http.event_hooks["request"].append(count)
+    services, counts = await counted_services(cluster, _classify)
     try:
         body = cluster.get("speculativedeployments", NAME)
         assert body is not None

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -164,16 +164,7 @@ async def test_a_steady_resource_costs_one_get_per_tick_and_writes_status_only_o
 ) -> None:
     # Given a serving resource whose metrics do not move and whose pods run the decided setting
     cluster.create("speculativedeployments", _resource())
-    services = await build_services(OperatorConfig.from_env())
-    await services.kube.close()
-    services.kube = KubeClient(load_connection_settings(str(cluster.kubeconfig_path)))
-    _rewire(services)
-    counts: Counter[str] = Counter()
-
-    async def count(request: httpx.Request) -> None:
-        counts[_classify(request)] += 1
-
-    services.kube._http.event_hooks["request"].append(count)
+    services, counts = await counted_services(cluster)
     try:
         body = cluster.get("speculativedeployments", NAME)
         assert body is not None
@@ -223,16 +214,7 @@ async def test_a_large_fleet_refreshes_measurements_within_a_fleet_wide_write_bu
         body = _resource()
         body["metadata"]["name"] = name
         cluster.create("speculativedeployments", body)
-    services = await build_services(OperatorConfig.from_env())
-    await services.kube.close()
-    services.kube = KubeClient(load_connection_settings(str(cluster.kubeconfig_path)))
-    _rewire(services)
-    counts: Counter[str] = Counter()
-
-    async def count(request: httpx.Request) -> None:
-        counts[_classify(request)] += 1
-
-    services.kube._http.event_hooks["request"].append(count)
+    services, counts = await counted_services(cluster)
     try:
         for name in names:
             body = cluster.get("speculativedeployments", name)
@@ -260,6 +242,24 @@ async def test_a_large_fleet_refreshes_measurements_within_a_fleet_wide_write_bu
     # 48 s), not every max(10 s, 4 intervals) = 10 s (five times): 0.5 a second for the fleet
     print("status writes over 48 s of 12 steady resources:", counts["PATCH status"])
     assert 12 <= counts["PATCH status"] <= 36, dict(counts)
+
+
+async def counted_services(
+    cluster: EmulatedCluster, classify: Callable[[httpx.Request], str] = _classify
+) -> tuple[Any, Counter[str]]:
+    """The operator's services on the emulated cluster, with the test's metrics and model control,
+    and a count of every API request they send (by `classify`)."""
+    services = await build_services(OperatorConfig.from_env())
+    await services.kube.close()
+    services.kube = KubeClient(load_connection_settings(str(cluster.kubeconfig_path)))
+    _rewire(services)
+    counts: Counter[str] = Counter()
+
+    async def count(request: httpx.Request) -> None:
+        counts[classify(request)] += 1
+
+    services.kube._http.event_hooks["request"].append(count)
+    return services, counts
 
 
 def _rewire(services: Any) -> None:
