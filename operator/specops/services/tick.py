@@ -60,6 +60,15 @@ RETRAINING_BLOCKS = ("retraining",)
 
 
 @dataclass
+class _Validated:
+    """One resource as the tick validated it, for one resourceVersion."""
+
+    version: Any
+    resource: SpeculativeDeployment
+    status_wire: dict[str, Any] | None = None
+
+
+@dataclass
 class TickOutcome:
     """What one resource's periodic tick produced, for the daemon: when to come back, what to post."""
 
@@ -139,10 +148,9 @@ class ResourceTick:
         self.default_interval_s = default_interval_s
         self._failures: dict[tuple[str, str], tuple[int, str]] = {}
         """(namespace, name) -> (consecutive failed ticks, last message): log and announce once."""
-        self._resources: dict[tuple[str, str], tuple[Any, SpeculativeDeployment]] = {}
-        # The wire form of each validated resource's status, by resourceVersion: what a status
-        # patch is computed against, dumped once per version instead of on every tick.
-        self._wire_status: dict[tuple[str, str], tuple[Any, dict[str, Any]]] = {}
+        # The typed resource per resource, validated once per resourceVersion, and the wire form
+        # of its status (what a status patch is computed against), dumped once for that version.
+        self._resources: dict[tuple[str, str], _Validated] = {}
 
     async def run(
         self,
@@ -206,29 +214,25 @@ class ResourceTick:
         """The resource's daemon stopped: drop its failure count and its validated copy."""
         self._failures.pop((namespace, name), None)
         self._resources.pop((namespace, name), None)
-        self._wire_status.pop((namespace, name), None)
 
     def _validated(self, namespace: str, name: str, body: dict[str, Any]) -> SpeculativeDeployment:
         """The typed resource; validated again only when its resourceVersion moved (most ticks it has not)."""
         version = (body.get("metadata") or {}).get("resourceVersion")
         cached = self._resources.get((namespace, name))
-        if cached is not None and version is not None and cached[0] == version:
-            return cached[1]
+        if cached is not None and version is not None and cached.version == version:
+            return cached.resource
         resource = SpeculativeDeployment.model_validate(body)
-        self._resources[(namespace, name)] = (version, resource)
+        self._resources[(namespace, name)] = _Validated(version, resource)
         return resource
 
-    def _status_wire(
-        self, namespace: str, name: str, body: Mapping[str, Any], resource: SpeculativeDeployment
-    ) -> dict[str, Any]:
+    def _status_wire(self, namespace: str, name: str, resource: SpeculativeDeployment) -> dict[str, Any]:
         """The wire form of the validated resource's status, dumped once per resourceVersion."""
-        version = (body.get("metadata") or {}).get("resourceVersion")
-        cached = self._wire_status.get((namespace, name))
-        if cached is not None and version is not None and cached[0] == version:
-            return cached[1]
-        wire = resource.status.to_wire()
-        self._wire_status[(namespace, name)] = (version, wire)
-        return wire
+        cached = self._resources.get((namespace, name))
+        if cached is None or cached.resource is not resource:
+            return resource.status.to_wire()
+        if cached.status_wire is None:
+            cached.status_wire = resource.status.to_wire()
+        return cached.status_wire
 
     async def _recovered(self, namespace: str, name: str, now: datetime) -> None:
         update = ConditionUpdate(cond.DEGRADED, "False", Reason.AS_EXPECTED, "")
@@ -371,7 +375,7 @@ class ResourceTick:
         live = body
         for _ in range(WRITE_ATTEMPTS):
             if live is body and resource is not None:
-                current, before = resource.status, self._status_wire(namespace, name, body, resource)
+                current, before = resource.status, self._status_wire(namespace, name, resource)
             else:
                 try:
                     current = SpeculativeDeploymentStatus.from_wire(live.get("status"))
