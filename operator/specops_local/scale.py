@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import contextlib
 import copy
 import json
@@ -216,6 +217,20 @@ def _operator_requests(cluster: EmulatedCluster, since: int) -> tuple[int, int]:
     return len(requests) - farm, farm
 
 
+def _request_mix(cluster: EmulatedCluster, since: int, until: int) -> collections.Counter[str]:
+    """The operator's requests in ``[since, until)`` by verb, kind and subresource (``PATCH speculativedeployments/status``)."""
+    mix: collections.Counter[str] = collections.Counter()
+    for request in cluster.emulator.requests[since:until]:
+        agent = next((v for k, v in request.headers.items() if k.lower() == "user-agent"), "")
+        if agent.startswith(FARM_AGENT):
+            continue
+        kind = getattr(request.resource, "plural", None) or "?"
+        watch = request.params.get("watch") in ("true", "1")
+        verb = "WATCH" if watch else str(request.method or "?")
+        mix[f"{verb} {kind}" + (f"/{request.subresource}" if request.subresource else "")] += 1
+    return mix
+
+
 def _queries_answered(metrics_text: str) -> float:
     """Instant queries Prometheus answered so far (its own prometheus_http_requests_total)."""
     total = 0.0
@@ -312,6 +327,7 @@ async def run_scale(
         say(f"operator running (pid {pid}); creating {resources} resources")
 
         names: set[str] = set()
+        requests_at_start = len(cluster.emulator.requests)
         started = time.monotonic()
         for index in range(resources):
             body = scale_resource(index, cluster.namespace, prometheus.url, interval)
@@ -328,6 +344,11 @@ async def run_scale(
             await asyncio.sleep(READY_POLL_S)
         initial_reconcile_s = time.monotonic() - started
         say(f"all serving after {initial_reconcile_s:.1f} s; settling for one interval")
+        mix = _request_mix(cluster, requests_at_start, len(cluster.emulator.requests))
+        say(
+            f"the operator's API requests per resource during it ({sum(mix.values()) / resources:.1f} in all): "
+            + ", ".join(f"{key} {count / resources:.2f}" for key, count in mix.most_common())
+        )
 
         await asyncio.sleep(interval_s)
         window_s = cycles * interval_s

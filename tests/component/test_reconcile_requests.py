@@ -11,8 +11,6 @@ from __future__ import annotations
 from collections import Counter
 from datetime import UTC, datetime
 
-import httpx
-
 from specops_local.cluster import EmulatedCluster
 from tests.component.test_tick_requests import NAME, NAMESPACE, _resource, counted_services
 
@@ -20,16 +18,16 @@ T0 = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
 CHILD_KINDS = ("deployments", "services", "configmaps")
 
 
-def _classify(request: httpx.Request) -> str:
+def _classify(method: str, path: str) -> str:
     """POST <kind>, GET <kind> (one object by name), LIST <kind>, or the method and path."""
-    parts = request.url.path.rstrip("/").split("/")
-    if request.method == "POST" and parts[-1] in CHILD_KINDS:
+    parts = path.rstrip("/").split("/")
+    if method == "POST" and parts[-1] in CHILD_KINDS:
         return f"POST {parts[-1]}"
-    if request.method == "GET" and parts[-1] in CHILD_KINDS:
+    if method == "GET" and parts[-1] in CHILD_KINDS:
         return f"LIST {parts[-1]}"
-    if request.method == "GET" and len(parts) > 1 and parts[-2] in CHILD_KINDS:
+    if method == "GET" and len(parts) > 1 and parts[-2] in CHILD_KINDS:
         return f"GET {parts[-2]}"
-    return f"{request.method} {request.url.path}"
+    return f"{method} {path}"
 
 
 async def _reconcile_counted(cluster: EmulatedCluster) -> tuple[Counter[str], list[str]]:

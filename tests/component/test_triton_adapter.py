@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import socket
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -362,3 +363,32 @@ async def test_with_many_pods_confirmed_settings_are_trusted_longer(
     clock[0] += 60.0
     await control.apply_to_all([endpoint], num_draft_tokens=4)
     assert pod.config_reads == reads + 1  # read again past 120 s
+
+
+async def test_a_pod_that_went_away_is_forgotten_and_stops_stretching_the_others_trust(
+    start_pod: Callable[..., Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Every confirmed pod stretches the trust window by 60 s here (one re-read per 60 s for the
+    # whole operator): two pods are trusted for 120 s, one for 60 s.
+    monkeypatch.setattr(triton_adapter, "CONFIRM_READS_PER_S", 1.0 / 60.0)
+    clock = [1000.0]
+    control = TritonModelControl(
+        timeout_s=2.0, load_timeout_s=2.0, confirm_ttl_s=60.0, clock=lambda: clock[0]
+    )
+    staying, leaving = await start_pod("stays", draft_length=4), await start_pod("leaves", draft_length=4)
+    await control.apply_to_all([endpoint_of(staying), endpoint_of(leaving)], num_draft_tokens=4)
+
+    # when one pod goes away (deleted: no resource asks for it again) and the other is ticked
+    # every 10 s for ten minutes
+    reads_at: list[float] = []
+    for _ in range(60):
+        clock[0] += 10.0
+        before = staying.config_reads
+        await control.apply_to_all([endpoint_of(staying)], num_draft_tokens=4)
+        if staying.config_reads > before:
+            reads_at.append(clock[0])
+
+    # then once the gone pod is forgotten the one left is trusted for its own 60 s again: read
+    # about every 70 s, not every 130 s as long as the gone pod was counted
+    gaps = [later - earlier for earlier, later in itertools.pairwise(reads_at)]
+    assert gaps[-3:] == [70.0, 70.0, 70.0], reads_at

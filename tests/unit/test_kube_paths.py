@@ -36,7 +36,7 @@ async def test_expiring_service_account_token_is_reread(tmp_path) -> None:  # ty
         assert client._refresh_token() is False  # same token: nothing to retry with
         token_file.write_text("rotated\n")
         assert client._refresh_token() is True
-        assert client._http.headers["Authorization"] == "Bearer rotated"
+        assert client.headers["Authorization"] == "Bearer rotated"
     finally:
         await client.close()
 

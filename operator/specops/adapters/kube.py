@@ -1,10 +1,17 @@
-"""A small asynchronous Kubernetes client on httpx.
+"""A small asynchronous Kubernetes client on aiohttp.
 
 Kopf watches; everything specops writes (children, status, pod discovery) goes
 through this client so it never blocks the event loop. Credentials come from the
 same places as kubectl's: the in-cluster service account, else the kubeconfig
 named by $KUBECONFIG (read when the client is built, not when a module is
 imported) or ~/.kube/config. `kubernetes.config` only parses the kubeconfig.
+
+Why aiohttp and not httpx: measured on this project's machine, one request through httpx 0.28
+costs the client about 2.7 ms of CPU (anyio, httpcore's pool bookkeeping, h11) and through aiohttp
+about 0.3 ms. Thousands of resources make tens of requests each while they are reconciled, and
+the operator is one process: the client's share decided how long a large fleet took to come up.
+aiohttp is what Kopf and tritonclient already run on. The pinned `kubernetes` client has no
+async API.
 """
 
 from __future__ import annotations
@@ -16,15 +23,21 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import httpx
+import aiohttp
 import kubernetes.client
 import kubernetes.config
+import orjson
 
 from specops.ports import JSON_PATCH, MERGE_PATCH, KubeApiError
 
 __all__ = ["JSON_PATCH", "MERGE_PATCH", "KubeApiError", "KubeClient", "load_connection_settings"]
 
 from specops.adapters import operator_metrics
+
+
+def _json_text(value: Any) -> str:
+    return orjson.dumps(value).decode()
+
 
 SERVICE_ACCOUNT_TOKEN = "/var/run/secrets/kubernetes.io/serviceaccount/token"
 
@@ -106,10 +119,10 @@ def label_selector(labels: Mapping[str, str]) -> str:
 MAX_CONCURRENT_REQUESTS = 10
 """Requests in flight at once; the others wait their turn (FIFO) for a connection.
 
-httpcore's pool scans its whole queue for every request that starts or ends (quadratic in the
-queue), and its pool timeout fails requests that merely waited. Bounding concurrency here, with a
-pool as large as the bound, keeps the queue in a cheap semaphore: thousands of resources ticking
-at once wait, they do not time out, and the timeout applies to the request itself."""
+A connection pool's queue is bookkeeping per waiting request, and a pool timeout fails requests
+that merely waited. Bounding concurrency here, with a pool as large as the bound, keeps the queue
+in a cheap semaphore: thousands of resources ticking at once wait, they do not time out, and the
+timeout applies to the request itself."""
 
 
 class KubeClient:
@@ -123,7 +136,7 @@ class KubeClient:
         max_concurrent: int = MAX_CONCURRENT_REQUESTS,
     ) -> None:
         self.settings = settings
-        verify: ssl.SSLContext | bool = settings.verify
+        self._ssl: ssl.SSLContext | bool = settings.verify
         if settings.ca_file or settings.cert_file:
             context = ssl.create_default_context(cafile=settings.ca_file)
             if settings.cert_file and settings.key_file:
@@ -131,21 +144,30 @@ class KubeClient:
             if not settings.verify:
                 context.check_hostname = False
                 context.verify_mode = ssl.CERT_NONE
-            verify = context
-        headers = {"Accept": "application/json", "User-Agent": "specops"}
+            self._ssl = context
+        self.headers: dict[str, str] = {"Accept": "application/json", "User-Agent": "specops"}
+        """Sent with every request (the bearer token among them)."""
         if settings.token:
-            headers["Authorization"] = f"Bearer {settings.token}"
-        self._http = httpx.AsyncClient(
-            base_url=settings.server,
-            headers=headers,
-            verify=verify,
-            timeout=httpx.Timeout(timeout_s),
-            limits=httpx.Limits(max_connections=max_concurrent, max_keepalive_connections=max_concurrent),
-        )
+            self.headers["Authorization"] = f"Bearer {settings.token}"
+        self._timeout = aiohttp.ClientTimeout(total=timeout_s)
+        self._max_concurrent = max_concurrent
+        self._session: aiohttp.ClientSession | None = None
         self._slots = asyncio.Semaphore(max_concurrent)
 
+    def _http(self) -> aiohttp.ClientSession:
+        """The session, made on first use (inside the event loop that uses it)."""
+        if self._session is None or self._session.closed:
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=self._max_concurrent, ssl=self._ssl),
+                timeout=self._timeout,
+                json_serialize=_json_text,
+            )
+        return self._session
+
     async def close(self) -> None:
-        await self._http.aclose()
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
 
     def _refresh_token(self) -> bool:
         """Re-read an expiring service-account token; True when a new one was loaded."""
@@ -156,10 +178,21 @@ class KubeClient:
                 token = handle.read().strip()
         except OSError:
             return False
-        if not token or self._http.headers.get("Authorization") == f"Bearer {token}":
+        if not token or self.headers.get("Authorization") == f"Bearer {token}":
             return False
-        self._http.headers["Authorization"] = f"Bearer {token}"
+        self.headers["Authorization"] = f"Bearer {token}"
         return True
+
+    async def _send(
+        self, method: str, path: str, data: bytes | None, params: Mapping[str, str] | None, content_type: str
+    ) -> tuple[int, str, bytes]:
+        headers = dict(self.headers)
+        if data is not None:
+            headers["Content-Type"] = content_type
+        async with self._http().request(
+            method, self.settings.server + path, data=data, params=params, headers=headers
+        ) as response:
+            return response.status, response.reason or "", await response.read()
 
     async def _request(
         self,
@@ -170,32 +203,36 @@ class KubeClient:
         params: Mapping[str, str] | None = None,
         content_type: str = "application/json",
     ) -> dict[str, Any]:
-        headers = {"Content-Type": content_type} if json is not None else {}
+        data = orjson.dumps(json) if json is not None else None
         try:
             async with self._slots:
-                response = await self._http.request(method, path, json=json, params=params, headers=headers)
-                if response.status_code == 401 and self._refresh_token():
-                    response = await self._http.request(
-                        method, path, json=json, params=params, headers=headers
-                    )
-        except httpx.HTTPError as error:
+                status, phrase, content = await self._send(method, path, data, params, content_type)
+                if status == 401 and self._refresh_token():
+                    status, phrase, content = await self._send(method, path, data, params, content_type)
+        except (aiohttp.ClientError, TimeoutError) as error:
             # An unreachable API server is an error like any other answer: callers retry with backoff.
             operator_metrics.count_error("kubernetes", "Unreachable")
             raise KubeApiError(
                 0, "Unreachable", f"{method} {path}: {type(error).__name__}: {error}"
             ) from error
-        if response.status_code >= 400:
+        if status >= 400:
+            text = content.decode("utf-8", "replace")
             try:
-                body = response.json()
-                reason, message = str(body.get("reason", "")), str(body.get("message", response.text))
-            except ValueError:
-                reason, message = response.reason_phrase, response.text[:500]
-            if response.status_code not in EXPECTED_STATUSES:
-                operator_metrics.count_error("kubernetes", reason or str(response.status_code))
-            raise KubeApiError(response.status_code, reason, message)
-        if not response.content:
+                body = orjson.loads(content)
+                reason, message = str(body.get("reason", "")), str(body.get("message", text))
+            except (orjson.JSONDecodeError, AttributeError):
+                reason, message = phrase, text[:500]
+            if status not in EXPECTED_STATUSES:
+                operator_metrics.count_error("kubernetes", reason or str(status))
+            raise KubeApiError(status, reason, message)
+        if not content:
             return {}
-        result = response.json()
+        try:
+            result = orjson.loads(content)
+        except orjson.JSONDecodeError as error:
+            raise KubeApiError(
+                0, "Unreadable", f"{method} {path}: the answer is not JSON: {error}"
+            ) from error
         return result if isinstance(result, dict) else {}
 
     async def api_served(self, group_version: str) -> bool:

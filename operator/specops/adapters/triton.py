@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 import aiohttp
-import httpx
+import orjson
 from tritonclient.http.aio import InferenceServerClient
 from tritonclient.utils import InferenceServerException
 
@@ -40,14 +40,13 @@ a pod confirmed is trusted for confirm_ttl_s, or longer when there are many pods
 _TRANSPORT_ERRORS = (
     InferenceServerException,
     aiohttp.ClientError,
-    httpx.HTTPError,
     OSError,
     TimeoutError,
 )
 
 
 def _describe(exc: BaseException) -> str:
-    if isinstance(exc, TimeoutError | httpx.TimeoutException):
+    if isinstance(exc, TimeoutError):
         return "timed out"
     if isinstance(exc, InferenceServerException):
         status = exc.status()
@@ -109,10 +108,12 @@ class TritonModelControl:
         self.confirm_ttl_s = confirm_ttl_s
         self._clock = clock
         self._confirmed: dict[str, tuple[str, BlsSettings, float]] = {}
-        # One client for every generate call: a client per call built an SSL context each time
+        self._swept_at = clock()
+        # One session for every generate call: a client per call built an SSL context each time
         # (the CA bundle loaded again, about 1 MiB), which with hundreds of first-draft checks at
-        # once set the operator's peak memory.
-        self._http: httpx.AsyncClient | None = None
+        # once set the operator's peak memory. aiohttp, as for the API (see adapters/kube.py):
+        # a request costs a tenth of httpx's CPU.
+        self._http: aiohttp.ClientSession | None = None
         # One apply at a time per pod: a pod still busy with the last one is not sent another.
         self._inflight: dict[str, tuple[tuple[int | None, str | None], asyncio.Task[ApplyResult]]] = {}
 
@@ -133,11 +134,26 @@ class TritonModelControl:
             return ApplyResult(pod=endpoint.name, ok=False, message=_describe(exc))
 
     def _remember(self, endpoint: PodEndpoint, result: ApplyResult) -> ApplyResult:
+        now = self._clock()
         if result.ok and result.settings is not None:
-            self._confirmed[endpoint.address] = (endpoint.incarnation, result.settings, self._clock())
+            self._confirmed[endpoint.address] = (endpoint.incarnation, result.settings, now)
         else:
             self._confirmed.pop(endpoint.address, None)
+        self._forget_gone_pods(now)
         return result
+
+    def _forget_gone_pods(self, now: float) -> None:
+        """Drop confirmations older than two trust windows, at most once per window.
+
+        A pod still served is read again within one window, so an older entry is a pod that went
+        away (deleted, rescheduled to another address): kept, it would grow without bound and
+        stretch the trust window of every pod that is still there."""
+        window = self._trust_window_s()
+        if window <= 0 or now - self._swept_at < window:
+            return
+        self._swept_at = now
+        for address in [a for a, (_, _, at) in self._confirmed.items() if now - at > 2 * window]:
+            del self._confirmed[address]
 
     def _still_confirmed(
         self, endpoint: PodEndpoint, num_draft_tokens: int | None, draft_model_name: str | None
@@ -314,9 +330,9 @@ class TritonModelControl:
         return (await self._with_client(endpoint, ready)).ok
 
     async def aclose(self) -> None:
-        """Close the shared generate client (the BLS calls open a session per call)."""
+        """Close the shared generate session (the BLS calls open a session per call)."""
         if self._http is not None:
-            await self._http.aclose()
+            await self._http.close()
             self._http = None
 
     async def generate(
@@ -327,15 +343,20 @@ class TritonModelControl:
         if num_draft_tokens is not None:
             body["num_draft_tokens"] = num_draft_tokens
         url = f"http://{endpoint.address}/v2/models/{ENSEMBLE_MODEL}/generate"
-        if self._http is None:
-            self._http = httpx.AsyncClient(timeout=self.timeout_s)
+        if self._http is None or self._http.closed:
+            self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout_s))
         try:
-            response = await self._http.post(url, json=body)
-            if response.status_code != 200:
+            async with self._http.post(
+                url, data=orjson.dumps(body), headers={"Content-Type": "application/json"}
+            ) as response:
+                content = await response.read()
+            if response.status != 200:
+                answer = content.decode("utf-8", "replace")[:200]
                 return GenerateResult(
-                    pod=endpoint.name, ok=False, message=f"HTTP {response.status_code}: {response.text[:200]}"
+                    pod=endpoint.name, ok=False, message=f"HTTP {response.status}: {answer}"
                 )
-            text = response.json().get("text_output")
+            answer_body = orjson.loads(content)
+            text = answer_body.get("text_output") if isinstance(answer_body, dict) else None
         except (*_TRANSPORT_ERRORS, ValueError) as exc:
             operator_metrics.count_error("triton", type(exc).__name__)
             return GenerateResult(pod=endpoint.name, ok=False, message=_describe(exc))
