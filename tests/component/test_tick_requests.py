@@ -201,6 +201,49 @@ async def test_a_steady_resource_costs_one_get_per_tick_and_writes_status_only_o
     assert counts["PATCH status"] <= 1, dict(counts)
 
 
+async def test_a_resource_whose_only_writer_is_its_tick_is_validated_once(
+    cluster: EmulatedCluster, operator_env: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a serving resource ticked from the body its last write returned, as Kopf's watch
+    # hands the daemon the version that write made
+    cluster.create("speculativedeployments", _resource())
+    services, counts = await counted_services(cluster)
+    validations: list[str] = []
+    validate = tick_module.SpeculativeDeployment.model_validate
+
+    def counting(body: Any) -> Any:
+        validations.append(body["metadata"]["resourceVersion"])
+        return validate(body)
+
+    try:
+        body = cluster.get("speculativedeployments", NAME)
+        assert body is not None
+        await services.reconciler.reconcile(body, T0)
+        _ready_pods(cluster)
+        await services.reconciler.refresh(NAMESPACE, NAME, T0)
+        monkeypatch.setattr(tick_module.SpeculativeDeployment, "model_validate", counting)
+        watched, now = cluster.get("speculativedeployments", NAME), T0
+        counts.clear()
+        # When it ticks through Baseline and Fixed into Dynamic, writing status on the way
+        for _ in range(12):
+            now += timedelta(seconds=1)
+            outcome = await services.tick(NAMESPACE, NAME, lambda at=now: at, watched)
+            watched = outcome.body or watched
+    finally:
+        await services.close()
+
+    # Then the typed resource came from validation once, then from what each write stored
+    stored = cluster.get("speculativedeployments", NAME)
+    assert stored is not None and stored["status"]["phase"] == "Dynamic"
+    assert counts["PATCH status"] >= 3, dict(counts)
+    assert len(validations) == 1, validations
+    # and the copy the tick holds is what validating the stored resource gives
+    held = services.ticker._resources[(NAMESPACE, NAME)]
+    assert held.version == stored["metadata"]["resourceVersion"]
+    assert held.resource.status.to_wire() == validate(stored).status.to_wire()
+    assert held.resource.spec == validate(stored).spec
+
+
 async def test_a_large_fleet_refreshes_measurements_within_a_fleet_wide_write_budget(
     cluster: EmulatedCluster, operator_env: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:

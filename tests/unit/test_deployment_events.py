@@ -24,7 +24,7 @@ class CountingReconciler:
         self.fail = fail
 
     async def refresh(
-        self, namespace: str, name: str, now: datetime
+        self, namespace: str, name: str, now: datetime, **_: Any
     ) -> tuple[dict[str, Any] | None, list[EventRecord]]:
         from specops.ports import KubeApiError
 

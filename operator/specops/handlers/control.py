@@ -22,7 +22,7 @@ from specops.adapters import operator_metrics
 from specops.api.models import GROUP, PLURAL, VERSION
 from specops.domain.discovery import PodEndpoint, ready_endpoint
 from specops.domain.names import COMPONENT_SERVING, LABEL_COMPONENT, LABEL_DEPLOYMENT, label_value
-from specops.handlers.lifecycle import now, post_events
+from specops.handlers.lifecycle import live_bodies, now, post_events
 from specops.services.container import Services
 from specops.services.tick import interval_of
 
@@ -126,6 +126,7 @@ async def speculation_control(
     services: Services = memo.services
     dog, key = watchdog(memo), (namespace, name)
     pods: kopf.Index[tuple[str, str], PodEndpoint] | None = kwargs.get("serving_pods")  # the index above
+    live_bodies(memo)[key] = body
     try:
         interval_s = interval_of(dict(body), services.config.default_interval_s)
         wait_s = first_tick_delay(interval_s)
@@ -149,6 +150,8 @@ async def speculation_control(
             if not await pause(stopped, wait_s):
                 return
     finally:
+        if live_bodies(memo).get(key) is body:
+            del live_bodies(memo)[key]
         dog.forget(key)
         services.forget(namespace, name)
         operator_metrics.forget(namespace, name)

@@ -36,6 +36,15 @@ def reconcile_slots(memo: kopf.Memo) -> asyncio.Semaphore:
     return found
 
 
+def live_bodies(memo: kopf.Memo) -> dict[tuple[str, str], kopf.Body]:
+    """Each running control daemon's live body (Kopf keeps it current from the watch), by
+    namespace and name: handlers of child events read the owner from here instead of a GET."""
+    found = memo.get("live_bodies")
+    if not isinstance(found, dict):
+        found = memo["live_bodies"] = {}
+    return found
+
+
 def parked_retry_delay(retry: int) -> float:
     """15 s, 30 s, 60 s ... up to 10 minutes: a spec the code cannot process is retried, not hot-looped."""
     return min(RETRY_DELAY_S * 2.0 ** min(retry, 16), MAX_PARKED_RETRY_DELAY_S)
@@ -145,10 +154,15 @@ async def serving_deployment_changed(body: kopf.Body, memo: kopf.Memo, type: str
     elif seen.get(key) == signature:
         return
     services: Services = memo.services
+    namespace = body["metadata"]["namespace"]
     try:
         async with reconcile_slots(memo):
             owner_body, events = await services.reconciler.refresh(
-                body["metadata"]["namespace"], owner, now()
+                namespace,
+                owner,
+                now(),
+                owner=live_bodies(memo).get((namespace, owner)),  # its daemon's, when it runs
+                deployment=None if type == "DELETED" else body,
             )
     except KubeApiError as error:
         logging.getLogger(__name__).warning("status refresh of %s failed: %s", owner, error)

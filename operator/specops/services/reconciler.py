@@ -55,6 +55,9 @@ class ApplyReport:
     unchanged: list[str] = field(default_factory=list)
     pruned: list[str] = field(default_factory=list)
     conflicts: list[str] = field(default_factory=list)
+    live: dict[str, Mapping[str, Any]] = field(default_factory=dict)
+    """Objects as the API server just returned them (created, patched, read), by ``Kind/name``:
+    what readiness reads without a GET of its own."""
 
     @property
     def wrote(self) -> bool:
@@ -150,9 +153,17 @@ class Reconciler:
 
         never_reconciled = resource.status.observed_generation is None
         report = await self.apply(children, owner_uid=meta.get("uid", ""), fresh=never_reconciled)
-        events = [EventRecord("Normal", "ChildCreated", f"created {key}") for key in report.created]
-        events += [EventRecord("Normal", "ChildUpdated", f"updated {key}") for key in report.updated]
-        events += [EventRecord("Normal", "ChildPruned", f"deleted {key}") for key in report.pruned]
+        # One Event per kind of change, naming every object: a new resource's four children are
+        # one Event, not four API writes (thousands of resources come up at once)
+        events = [
+            EventRecord("Normal", reason, f"{verb} {', '.join(keys)}")
+            for reason, verb, keys in (
+                ("ChildCreated", "created", report.created),
+                ("ChildUpdated", "updated", report.updated),
+                ("ChildPruned", "deleted", report.pruned),
+            )
+            if keys
+        ]
         events += [
             EventRecord("Warning", "ChildConflict", f"{key} exists and is not managed by this resource")
             for key in report.conflicts
@@ -171,10 +182,20 @@ class Reconciler:
         )
 
     async def refresh(
-        self, namespace: str, name: str, now: datetime
+        self,
+        namespace: str,
+        name: str,
+        now: datetime,
+        *,
+        owner: Mapping[str, Any] | None = None,
+        deployment: Mapping[str, Any] | None = None,
     ) -> tuple[dict[str, Any] | None, list[EventRecord]]:
-        """Re-judge readiness after a child changed; returns the owner's body and the Events."""
-        body = await self.kube.get(API_VERSION, KIND, namespace, name)
+        """Re-judge readiness after a child changed; returns the owner's body and the Events.
+
+        ``owner`` is the resource as the operator already holds it (its daemon's live body) and
+        ``deployment`` the Deployment whose event this is: without them each is read. A stale
+        owner costs one conflict on the status write and a fresh read, never a lost write."""
+        body = dict(owner) if owner is not None else await self.kube.get(API_VERSION, KIND, namespace, name)
         if body is None or body["metadata"].get("deletionTimestamp"):
             return None, []
         try:
@@ -183,12 +204,12 @@ class Reconciler:
             check_renderable(resource, self.render_options)
         except (ValidationError, RenderError):
             return body, []  # reconcile() already reported InvalidSpec
-        deployment = {
-            "apiVersion": "apps/v1",
-            "kind": "Deployment",
-            "metadata": {"name": serving_deployment_name(resource)},
-        }
-        return body, await self.write_status(resource, [deployment], ApplyReport(), now, base=body)
+        wanted = serving_deployment_name(resource)
+        stub = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": wanted}}
+        report = ApplyReport()
+        if deployment is not None and (deployment.get("metadata") or {}).get("name") == wanted:
+            report.live[f"Deployment/{wanted}"] = deployment
+        return body, await self.write_status(resource, [stub], report, now, base=body)
 
     async def apply(
         self, children: list[dict[str, Any]], owner_uid: str, *, fresh: bool = False
@@ -201,26 +222,30 @@ class Reconciler:
         report = ApplyReport()
         for child in children:
             api_version, kind, meta = child["apiVersion"], child["kind"], child["metadata"]
+            key = _key(child)
             if fresh:
                 try:
-                    await self.kube.create(child)
+                    report.live[key] = await self.kube.create(child)
                 except KubeApiError as error:
                     if not (error.conflict and error.reason == "AlreadyExists"):
                         raise
                 else:
-                    report.created.append(_key(child))
+                    report.created.append(key)
                     continue
             live = await self.kube.get(api_version, kind, meta["namespace"], meta["name"])
             if live is None:
-                await self.kube.create(child)
-                report.created.append(_key(child))
+                report.live[key] = await self.kube.create(child)
+                report.created.append(key)
             elif owner_uid and not lifecycle.owned_by(live, owner_uid):
-                report.conflicts.append(_key(child))
+                report.conflicts.append(key)
             elif lifecycle.is_subset(child, live):
-                report.unchanged.append(_key(child))
+                report.live[key] = live
+                report.unchanged.append(key)
             else:
-                await self.kube.patch(api_version, kind, meta["namespace"], meta["name"], child)
-                report.updated.append(_key(child))
+                report.live[key] = await self.kube.patch(
+                    api_version, kind, meta["namespace"], meta["name"], child
+                )
+                report.updated.append(key)
         return report
 
     async def prune(self, namespace: str, name: str, keep: set[str], report: ApplyReport) -> None:
@@ -269,12 +294,14 @@ class Reconciler:
         base: Mapping[str, Any] | None = None,
     ) -> list[EventRecord]:
         """Readiness from the serving Deployments, written as conditions. ``base`` is the resource as
-        just read or handed over (the status write starts from it instead of a GET)."""
+        just read or handed over (the status write starts from it instead of a GET); a Deployment
+        the API server just returned (``report.live``) is not read again."""
         meta = resource.metadata
         namespace, name = meta["namespace"], meta["name"]
         generation = int(meta.get("generation") or 1)
         deployments = [
-            await self.kube.get(c["apiVersion"], c["kind"], namespace, c["metadata"]["name"])
+            report.live.get(_key(c))
+            or await self.kube.get(c["apiVersion"], c["kind"], namespace, c["metadata"]["name"])
             for c in children
             if c["kind"] == "Deployment"
         ]

@@ -225,6 +225,29 @@ class ResourceTick:
         self._resources[(namespace, name)] = _Validated(version, resource)
         return resource
 
+    def _remember_written(
+        self,
+        namespace: str,
+        name: str,
+        resource: SpeculativeDeployment,
+        status: SpeculativeDeploymentStatus,
+        status_wire: dict[str, Any],
+        written: Mapping[str, Any],
+    ) -> None:
+        """Keep the typed copy of what this tick wrote, for the resourceVersion the write made.
+
+        The next tick's watched body is usually that version: it is not validated again (a
+        resource whose only writer is its tick is validated once, not after every write). The
+        stored status is the one computed: the patch carried the resourceVersion of the status it
+        was computed from, so the server applied it to exactly that status (a status write cannot
+        move the spec). What the server stores may leave out fields at their defaults, which
+        validation fills in again."""
+        version = (written.get("metadata") or {}).get("resourceVersion")
+        if version is None:
+            return
+        typed = resource.model_copy(update={"status": status, "metadata": dict(written["metadata"])})
+        self._resources[(namespace, name)] = _Validated(version, typed, status_wire)
+
     def _status_wire(self, namespace: str, name: str, resource: SpeculativeDeployment) -> dict[str, Any]:
         """The wire form of the validated resource's status, dumped once per resourceVersion."""
         cached = self._resources.get((namespace, name))
@@ -339,7 +362,7 @@ class ResourceTick:
             if canary is not None and canary.after_write:
                 try:
                     await self.canary.after_write(
-                        SpeculativeDeployment.model_validate(written), canary.after_write
+                        self._validated(namespace, name, written), canary.after_write
                     )
                 except KubeApiError as error:
                     log.warning(
@@ -425,6 +448,8 @@ class ResourceTick:
                 live = fresh
                 continue
             events.extend(lifecycle.condition_events(current.conditions, conditions))
+            if resource is not None:
+                self._remember_written(namespace, name, resource, wanted, wanted_wire, written)
             return written
         log.warning(
             "status of %s/%s kept changing; gave up after %d attempts", namespace, name, WRITE_ATTEMPTS
