@@ -99,11 +99,19 @@ def _peak_rss_mib(pid: int) -> float:
     return 0.0
 
 
+@dataclass(frozen=True)
+class OperatorProcess:
+    pid: int
+    liveness_url: str
+    live_at: float
+    """When (monotonic) the liveness endpoint first answered."""
+
+
 @contextlib.asynccontextmanager
 async def operator_process(
     cluster: EmulatedCluster, interval_s: float, log: Path, log_level: str = "warning"
-) -> AsyncIterator[int]:
-    """`specops run` in its own process against the emulated cluster; yields its PID once it is live."""
+) -> AsyncIterator[OperatorProcess]:
+    """`specops run` in its own process against the emulated cluster, once it is live."""
     health_port = free_port()
     env = {**os.environ, **operator_environment(cluster.kubeconfig_path, interval_s, interval_s)}
     command = ["-m", "specops.cli", "run", "--metrics-port", "0", "--log-level", log_level]
@@ -114,7 +122,7 @@ async def operator_process(
         )
     try:
         await _wait_live(process, f"http://127.0.0.1:{health_port}/healthz", log)
-        yield process.pid
+        yield OperatorProcess(process.pid, f"http://127.0.0.1:{health_port}/healthz", time.monotonic())
     finally:
         await _stop_process(process)
 
@@ -131,6 +139,25 @@ async def _wait_live(process: asyncio.subprocess.Process, url: str, log: Path) -
                     return
             await asyncio.sleep(0.2)
     raise TimeoutError(f"the operator was not live within {OPERATOR_START_TIMEOUT_S:g} s")
+
+
+KOPF_PROBE_CACHE_S = 10.0
+"""Kopf answers its liveness endpoint from probe results up to this old."""
+
+
+async def _liveness(url: str, last_read_at: float) -> str:
+    """What the operator's liveness endpoint answers (its ``ticks`` probe: resources ticking on
+    time), once the answer to the read at ``last_read_at`` (monotonic) is no longer cached."""
+    await asyncio.sleep(max(0.0, last_read_at + KOPF_PROBE_CACHE_S + 0.5 - time.monotonic()))
+    async with httpx.AsyncClient(timeout=5.0) as http:
+        try:
+            answer = await http.get(url)
+        except httpx.HTTPError as error:
+            return f"unreachable ({type(error).__name__})"
+    if answer.status_code != 200:
+        return f"HTTP {answer.status_code}: {answer.text[:200]}"
+    ticks = answer.json().get("ticks")
+    return f"{ticks} resources ticking on time"
 
 
 # ------------------------------------------------------------------ the fleet of simulated pods
@@ -218,7 +245,8 @@ def _operator_requests(cluster: EmulatedCluster, since: int) -> tuple[int, int]:
 
 
 def _request_mix(cluster: EmulatedCluster, since: int, until: int) -> collections.Counter[str]:
-    """The operator's requests in ``[since, until)`` by verb, kind and subresource (``PATCH speculativedeployments/status``)."""
+    """The operator's requests in ``[since, until)`` by client (Kopf's own or specops's), verb, kind
+    and subresource (``specops: PATCH speculativedeployments/status``)."""
     mix: collections.Counter[str] = collections.Counter()
     for request in cluster.emulator.requests[since:until]:
         agent = next((v for k, v in request.headers.items() if k.lower() == "user-agent"), "")
@@ -226,8 +254,9 @@ def _request_mix(cluster: EmulatedCluster, since: int, until: int) -> collection
             continue
         kind = getattr(request.resource, "plural", None) or "?"
         watch = request.params.get("watch") in ("true", "1")
-        verb = "WATCH" if watch else str(request.method or "?")
-        mix[f"{verb} {kind}" + (f"/{request.subresource}" if request.subresource else "")] += 1
+        verb = "WATCH" if watch else str(getattr(request.method, "value", request.method) or "?").upper()
+        client = "kopf" if agent.lower().startswith("kopf") else "specops"
+        mix[f"{client}: {verb} {kind}" + (f"/{request.subresource}" if request.subresource else "")] += 1
     return mix
 
 
@@ -321,9 +350,10 @@ async def run_scale(
             say(f"{farms} pod farm(s) live (pids {', '.join(map(str, farm_pids))})")
         else:
             await exits.enter_async_context(in_process_pods(cluster, prometheus))
-        pid = await exits.enter_async_context(
+        operator = await exits.enter_async_context(
             operator_process(cluster, interval_s, workdir / "operator.log", log_level)
         )
+        pid = operator.pid
         say(f"operator running (pid {pid}); creating {resources} resources")
 
         names: set[str] = set()
@@ -374,6 +404,7 @@ async def run_scale(
             f"the pod farms {', '.join(f'{100 * c / elapsed:.0f} %' for c in farm_cpu) or 'none'}; "
             f"the farms made {farm_requests / elapsed:.1f} API requests/s"
         )
+        say(f"the operator's liveness probe: {await _liveness(operator.liveness_url, operator.live_at)}")
         queries = await _prometheus_queries(prometheus) - queries_before - 1  # less our own first read
         measured_cycles = elapsed / interval_s
         return ScaleResult(

@@ -50,6 +50,9 @@ def test_scale_bench_writes_every_figure_for_a_small_fleet(tmp_path: Path) -> No
     assert 1 <= figures["promql_queries_per_cycle"] <= 40
     assert 30 < figures["peak_rss_mib"] < 1000
     assert "CPU per control cycle" in finished.stdout
+    # and its liveness probe sees every resource's control loop ticking (a probe that saw none
+    # would call a stalled operator healthy)
+    assert "the operator's liveness probe: 3 resources ticking on time" in finished.stderr, finished.stderr
 
     # The pods ran in the pod farm (the default), which published them to Prometheus from its own
     # targets file, and stopped with the run: none of their metrics ports still listens.

@@ -71,6 +71,12 @@ def watchdog(memo: kopf.Memo) -> TickWatchdog:
     return found
 
 
+@kopf.on.startup()
+def share_the_watchdog(memo: kopf.Memo, **_: Any) -> None:
+    """One watchdog for every resource's daemon and the probe (see lifecycle.SHARED_STATE_NOTE)."""
+    memo["tick_watchdog"] = TickWatchdog()
+
+
 @kopf.on.probe(id="ticks")
 def ticks_on_time(memo: kopf.Memo, **_: Any) -> int:
     """Liveness: fails (HTTP 500) while any resource's tick is long overdue; else how many tick."""

@@ -29,6 +29,12 @@ they wait for the API server; bounded, they finish one batch after another, memo
 and each resource serves as soon as its own reconcile is through."""
 
 
+SHARED_STATE_NOTE = """Kopf hands every resource's handlers a shallow copy of the operator's memo, made
+when it first sees the resource: state shared between resources must be on the operator's memo
+before that (the startup handlers put it there). Made lazily in a handler it would be one
+resource's own, invisible to the others (a bound per resource, a probe that sees no tick)."""
+
+
 def reconcile_slots(memo: kopf.Memo) -> asyncio.Semaphore:
     found = memo.get("reconcile_slots")
     if not isinstance(found, asyncio.Semaphore):
@@ -72,6 +78,10 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     settings.watching.server_timeout = 300
     settings.watching.client_timeout = 330
     settings.queueing.error_delays = [1, 2, 5, 10, 30, 60]
+    # shared by every resource's handlers (see SHARED_STATE_NOTE)
+    memo["reconcile_slots"] = asyncio.Semaphore(MAX_CONCURRENT_RECONCILES)
+    memo["live_bodies"] = {}
+    memo["deployment_readiness"] = {}
     memo.services = await build_services()
 
 
@@ -146,7 +156,7 @@ async def serving_deployment_changed(body: kopf.Body, memo: kopf.Memo, type: str
     # Most events of a Deployment (our own patches, the controller's bookkeeping) leave what its
     # owner's readiness reads unchanged; each refresh is a GET, a render and a status write, and
     # thousands of resources starting at once send several events each.
-    seen: dict[tuple[str, str], tuple[object, ...]] = memo.setdefault("deployment_readiness", {})
+    seen: dict[tuple[str, str], tuple[object, ...]] = memo.setdefault("deployment_readiness", {})  # startup's
     key = (body["metadata"]["namespace"], body["metadata"]["name"])
     signature = lifecycle.readiness_signature(body)
     if type == "DELETED":
