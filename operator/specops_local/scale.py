@@ -256,7 +256,10 @@ def _request_mix(cluster: EmulatedCluster, since: int, until: int) -> collection
         watch = request.params.get("watch") in ("true", "1")
         verb = "WATCH" if watch else str(getattr(request.method, "value", request.method) or "?").upper()
         client = "kopf" if agent.lower().startswith("kopf") else "specops"
-        mix[f"{client}: {verb} {kind}" + (f"/{request.subresource}" if request.subresource else "")] += 1
+        what = f"{client}: {verb} {kind}" + (f"/{request.subresource}" if request.subresource else "")
+        if kind == "events" and verb == "POST" and isinstance(request.data, dict):
+            what += f" ({request.data.get('reason')})"
+        mix[what] += 1
     return mix
 
 

@@ -15,6 +15,7 @@ Pure.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import replace
 
 from specops.domain.calibration import (
@@ -76,3 +77,12 @@ def model(
 ) -> CalibratedModel:
     """The calibrated model from the profile prior (or the roofline's, without one) and the data."""
     return CalibratedModel(setup, combined(data, prior), config)
+
+
+@functools.lru_cache(maxsize=256)
+def prior_model(
+    setup: ModelSetup, config: CalibrationConfig, prior: CalibrationState | None
+) -> CalibratedModel:
+    """The model before any data: the same for every resource of one setup, so solved once (the
+    posterior solve was a thirtieth of a steady tick, done for every resource every tick)."""
+    return model(setup, CalibrationState(), config, prior)

@@ -237,7 +237,7 @@ class ControlLoop:
             updates.append(loaded.condition)
         prior_stats = loaded.statistics if loaded is not None else None
         fitted = profile_prior.model(config.setup, knowledge.calibration, learn.calibration, prior_stats)
-        prior_model = profile_prior.model(config.setup, CalibrationState(), learn.calibration, prior_stats)
+        prior_model = profile_prior.prior_model(config.setup, learn.calibration, prior_stats)
         if learn.enabled:
             config = replace(config, model=fitted)
         elif prior_stats is not None:  # no learning: the profile alone
