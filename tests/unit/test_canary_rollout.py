@@ -19,6 +19,7 @@ from specops.api.status import (
     DraftStatus,
     SpeculativeDeploymentStatus,
 )
+from specops.api.units import parse_duration
 from specops.domain import canary_rollout as rollout
 from specops.domain.canary import Sample
 from specops.domain.canary_rollout import (
@@ -496,9 +497,40 @@ def first_draft(check: str | None = "Pending") -> SpeculativeDeploymentStatus:
 
 
 def test_the_first_draft_waits_for_a_stable_pod_to_run_its_golden_prompts() -> None:
-    for outcome in (None, LosslessUnrunnable("connection refused")):
-        step = rollout.step(inputs(first_draft(), lossless=outcome))
-        assert step.status == first_draft() and step.actions == () and step.events == ()
+    step = rollout.step(inputs(first_draft(), lossless=None))
+    assert step.status == first_draft() and step.actions == () and step.events == ()
+
+
+def test_a_first_draft_check_that_cannot_run_backs_off_and_then_says_why() -> None:
+    # Given a first draft whose stable pod answers its golden prompts with errors, try after try
+    interval_s = parse_duration(SPEC.metrics.interval)
+    status, now = first_draft(), T0
+    waits, reasons, warned = [], [], []
+    for _ in range(12):
+        assert rollout.first_check_due(status, now)
+        step = rollout.step(inputs(status, now=now, lossless=LosslessUnrunnable("HTTP 503: loading")))
+        status = step.status
+        retry_at = status.draft.lossless_retry_at
+        assert retry_at is not None and not rollout.first_check_due(status, now)
+        waits.append((retry_at - now).total_seconds())
+        reasons.append([u.reason for u in step.updates])
+        warned.append([(e.type, e.reason) for e in step.events])
+        now = retry_at
+
+    # Then each retry waits twice as long as the last, at most 10 minutes, and never gives up
+    assert waits[:3] == [interval_s, 2 * interval_s, 4 * interval_s]
+    assert max(waits) == 600.0 and waits[-1] == 600.0
+    assert status.draft.lossless_check == "Pending" and status.draft.lossless_attempts == 12
+    # and from the third try a condition carries the pod's error, with one Warning Event
+    assert reasons[:2] == [[], []] and all(r == ["LosslessCheckUnrunnable"] for r in reasons[2:])
+    assert warned[2] == [("Warning", "LosslessCheckUnrunnable")] and not any(warned[:2] + warned[3:])
+    assert "HTTP 503: loading" in step.updates[0].message
+
+    # When it finally runs and passes, the tries are forgotten and the condition says so
+    passed = rollout.step(inputs(status, now=now, lossless=LosslessPassed()))
+    assert passed.status.draft.lossless_check == "Passed"
+    assert (passed.status.draft.lossless_attempts, passed.status.draft.lossless_retry_at) == (None, None)
+    assert [(u.status, u.reason) for u in passed.updates] == [("False", "LosslessCheckPassed")]
 
 
 def test_a_first_draft_that_passes_its_lossless_check_may_speculate() -> None:

@@ -80,6 +80,7 @@ class Reason:
     CANARY_ABORTED = "CanaryAborted"
     LOSSLESS_CHECK_PASSED = "LosslessCheckPassed"
     LOSSLESS_CHECK_FAILED = "LosslessCheckFailed"
+    LOSSLESS_CHECK_UNRUNNABLE = "LosslessCheckUnrunnable"
     NOT_LOSSLESS = "NotLossless"
     DRAFT_REPLACED = "DraftReplaced"
     TRAFFIC_SPLIT_FAILED = "TrafficSplitFailed"

@@ -251,6 +251,14 @@ class DraftStatus(ApiModel):
         "Passed, or Failed (speculation stays off). A promoted canary passed it; unset on drafts "
         "recorded before the check existed.",
     )
+    lossless_attempts: int | None = Field(
+        default=None,
+        description="While the first draft's check is Pending: tries whose golden prompts could not be "
+        "run on a stable pod (errors, timeouts). Each retry waits twice as long as the last.",
+    )
+    lossless_retry_at: Timestamp | None = Field(
+        default=None, description="When the first draft's check is tried again after such a try."
+    )
 
 
 # ---------------------------------------------------------------- canary

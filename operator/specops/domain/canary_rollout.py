@@ -54,6 +54,11 @@ MAX_BAKE_FACTOR = 4.0
 MIN_BAKE_EXTENSION_S = 60.0
 LOSSLESS_ATTEMPTS = 10
 """Tries of golden prompts that could not run (pods answering errors) before the canary gives up."""
+FIRST_CHECK_WARN_AFTER = 3
+"""Tries of the first draft's check that could not run before a condition and a Warning say so."""
+FIRST_CHECK_MAX_BACKOFF_S = 600.0
+"""The first draft's check never gives up (speculation has no other way on), but it retries at
+most this far apart: every try is golden prompts on a pod that is failing."""
 
 TrafficRouting = Literal["GatewayAPI", "ReplicaRatio"]
 
@@ -261,8 +266,10 @@ def _first_draft_check(inputs: CanaryInputs) -> CanaryStep:
     status = inputs.status
     outcome = inputs.lossless
     version = status.draft.version
-    if outcome is None or isinstance(outcome, LosslessUnrunnable):
-        return CanaryStep(status)  # no stable pod of this draft ready, or it could not answer: next tick
+    if outcome is None:
+        return CanaryStep(status)  # no stable pod of this draft ready (or the retry is not due): next tick
+    if isinstance(outcome, LosslessUnrunnable):
+        return _first_check_unrunnable(inputs, outcome)
     if isinstance(outcome, LosslessDiffers):
         failed = status.draft.model_copy(update={"lossless_check": "Failed"})
         message = (
@@ -274,11 +281,47 @@ def _first_draft_check(inputs: CanaryInputs) -> CanaryStep:
             updates=(ConditionUpdate(cond.CANARY_ROLLOUT, "False", Reason.NOT_LOSSLESS, message),),
             events=(EventRecord("Warning", Reason.NOT_LOSSLESS, message),),
         )
-    passed = status.draft.model_copy(update={"lossless_check": "Passed"})
+    passed = status.draft.model_copy(
+        update={"lossless_check": "Passed", "lossless_attempts": None, "lossless_retry_at": None}
+    )
     message = f"draft {version}: golden prompts identical with speculation on and off; speculation may go on"
     return CanaryStep(
         _with(status, None, draft=passed),
+        updates=(ConditionUpdate(cond.CANARY_ROLLOUT, "False", Reason.LOSSLESS_CHECK_PASSED, message),)
+        if status.draft.lossless_attempts
+        else (),
         events=(EventRecord("Normal", Reason.LOSSLESS_CHECK_PASSED, message),),
+    )
+
+
+def first_check_due(status: SpeculativeDeploymentStatus, now: datetime) -> bool:
+    """Whether the first draft's check runs this tick: it is pending and no retry wait is running."""
+    retry_at = status.draft.lossless_retry_at
+    return status.draft.lossless_check == "Pending" and (retry_at is None or now >= retry_at)
+
+
+def _first_check_unrunnable(inputs: CanaryInputs, outcome: LosslessUnrunnable) -> CanaryStep:
+    """The golden prompts could not run on the stable pod: retried after 1, 2, 4 ... intervals (up
+    to FIRST_CHECK_MAX_BACKOFF_S); from the FIRST_CHECK_WARN_AFTER-th try a condition says why."""
+    status = inputs.status
+    attempts = (status.draft.lossless_attempts or 0) + 1
+    interval_s = parse_duration(inputs.spec.metrics.interval)
+    wait_s = min(interval_s * 2.0 ** (attempts - 1), max(FIRST_CHECK_MAX_BACKOFF_S, interval_s))
+    draft = status.draft.model_copy(
+        update={"lossless_attempts": attempts, "lossless_retry_at": inputs.now + timedelta(seconds=wait_s)}
+    )
+    if attempts < FIRST_CHECK_WARN_AFTER:
+        return CanaryStep(_with(status, None, draft=draft))
+    message = (
+        f"the golden prompts of draft {status.draft.version} could not be run on a stable pod "
+        f"({attempts} tries): {outcome.message}; speculation stays off, next try in {wait_s:g} s"
+    )[:1000]
+    update = ConditionUpdate(cond.CANARY_ROLLOUT, "False", Reason.LOSSLESS_CHECK_UNRUNNABLE, message)
+    events = (EventRecord("Warning", Reason.LOSSLESS_CHECK_UNRUNNABLE, message),)
+    return CanaryStep(
+        _with(status, None, draft=draft),
+        updates=(update,),
+        events=events if attempts == FIRST_CHECK_WARN_AFTER else (),
     )
 
 

@@ -179,6 +179,8 @@ class CanaryService:
             action=action if action in ("promote", "abort") else None,
         )
         if canary is None and status.draft.lossless_check == "Pending" and not inputs.paused:
+            if not rollout.first_check_due(status, now):
+                return inputs  # the last try could not run: waiting before the next
             # The first draft: its golden prompts run on a stable pod serving it.
             identity = drafts.draft_identity(drafts.stable_draft(spec.draft, status))
             pods = [e for e in endpoints if e.variant == STABLE and e.draft == identity]
