@@ -77,6 +77,11 @@ class PrometheusProcess:
         self.config_file.write_text(_config(scrape_interval, self.targets_file, self.targets_dir))
 
     @property
+    def pid(self) -> int | None:
+        """The server's process while it runs (benchmarks read its CPU time)."""
+        return self._process.pid if self._process is not None and self._process.returncode is None else None
+
+    @property
     def running(self) -> bool:
         return self._process is not None and self._process.returncode is None
 

@@ -361,6 +361,10 @@ async def run_scale(
 
         names: set[str] = set()
         requests_at_start = len(cluster.emulator.requests)
+        stack = {"operator": [pid], "API server (this process)": [os.getpid()], "pod farms": farm_pids}
+        if prometheus.pid is not None:
+            stack["Prometheus"] = [prometheus.pid]
+        stack_cpu_at_start = {part: sum(map(_cpu_seconds, pids)) for part, pids in stack.items()}
         started = time.monotonic()
         for index in range(resources):
             body = scale_resource(index, cluster.namespace, prometheus.url, interval)
@@ -377,6 +381,11 @@ async def run_scale(
             await asyncio.sleep(READY_POLL_S)
         initial_reconcile_s = time.monotonic() - started
         say(f"all serving after {initial_reconcile_s:.1f} s; settling for one interval")
+        used = {part: sum(map(_cpu_seconds, pids)) - stack_cpu_at_start[part] for part, pids in stack.items()}
+        say(
+            f"CPU during it ({sum(used.values()):.1f} CPU-s, {sum(used.values()) / initial_reconcile_s:.2f} cores): "
+            + ", ".join(f"{part} {seconds:.1f} s" for part, seconds in used.items())
+        )
         mix = _request_mix(cluster, requests_at_start, len(cluster.emulator.requests))
         say(
             f"the operator's API requests per resource during it ({sum(mix.values()) / resources:.1f} in all): "
