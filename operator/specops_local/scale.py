@@ -12,7 +12,8 @@ scraping and actuation are the production paths.
 
 Measured (docs/scale.md explains each figure):
 - initial_reconcile_seconds: from creating the N resources until every one is serving;
-- cycle_cpu_seconds: the operator process's CPU time per control cycle (one interval), in steady state;
+- cycle_cpu_seconds: the operator process's CPU time per control cycle (one interval), in steady
+  state: once every resource's metrics flow (new pods first have no rate window), one interval on;
 - promql_queries_per_cycle: instant queries Prometheus answered per cycle (from its own counters);
 - api_requests_per_second: requests the API server answered, in steady state (the operator's:
   the pod farms' own requests are left out, as in-process calls were before);
@@ -287,6 +288,26 @@ def _reconciled(obj: dict[str, Any]) -> bool:
     return (obj.get("status") or {}).get("phase") in ACTIVE_PHASES and HANDLED_ANNOTATION in annotations
 
 
+SETTLE_INTERVALS = 8
+METRICS_SETTLE_S = 120.0
+"""How long the benchmark waits, after every resource serves, for every resource's metrics."""
+
+
+def _metrics_pending(cluster: EmulatedCluster, names: set[str]) -> int:
+    """How many of the named resources have no measurement yet, or say their metrics are unavailable."""
+    pending = 0
+    for obj in cluster.objects("speculativedeployments", cluster.namespace):
+        if obj["metadata"]["name"] not in names:
+            continue
+        status = obj.get("status") or {}
+        unavailable = any(
+            c.get("type") == "MetricsUnavailable" and c.get("status") == "True"
+            for c in status.get("conditions") or []
+        )
+        pending += unavailable or not (status.get("observed") or {}).get("at")
+    return pending
+
+
 def _serving(cluster: EmulatedCluster, names: set[str]) -> int:
     """How many of the named resources are reconciled and serving."""
     return sum(
@@ -380,7 +401,7 @@ async def run_scale(
                 )
             await asyncio.sleep(READY_POLL_S)
         initial_reconcile_s = time.monotonic() - started
-        say(f"all serving after {initial_reconcile_s:.1f} s; settling for one interval")
+        say(f"all serving after {initial_reconcile_s:.1f} s")
         used = {part: sum(map(_cpu_seconds, pids)) - stack_cpu_at_start[part] for part, pids in stack.items()}
         say(
             f"CPU during it ({sum(used.values()):.1f} CPU-s, {sum(used.values()) / initial_reconcile_s:.2f} cores): "
@@ -392,6 +413,16 @@ async def run_scale(
             + ", ".join(f"{key} {count / resources:.2f}" for key, count in mix.most_common())
         )
 
+        # Steady state: new pods have no rate() over a window yet, so every resource first reports
+        # MetricsUnavailable and then writes (and announces) the metrics flowing. Measured after that.
+        settle_deadline = time.monotonic() + SETTLE_INTERVALS * interval_s + METRICS_SETTLE_S
+        while (waiting := _metrics_pending(cluster, names)) and time.monotonic() < settle_deadline:  # noqa: ASYNC110 (the store has no event to wait on)
+            await asyncio.sleep(READY_POLL_S)
+        say(
+            f"metrics flowing for every resource after {time.monotonic() - started:.1f} s"
+            if not waiting
+            else f"{waiting} resources still without metrics; measuring anyway"
+        )
         await asyncio.sleep(interval_s)
         window_s = cycles * interval_s
         cpu_before, requests_before = _cpu_seconds(pid), len(cluster.emulator.requests)
@@ -405,12 +436,20 @@ async def run_scale(
             await asyncio.get_running_loop().run_in_executor(None, profiler.wait)
             say(f"profile of the measured cycles: {profile}")
         elapsed = time.monotonic() - measured_from
+        measured_cycles = elapsed / interval_s
         cpu = _cpu_seconds(pid) - cpu_before
         own_cpu = _cpu_seconds(os.getpid()) - own_cpu_before
         farm_cpu = [
             _cpu_seconds(farm) - before for farm, before in zip(farm_pids, farm_cpu_before, strict=True)
         ]
         requests, farm_requests = _operator_requests(cluster, requests_before)
+        window_mix = _request_mix(cluster, requests_before, len(cluster.emulator.requests))
+        say(
+            "the operator's API requests per resource and cycle in the window: "
+            + ", ".join(
+                f"{key} {count / resources / measured_cycles:.3f}" for key, count in window_mix.most_common(8)
+            )
+        )
         say(
             f"in the window: this process (API server) used {100 * own_cpu / elapsed:.0f} % of a core, "
             f"the pod farms {', '.join(f'{100 * c / elapsed:.0f} %' for c in farm_cpu) or 'none'}; "
@@ -418,7 +457,6 @@ async def run_scale(
         )
         say(f"the operator's liveness probe: {await _liveness(operator.liveness_url, operator.live_at)}")
         queries = await _prometheus_queries(prometheus) - queries_before - 1  # less our own first read
-        measured_cycles = elapsed / interval_s
         return ScaleResult(
             resources=resources,
             initial_reconcile_seconds=round(initial_reconcile_s, 1),

@@ -644,24 +644,30 @@ class Soak:
         raise ValueError(f"unknown fault kind {kind!r}")
 
     async def train(self, record: FaultRecord, stop: asyncio.Event) -> None:
-        """Play the Job controller: the newest training Job succeeds a few seconds after it appears."""
-        name = record.target
+        """Play the Job controller: every unfinished training Job of the resource succeeds a few
+        seconds after it appears, oldest first, until the one for the new target version did.
+
+        A round the operator started earlier (acceptance below the SLO) may still be running when
+        the target changes: it finishes first, and its draft, trained for the old target, is not
+        rolled out; the round for the new target follows it."""
+        name, target = record.target, record.detail.removeprefix("target ")
         deadline = time.monotonic() + 60.0
         while not stop.is_set() and time.monotonic() < deadline:
-            jobs = [
-                job
-                for job in self.stack.cluster.objects("jobs", self.stack.namespace)
-                if (job["metadata"].get("labels") or {}).get(LABEL_DEPLOYMENT) == name
-                and not (job.get("status") or {}).get("conditions")
-            ]
-            if jobs:
-                job = jobs[-1]
+            jobs = sorted(
+                (
+                    job
+                    for job in self.stack.cluster.objects("jobs", self.stack.namespace)
+                    if (job["metadata"].get("labels") or {}).get(LABEL_DEPLOYMENT) == name
+                    and not (job.get("status") or {}).get("conditions")
+                ),
+                key=lambda job: (job["metadata"].get("creationTimestamp") or "", job["metadata"]["name"]),
+            )
+            for job in jobs:
                 await self.sleep(3.0, stop)
                 container = job["spec"]["template"]["spec"]["containers"][0]
                 env = {e["name"]: e.get("value", "") for e in container.get("env") or []}
                 version = env.get("SPECOPS_OUTPUT_VERSION", "")
                 self.drafts[version] = DraftBehaviour(alpha=round(self.schedule.uniform(0.75, 0.92), 2))
-                record.detail = version
                 result = {"draftVersion": version, "engineUri": f"pvc://engines/soak/{version}"}
                 cluster, job_name = self.stack.cluster, job["metadata"]["name"]
                 res = cluster.resource("jobs")
@@ -673,8 +679,16 @@ class Soak:
                     {"conditions": [{"type": "Complete", "status": "True"}], "succeeded": 1},
                     namespace=self.stack.namespace,
                 )
-                self.canaries["started"] += 1
-                return
+                if env.get("SPECOPS_TARGET_VERSION") == target:
+                    record.detail = version
+                    self.canaries["started"] += 1
+                    return
+                log.warning(
+                    "soak: %s's earlier round %s (for target %s) finished first",
+                    name,
+                    version,
+                    env.get("SPECOPS_TARGET_VERSION"),
+                )
             await asyncio.sleep(0.5)
 
     def lasting(self, low: float, high: float) -> float:

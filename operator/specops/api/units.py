@@ -7,6 +7,7 @@ parameter counts like model cards ("70B", "1.5B", "500M") or in exponent form
 
 from __future__ import annotations
 
+import functools
 import re
 from datetime import UTC, datetime
 from typing import Annotated, Any
@@ -26,8 +27,10 @@ _DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
 _SIZE_SUFFIX = {"K": 1e3, "M": 1e6, "B": 1e9, "T": 1e12}
 
 
+@functools.lru_cache(maxsize=1024)
 def parse_duration(text: str) -> float:
-    """Seconds in a duration string such as "1h30m" or "250ms"."""
+    """Seconds in a duration string such as "1h30m" or "250ms" (cached: every tick of every
+    resource reads the same few spec durations again)."""
     if not re.fullmatch(DURATION_PATTERN, text):
         raise ValueError(f"invalid duration {text!r}: use a number with a unit ms|s|m|h, e.g. 90s or 10m")
     if len(text) > DURATION_MAX_LENGTH:

@@ -24,8 +24,9 @@ override, and rendered to protobuf text format for ``config.pbtxt``. Pure: no I/
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 TARGET_MODEL = "tensorrt_llm"
@@ -269,11 +270,28 @@ def repository_files(settings: RepositorySettings, bls_source: str) -> dict[str,
     Every model needs a version directory ``1/``; a ConfigMap cannot project an
     empty directory, so models without files of their own get a placeholder.
     """
-    files = {f"{name}/config.pbtxt": to_pbtxt(config) for name, config in model_configs(settings).items()}
+    files = dict(_configs_shared_by_every_resource(_unnamed(settings)))
+    files[f"{BLS_MODEL}/config.pbtxt"] = to_pbtxt(bls_config(settings))
     files[BLS_SOURCE_PATH] = bls_source
     for name in (TARGET_MODEL, DRAFT_MODEL, ENSEMBLE_MODEL):
         files[f"{name}/1/README"] = _VERSION_PLACEHOLDER
     return dict(sorted(files.items()))
+
+
+def _unnamed(settings: RepositorySettings) -> RepositorySettings:
+    """The settings without what only the BLS's metric labels carry (whose resource, variant, draft)."""
+    return replace(settings, deployment="", variant="", draft_version="")
+
+
+@functools.lru_cache(maxsize=64)
+def _configs_shared_by_every_resource(settings: RepositorySettings) -> tuple[tuple[str, str], ...]:
+    """The target's, the draft's and the ensemble's config.pbtxt: they name no resource, so
+    thousands of resources of one shape render them once (a tenth of a reconcile's CPU)."""
+    return tuple(
+        (f"{name}/config.pbtxt", to_pbtxt(config))
+        for name, config in model_configs(settings).items()
+        if name != BLS_MODEL
+    )
 
 
 # ---------------------------------------------------------------- protobuf text format
