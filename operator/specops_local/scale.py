@@ -308,6 +308,24 @@ def _metrics_pending(cluster: EmulatedCluster, names: set[str]) -> int:
     return pending
 
 
+def _metrics_example(cluster: EmulatedCluster, names: set[str]) -> str:
+    """One resource without metrics: its MetricsUnavailable condition and last measurement time."""
+    for obj in cluster.objects("speculativedeployments", cluster.namespace):
+        status = obj.get("status") or {}
+        condition = next(
+            (c for c in status.get("conditions") or [] if c.get("type") == "MetricsUnavailable"), {}
+        )
+        if obj["metadata"]["name"] in names and (
+            condition.get("status") == "True" or not (status.get("observed") or {}).get("at")
+        ):
+            return (
+                f"for example {obj['metadata']['name']}: MetricsUnavailable={condition.get('status')} "
+                f"{condition.get('reason')}: {condition.get('message')}; observed at "
+                f"{(status.get('observed') or {}).get('at')}"
+            )
+    return "none"
+
+
 def _serving(cluster: EmulatedCluster, names: set[str]) -> int:
     """How many of the named resources are reconciled and serving."""
     return sum(
@@ -421,7 +439,7 @@ async def run_scale(
         say(
             f"metrics flowing for every resource after {time.monotonic() - started:.1f} s"
             if not waiting
-            else f"{waiting} resources still without metrics; measuring anyway"
+            else f"{waiting} resources still without metrics ({_metrics_example(cluster, names)}); measuring anyway"
         )
         await asyncio.sleep(interval_s)
         window_s = cycles * interval_s

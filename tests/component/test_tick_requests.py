@@ -244,6 +244,37 @@ async def test_a_resource_whose_only_writer_is_its_tick_is_validated_once(
     assert held.resource.spec == validate(stored).spec
 
 
+async def test_a_tick_whose_watch_lags_behind_its_own_write_acts_on_the_write(
+    cluster: EmulatedCluster, operator_env: None
+) -> None:
+    # Given a serving resource whose first draft is still unchecked, as the watch shows it
+    cluster.create("speculativedeployments", _resource())
+    services, counts = await counted_services(cluster)
+    try:
+        body = cluster.get("speculativedeployments", NAME)
+        assert body is not None
+        await services.reconciler.reconcile(body, T0)
+        _ready_pods(cluster)
+        await services.reconciler.refresh(NAMESPACE, NAME, T0)
+        stale = cluster.get("speculativedeployments", NAME)
+        assert stale is not None and stale["status"]["draft"]["losslessCheck"] == "Pending"
+
+        # When one tick runs the check and writes Passed, and the next starts from the same
+        # watched version (under load the watch lags an interval behind the API server)
+        first = await services.tick(NAMESPACE, NAME, lambda: T0 + timedelta(seconds=1), stale)
+        counts.clear()
+        second = await services.tick(NAMESPACE, NAME, lambda: T0 + timedelta(seconds=2), stale)
+    finally:
+        await services.close()
+
+    # Then the check ran and was announced once, and the second tick wrote without a conflict
+    assert [e.reason for e in first.events].count("LosslessCheckPassed") == 1, first.events
+    assert "LosslessCheckPassed" not in [e.reason for e in second.events], second.events
+    assert counts["GET resource"] == 0, dict(counts)  # a 409 would have cost a fresh read
+    stored = cluster.get("speculativedeployments", NAME)
+    assert stored is not None and stored["status"]["draft"]["losslessCheck"] == "Passed"
+
+
 async def test_a_large_fleet_refreshes_measurements_within_a_fleet_wide_write_budget(
     cluster: EmulatedCluster, operator_env: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -66,6 +66,9 @@ class _Validated:
     version: Any
     resource: SpeculativeDeployment
     status_wire: dict[str, Any] | None = None
+    superseded: Any = None
+    """The resourceVersion this tick's own write was computed from (None: validated, not written).
+    A watched body still at that version has not caught up with the write yet."""
 
 
 @dataclass
@@ -246,7 +249,22 @@ class ResourceTick:
         if version is None:
             return
         typed = resource.model_copy(update={"status": status, "metadata": dict(written["metadata"])})
-        self._resources[(namespace, name)] = _Validated(version, typed, status_wire)
+        self._resources[(namespace, name)] = _Validated(
+            version, typed, status_wire, superseded=(resource.metadata or {}).get("resourceVersion")
+        )
+
+    def _caught_up(self, namespace: str, name: str, body: dict[str, Any]) -> dict[str, Any]:
+        """``body``, or what the last tick wrote when the watch has not delivered that write yet.
+
+        Under load the watch can lag a whole interval behind the API server: a tick starting from
+        the version its own last write replaced would decide again on the status before it (a
+        first draft's check run twice, its Event posted twice) and lose a conflict on writing."""
+        cached = self._resources.get((namespace, name))
+        version = (body.get("metadata") or {}).get("resourceVersion")
+        if cached is None or cached.superseded is None or cached.superseded != version:
+            return body
+        metadata = cached.resource.metadata
+        return {**body, "metadata": dict(metadata), "status": cached.status_wire}
 
     def _status_wire(self, namespace: str, name: str, resource: SpeculativeDeployment) -> dict[str, Any]:
         """The wire form of the validated resource's status, dumped once per resourceVersion."""
@@ -291,6 +309,7 @@ class ResourceTick:
         if body is None or body["metadata"].get("deletionTimestamp"):
             outcome.gone = True
             return outcome
+        body = self._caught_up(namespace, name, body)
         outcome.interval_s = interval_of(body, self.default_interval_s)
         outcome.body = body
         try:
@@ -448,7 +467,8 @@ class ResourceTick:
                 live = fresh
                 continue
             events.extend(lifecycle.condition_events(current.conditions, conditions))
-            if resource is not None:
+            if resource is not None and live is body:
+                # (after a conflict the fresh read may carry another spec than the typed copy's)
                 self._remember_written(namespace, name, resource, wanted, wanted_wire, written)
             return written
         log.warning(
