@@ -312,7 +312,7 @@ def _metrics_example(cluster: EmulatedCluster, names: set[str]) -> str:
     """One resource without metrics: its MetricsUnavailable condition and last measurement time."""
     for obj in cluster.objects("speculativedeployments", cluster.namespace):
         status = obj.get("status") or {}
-        condition = next(
+        condition: dict[str, Any] = next(
             (c for c in status.get("conditions") or [] if c.get("type") == "MetricsUnavailable"), {}
         )
         if obj["metadata"]["name"] in names and (

@@ -383,7 +383,7 @@ async def test_slow_prometheus_times_out_as_an_error_snapshot() -> None:
         return web.json_response({"status": "success", "data": {"resultType": "vector", "result": []}})
 
     async with fake_prometheus(hang) as url:
-        poller = PrometheusPoller(url, TRITON, timeout_s=0.3)
+        poller = PrometheusPoller(url, TRITON, interval_s=0.4, timeout_s=0.3)
         try:
             snapshot = await poller.poll_once(now())
         finally:
@@ -391,6 +391,25 @@ async def test_slow_prometheus_times_out_as_an_error_snapshot() -> None:
             await poller.aclose()
     assert snapshot.phase == "Error"
     assert "timed out" in (snapshot.error or "")
+
+
+async def test_an_answer_slower_than_the_timeout_but_within_the_interval_is_used() -> None:
+    # A fleet's grouped quantiles take seconds at thousands of pods: an answer within 60 % of the
+    # poll interval is this cycle's, whatever the (shorter) base timeout
+    async def slow(request: web.Request) -> web.Response:
+        await asyncio.sleep(0.6)
+        return web.json_response({"status": "success", "data": {"resultType": "vector", "result": []}})
+
+    snapshots = {}
+    async with fake_prometheus(slow) as url:
+        for interval_s in (2.0, 0.4):
+            poller = PrometheusPoller(url, TRITON, interval_s=interval_s, timeout_s=0.3)
+            try:
+                snapshots[interval_s] = await poller.poll_once(now())
+            finally:
+                await poller.aclose()
+    assert snapshots[2.0].phase != "Error", snapshots[2.0].error  # 0.6 s of a 1.2 s allowance
+    assert snapshots[0.4].phase == "Error" and "timed out after 0.3s" in (snapshots[0.4].error or "")
 
 
 async def test_non_json_gateway_error_becomes_an_error_snapshot() -> None:
