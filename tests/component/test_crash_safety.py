@@ -24,7 +24,7 @@ from specops.services.reconciler import ReconcileParked
 from specops.services.tick import interval_of
 from specops_local.admission import AdmissionError, FieldCause
 from specops_local.cluster import EmulatedCluster
-from tests.component.test_tick_requests import NAME, NAMESPACE, _ready_pods, _resource, _rewire
+from tests.component.test_tick_requests import NAME, NAMESPACE, _resource, _rewire, serve
 
 T0 = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
 
@@ -123,10 +123,7 @@ async def test_a_child_the_api_server_refuses_parks_the_resource_with_apply_fail
 async def test_an_exception_in_the_tick_is_a_degraded_condition_with_backoff_then_clears(
     cluster: EmulatedCluster, services: Services, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    stored = dict(cluster.create("speculativedeployments", _resource()))
-    await services.reconciler.reconcile(stored, T0)
-    _ready_pods(cluster)
-    await services.reconciler.refresh(NAMESPACE, NAME, T0)
+    await serve(cluster, services)
     control = services.ticker.control
     real_tick = control.tick
 

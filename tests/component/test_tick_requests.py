@@ -117,6 +117,14 @@ def _resource() -> dict[str, Any]:
     return body
 
 
+async def serve(cluster: EmulatedCluster, services: Any) -> None:
+    """A new resource reconciled and its pods ready: serving, as its first tick finds it."""
+    body = cluster.create("speculativedeployments", _resource())
+    await services.reconciler.reconcile(body, T0)
+    _ready_pods(cluster)
+    await services.reconciler.refresh(NAMESPACE, NAME, T0)
+
+
 def _ready_pods(cluster: EmulatedCluster) -> None:
     for deployment in cluster.objects("deployments", NAMESPACE):
         replicas = int(deployment["spec"].get("replicas") or 0)
@@ -161,14 +169,9 @@ async def test_a_steady_resource_costs_one_get_per_tick_and_writes_status_only_o
     cluster: EmulatedCluster, operator_env: None, tmp_path: Path
 ) -> None:
     # Given a serving resource whose metrics do not move and whose pods run the decided setting
-    cluster.create("speculativedeployments", _resource())
     services, counts = await counted_services(cluster)
     try:
-        body = cluster.get("speculativedeployments", NAME)
-        assert body is not None
-        await services.reconciler.reconcile(body, T0)
-        _ready_pods(cluster)
-        await services.reconciler.refresh(NAMESPACE, NAME, T0)
+        await serve(cluster, services)
         now = T0
         # Warm up: Baseline (2 s), Fixed (2 s soak), then Dynamic, where a steady load decides nothing new.
         for _ in range(12):
@@ -206,7 +209,6 @@ async def test_a_resource_whose_only_writer_is_its_tick_is_validated_once(
 ) -> None:
     # Given a serving resource ticked from the body its last write returned, as Kopf's watch
     # hands the daemon the version that write made
-    cluster.create("speculativedeployments", _resource())
     services, counts = await counted_services(cluster)
     validations: list[str] = []
     validate = tick_module.SpeculativeDeployment.model_validate
@@ -216,11 +218,7 @@ async def test_a_resource_whose_only_writer_is_its_tick_is_validated_once(
         return validate(body)
 
     try:
-        body = cluster.get("speculativedeployments", NAME)
-        assert body is not None
-        await services.reconciler.reconcile(body, T0)
-        _ready_pods(cluster)
-        await services.reconciler.refresh(NAMESPACE, NAME, T0)
+        await serve(cluster, services)
         monkeypatch.setattr(tick_module.SpeculativeDeployment, "model_validate", counting)
         watched, now = cluster.get("speculativedeployments", NAME), T0
         counts.clear()
@@ -248,14 +246,9 @@ async def test_a_tick_whose_watch_lags_behind_its_own_write_acts_on_the_write(
     cluster: EmulatedCluster, operator_env: None
 ) -> None:
     # Given a serving resource whose first draft is still unchecked, as the watch shows it
-    cluster.create("speculativedeployments", _resource())
     services, counts = await counted_services(cluster)
     try:
-        body = cluster.get("speculativedeployments", NAME)
-        assert body is not None
-        await services.reconciler.reconcile(body, T0)
-        _ready_pods(cluster)
-        await services.reconciler.refresh(NAMESPACE, NAME, T0)
+        await serve(cluster, services)
         stale = cluster.get("speculativedeployments", NAME)
         assert stale is not None and stale["status"]["draft"]["losslessCheck"] == "Pending"
 

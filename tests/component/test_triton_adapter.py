@@ -298,14 +298,20 @@ async def test_a_hung_pod_never_holds_the_others_setting_beyond_the_deadline(
     assert slow.draft_length == 2
 
 
-async def test_confirmed_settings_are_trusted_for_a_while_and_a_restarted_container_is_read_at_once(
-    start_pod: Callable[..., Any],
-) -> None:
-    # given a pod drafting 4 tokens, and a control that trusts a confirmation for 60 s
+def trusting_control() -> tuple[list[float], TritonModelControl]:
+    """A control that trusts a pod's confirmation for 60 s, on a clock the test moves (``clock[0]``)."""
     clock = [1000.0]
     control = TritonModelControl(
         timeout_s=2.0, load_timeout_s=2.0, confirm_ttl_s=60.0, clock=lambda: clock[0]
     )
+    return clock, control
+
+
+async def test_confirmed_settings_are_trusted_for_a_while_and_a_restarted_container_is_read_at_once(
+    start_pod: Callable[..., Any],
+) -> None:
+    # given a pod drafting 4 tokens, and a control that trusts a confirmation for 60 s
+    clock, control = trusting_control()
     pod = await start_pod("p0", draft_length=4)
     endpoint = PodEndpoint(pod.name, "ns", pod.host, pod.http_port, "stable", incarnation="uid-1/0")
 
@@ -348,10 +354,7 @@ async def test_with_many_pods_confirmed_settings_are_trusted_longer(
     # Re-reads of confirmed pods stay within a rate for the whole operator (10 a second: from 600
     # pods at 60 s). Here a rate of one read per 120 s, so one pod stretches the 60 s to 120 s.
     monkeypatch.setattr(triton_adapter, "CONFIRM_READS_PER_S", 1.0 / 120.0)
-    clock = [1000.0]
-    control = TritonModelControl(
-        timeout_s=2.0, load_timeout_s=2.0, confirm_ttl_s=60.0, clock=lambda: clock[0]
-    )
+    clock, control = trusting_control()
     pod = await start_pod("p0", draft_length=4)
     endpoint = endpoint_of(pod)
     await control.apply_to_all([endpoint], num_draft_tokens=4)
@@ -371,10 +374,7 @@ async def test_a_pod_that_went_away_is_forgotten_and_stops_stretching_the_others
     # Every confirmed pod stretches the trust window by 60 s here (one re-read per 60 s for the
     # whole operator): two pods are trusted for 120 s, one for 60 s.
     monkeypatch.setattr(triton_adapter, "CONFIRM_READS_PER_S", 1.0 / 60.0)
-    clock = [1000.0]
-    control = TritonModelControl(
-        timeout_s=2.0, load_timeout_s=2.0, confirm_ttl_s=60.0, clock=lambda: clock[0]
-    )
+    clock, control = trusting_control()
     staying, leaving = await start_pod("stays", draft_length=4), await start_pod("leaves", draft_length=4)
     await control.apply_to_all([endpoint_of(staying), endpoint_of(leaving)], num_draft_tokens=4)
 

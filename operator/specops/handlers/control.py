@@ -74,7 +74,7 @@ def watchdog(memo: kopf.Memo) -> TickWatchdog:
 @kopf.on.startup()
 def share_the_watchdog(memo: kopf.Memo, **_: Any) -> None:
     """One watchdog for every resource's daemon and the probe (see lifecycle.SHARED_STATE_NOTE)."""
-    memo["tick_watchdog"] = TickWatchdog()
+    watchdog(memo)
 
 
 @kopf.on.probe(id="ticks")

@@ -51,6 +51,14 @@ def live_bodies(memo: kopf.Memo) -> dict[tuple[str, str], kopf.Body]:
     return found
 
 
+def deployment_readiness(memo: kopf.Memo) -> dict[tuple[str, str], tuple[object, ...]]:
+    """What readiness last read from each serving Deployment, by namespace and name."""
+    found = memo.get("deployment_readiness")
+    if not isinstance(found, dict):
+        found = memo["deployment_readiness"] = {}
+    return found
+
+
 def parked_retry_delay(retry: int) -> float:
     """15 s, 30 s, 60 s ... up to 10 minutes: a spec the code cannot process is retried, not hot-looped."""
     return min(RETRY_DELAY_S * 2.0 ** min(retry, 16), MAX_PARKED_RETRY_DELAY_S)
@@ -78,10 +86,8 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     settings.watching.server_timeout = 300
     settings.watching.client_timeout = 330
     settings.queueing.error_delays = [1, 2, 5, 10, 30, 60]
-    # shared by every resource's handlers (see SHARED_STATE_NOTE)
-    memo["reconcile_slots"] = asyncio.Semaphore(MAX_CONCURRENT_RECONCILES)
-    memo["live_bodies"] = {}
-    memo["deployment_readiness"] = {}
+    for shared in (reconcile_slots, live_bodies, deployment_readiness):  # see SHARED_STATE_NOTE
+        shared(memo)
     memo.services = await build_services()
 
 
@@ -156,7 +162,7 @@ async def serving_deployment_changed(body: kopf.Body, memo: kopf.Memo, type: str
     # Most events of a Deployment (our own patches, the controller's bookkeeping) leave what its
     # owner's readiness reads unchanged; each refresh is a GET, a render and a status write, and
     # thousands of resources starting at once send several events each.
-    seen: dict[tuple[str, str], tuple[object, ...]] = memo.setdefault("deployment_readiness", {})  # startup's
+    seen = deployment_readiness(memo)
     key = (body["metadata"]["namespace"], body["metadata"]["name"])
     signature = lifecycle.readiness_signature(body)
     if type == "DELETED":
