@@ -28,6 +28,7 @@ from specops.domain.metrics import (
     REASON_METRICS_UNAVAILABLE,
     BackendProfile,
     Measurement,
+    Snapshot,
 )
 from specops_local.prometheus import PrometheusProcess, run_prometheus
 from specops_local.sim import LoadPoint, SimPod
@@ -365,6 +366,21 @@ async def fake_prometheus(handler: Callable[[web.Request], Any]) -> AsyncIterato
         await runner.cleanup()
 
 
+async def one_cycle(
+    handler: Callable[[web.Request], Any], release: asyncio.Event | None = None, **poller_args: Any
+) -> tuple[Snapshot, PrometheusPoller]:
+    """One poll cycle of a poller against a fake Prometheus answering with ``handler``; ``release``
+    is set once the cycle ended, so hanging handlers return before the server stops."""
+    async with fake_prometheus(handler) as url:
+        poller = PrometheusPoller(url, TRITON, **poller_args)
+        try:
+            return await poller.poll_once(now()), poller
+        finally:
+            if release is not None:
+                release.set()
+            await poller.aclose()
+
+
 async def test_connection_refused_becomes_an_error_snapshot() -> None:
     poller = PrometheusPoller(f"http://127.0.0.1:{_unused_port()}", TRITON, timeout_s=2.0)
     try:
@@ -382,13 +398,7 @@ async def test_slow_prometheus_times_out_as_an_error_snapshot() -> None:
         await release.wait()
         return web.json_response({"status": "success", "data": {"resultType": "vector", "result": []}})
 
-    async with fake_prometheus(hang) as url:
-        poller = PrometheusPoller(url, TRITON, interval_s=0.4, timeout_s=0.3)
-        try:
-            snapshot = await poller.poll_once(now())
-        finally:
-            release.set()
-            await poller.aclose()
+    snapshot, _ = await one_cycle(hang, release, interval_s=0.4, timeout_s=0.3)
     assert snapshot.phase == "Error"
     assert "timed out" in (snapshot.error or "")
 
@@ -410,6 +420,46 @@ async def test_an_answer_slower_than_the_timeout_but_within_the_interval_is_used
                 await poller.aclose()
     assert snapshots[2.0].phase != "Error", snapshots[2.0].error  # 0.6 s of a 1.2 s allowance
     assert snapshots[0.4].phase == "Error" and "timed out after 0.3s" in (snapshots[0.4].error or "")
+
+
+def _vector(value: float) -> dict[str, Any]:
+    labels = {"namespace": "ns", "specops_deployment": "chat", "variant": "stable", "specops_draft": "v1"}
+    return {
+        "status": "success",
+        "data": {"resultType": "vector", "result": [{"metric": labels, "value": [0, str(value)]}]},
+    }
+
+
+async def test_a_cycle_whose_latency_quantiles_time_out_keeps_everything_else() -> None:
+    # At thousands of pods the grouped histogram_quantile queries are the ones that outgrow the
+    # interval; the fleet keeps deciding on the (cheap) mean while canaries pause judgement
+    release = asyncio.Event()
+
+    async def quantiles_hang(request: web.Request) -> web.Response:
+        if request.query["query"].startswith("histogram_quantile"):
+            await release.wait()
+        return web.json_response(_vector(0.02))
+
+    snapshot, poller = await one_cycle(quantiles_hang, release, interval_s=0.4, timeout_s=0.3)
+    assert snapshot.phase == "Ok", snapshot.error
+    measured = snapshot.lookup("ns", "chat", "stable", now(), 60)
+    assert measured.ok and measured.batch == pytest.approx(0.02) and measured.tpot_mean_s is not None
+    assert measured.tpot_p50_s is None and measured.tpot_p99_s is None
+    assert "latency quantiles missing" in (measured.latency_error or "")
+    assert "timed out after 0.3s" in (measured.latency_error or "")
+    assert poller.latency_error == measured.latency_error
+
+
+async def test_any_other_query_failing_still_fails_the_whole_cycle() -> None:
+    async def batch_broken(request: web.Request) -> web.Response:
+        if request.query["query"].startswith("avg by"):
+            return web.json_response(
+                {"status": "error", "errorType": "execution", "error": "boom"}, status=422
+            )
+        return web.json_response(_vector(0.02))
+
+    snapshot, _ = await one_cycle(batch_broken)
+    assert snapshot.phase == "Error" and "boom" in (snapshot.error or "")
 
 
 async def test_non_json_gateway_error_becomes_an_error_snapshot() -> None:

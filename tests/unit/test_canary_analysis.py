@@ -246,6 +246,10 @@ def test_samples_from_measurements() -> None:
         alpha=0.7, tpot_p99_s=0.03, tokens_per_s=800.0, ok=True, tpot_p50_s=0.01
     )
     assert sample_from_measurement(Measurement.failed(at, "MetricsUnavailable", "timeout")) == FAILED_READ
+    # a cycle that went without its latency quantiles still serves the control loop, never a canary:
+    # judged without p99, a canary breaching the latency SLO could pass
+    blind = replace(ok, tpot_p50_s=None, tpot_p99_s=None, latency_error="latency quantiles missing")
+    assert sample_from_measurement(blind) == FAILED_READ
 
 
 # ---------------------------------------------------------------- next_action

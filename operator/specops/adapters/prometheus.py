@@ -22,6 +22,7 @@ import orjson
 
 from specops.adapters import operator_metrics
 from specops.domain.metrics import (
+    LATENCY_QUANTILES,
     PROFILES,
     REASON_METRICS_UNAVAILABLE,
     REASON_PENDING,
@@ -57,7 +58,12 @@ class PrometheusPoller:
 
     Any failure (connection refused, timeout, HTTP error, a Prometheus error
     answer) turns the whole cycle into an Error snapshot: a partial cycle could
-    pair an old acceptance with a new batch size and mislead the policy.
+    pair an old acceptance with a new batch size and mislead the policy. The one
+    exception is the latency quantiles (``LATENCY_QUANTILES``): the cycle's costliest
+    queries, which nothing but a canary's latency analysis needs. When only they fail
+    the cycle stands without them (every measurement carries ``latency_error``), so a
+    fleet whose quantiles outgrow the interval keeps deciding on the mean, and canaries
+    pause judgement as in an outage.
 
     Rates use ``window_s`` (default: max(4 scrapes, 10 s)); until a series is that
     old, Prometheus's rate() under-reports it, while ratios such as acceptance hold.
@@ -87,6 +93,8 @@ class PrometheusPoller:
             clock(), f"no poll of {self.shown_url} has completed yet", reason=REASON_PENDING
         )
         self.cycles = 0
+        self.latency_error: str | None = None
+        """Why the last cycle went without its latency quantiles (None: it had them)."""
         self.queries_total = 0
         self.queries_last_cycle = 0
 
@@ -144,14 +152,27 @@ class PrometheusPoller:
         self.queries_total += len(queries)
         answers = await asyncio.gather(*(self._query(q) for q in queries.values()), return_exceptions=True)
         results: dict[str, RawVector] = {}
+        latency_error: str | None = None
         for quantity, answer in zip(queries, answers, strict=True):
             if isinstance(answer, BaseException):
                 if isinstance(answer, asyncio.CancelledError):
                     raise answer
-                message = str(answer) if isinstance(answer, QueryFailed) else repr(answer)
-                return Snapshot.failed(now, redact_text(message))
+                message = redact_text(str(answer) if isinstance(answer, QueryFailed) else repr(answer))
+                if quantity not in LATENCY_QUANTILES:
+                    return Snapshot.failed(now, message)
+                latency_error = latency_error or f"latency quantiles missing this cycle: {message}"
+                continue
             results[quantity] = answer
-        return build_snapshot(self.profile, results, now)
+        if (latency_error is None) != (self.latency_error is None):
+            log = logger.info if latency_error is None else logger.warning
+            log(
+                "metrics from %s (%s): %s",
+                self.shown_url,
+                self.profile.name,
+                latency_error or "latency quantiles back",
+            )
+        self.latency_error = latency_error
+        return build_snapshot(self.profile, results, now, latency_error)
 
     async def run(self, stop: asyncio.Event) -> None:
         """Poll every ``interval_s`` until ``stop`` is set, keeping ``latest`` up to date."""

@@ -118,8 +118,9 @@ class Sample:
 
 
 def sample_from_measurement(measurement: Measurement) -> Sample:
-    """The sample a Measurement gives; an Error measurement becomes a not-ok sample."""
-    if not measurement.ok:
+    """The sample a Measurement gives; an Error measurement becomes a not-ok sample, and so does
+    one whose latency quantiles are missing: a canary is never judged without its latency."""
+    if not measurement.ok or measurement.latency_error is not None:
         return Sample(ok=False)
     return Sample(
         alpha=measurement.alpha,

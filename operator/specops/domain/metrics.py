@@ -38,6 +38,10 @@ Q_TPOT_P50 = "tpot_p50_s"
 Q_TPOT_P95 = "tpot_p95_s"
 Q_TPOT_P99 = "tpot_p99_s"
 Q_TPOT_MEAN = "tpot_mean_s"
+# The latency quantiles: the cycle's costliest queries (histogram_quantile over every pod's
+# buckets), and the only ones a cycle can do without. The control loop decides on the mean; a
+# canary's latency analysis needs them, so a cycle without them pauses canary judgement.
+LATENCY_QUANTILES = frozenset({Q_TPOT_P50, Q_TPOT_P95, Q_TPOT_P99})
 # Per pod (grouped by pod as well): what a split-fleet A/B compares, pods at different settings.
 Q_POD_BATCH = "pod_batch"
 Q_POD_TPOT_MEAN = "pod_tpot_mean_s"
@@ -217,6 +221,9 @@ class Measurement:
     tpot_mean_s: float | None = None
     pods_reporting: int = 0
     per_pod: Mapping[str, PodMeasurement] = field(default_factory=dict)
+    latency_error: str | None = None
+    """Why this cycle's latency quantiles are missing (their queries failed while the rest
+    answered); None when they were read. An Ok measurement with it still serves the control loop."""
 
     @property
     def ok(self) -> bool:
@@ -437,11 +444,14 @@ def merge_drafts(per_draft: Sequence[Mapping[str, float | None]]) -> dict[str, f
     return merged
 
 
-def build_snapshot(profile: BackendProfile, results: Mapping[str, RawVector], at: datetime) -> Snapshot:
+def build_snapshot(
+    profile: BackendProfile, results: Mapping[str, RawVector], at: datetime, latency_error: str | None = None
+) -> Snapshot:
     """Turn the raw vectors of one cycle (quantity -> vector) into per-resource measurements.
 
     A resource appears when any quantity mentions it; quantities it lacks stay None. Each
     variant is measured per draft (``by_draft``) and as a whole (``measurements``).
+    ``latency_error``: the cycle's latency quantiles failed (why); every measurement carries it.
     """
     pods = _per_pod(results)
     results = {q: vector for q, vector in results.items() if q not in POD_QUANTITIES}
@@ -463,5 +473,10 @@ def build_snapshot(profile: BackendProfile, results: Mapping[str, RawVector], at
             whole = measurement_from_values(profile, merge_drafts(list(drafts.values())), at)
         else:  # only the per-pod series mention it
             whole = measurement_from_values(profile, dict.fromkeys(indexed), at)
-        measurements[key] = replace(whole, per_pod=pods.get(key, {}))
+        measurements[key] = replace(whole, per_pod=pods.get(key, {}), latency_error=latency_error)
+    if latency_error is not None:
+        by_draft = {
+            key: {draft: replace(m, latency_error=latency_error) for draft, m in drafts.items()}
+            for key, drafts in by_draft.items()
+        }
     return Snapshot(at=at, phase="Ok", measurements=measurements, by_draft=by_draft)
