@@ -12,7 +12,15 @@ from typing import Any
 import pytest
 
 from specops import bench, profiles
-from specops.bench.policy import RESULT_KEYS, load_trace, parse_trace, replay, replay_lengths, shipped_traces
+from specops.bench.policy import (
+    RESULT_KEYS,
+    load_trace,
+    parse_trace,
+    replay,
+    replay_lengths,
+    shipped_traces,
+    worlds_from,
+)
 from specops.domain.perf import GPUS, ModelSetup
 from specops.domain.policy import Decision
 from specops.services import control
@@ -328,3 +336,16 @@ def test_lengths_out_with_several_replicas_has_one_column_per_pod(tmp_path: Path
     assert list(rows[0]) == ["t_seconds", "pod0", "pod1", "pod2", "probe"]
     assert len(rows) == 20
     assert all(int(row["pod0"]) > 0 for row in rows)  # low load: every pod speculates
+
+
+def test_where_speculation_never_pays_bursts_do_not_lock_it_on() -> None:
+    # In a never-pays world, a burst's samples once bent the fit into a clear gain at batch 60-80
+    # that no length measured there: speculation came on with the last switch credit and the
+    # budget then held it on for 13 minutes (slower than plain 24 % of the hour, seed 1). Only a
+    # gain the fit's own data back may spend the credit kept for the way back.
+    (world,) = worlds_from(["qwen3-30b-a3b-moe-eagle3-h100"], SETUP)
+    trace = load_trace(shipped_traces()["bursty"])
+    for seed in (0, 1):
+        result = replay(trace, SETUP, seed=seed, world=world)
+        assert result["slowdown_time_fraction"] <= 0.10, (seed, result)
+        assert result["ratio_to_oracle"] >= 0.97, (seed, result)

@@ -262,3 +262,23 @@ def test_a_probe_off_is_skipped_where_a_gain_of_a_third_rests_on_rounds_that_mat
     plan = plan_probe(model, ProbeLedger(), 0.0, enabled=True, alpha=0.7, batch=96, bounds=(1, 8),
                       current_length=1)  # fmt: skip
     assert not plan.probe and "match the prior" in plan.reason
+
+
+def test_the_assured_gain_is_close_where_measured_and_far_below_where_extrapolated() -> None:
+    # Given a deployment measured plain and at 4 tokens around batch 32, never at 1 token
+    profile = profiles.load_builtin("qwen3-30b-a3b-moe-eagle3-h100")
+    model = CalibratedModel(PRIOR, sample_world(profile, 40, seed=2, batches=(16, 32, 64), lengths=(0, 4)))
+    alpha = profile.alpha or 0.55
+
+    def gap(length: int) -> float:
+        return 1.0 - model.assured_speedup(alpha, length, 32) / model.predict_speedup(alpha, length, 32)
+
+    # Then the measured length's lower bound is within a few per cent of its mean, while the length
+    # the fit only extrapolates to is bounded far lower: its "gain" is not yet the data's
+    assert 0.0 < gap(4) < 0.05
+    assert gap(1) > 3 * gap(4)
+    assert model.speedup_sigma(0, 32) == 0.0 and model.assured_speedup(alpha, 0, 32) == 1.0
+    # And where no round was measured near the batch, the prediction is the prior's and stands
+    assert model.confidence(512).on < 0.5
+    assert model.assured_speedup(alpha, 1, 512) == model.predict_speedup(alpha, 1, 512)
+    assert CalibratedModel(PRIOR).assured_speedup(alpha, 4, 32) == pytest.approx(speedup(PRIOR, alpha, 32, 4))

@@ -549,3 +549,37 @@ def test_dynamic_decides_from_the_speedup_model_it_is_given() -> None:
     calibrated = decide(learned, dynamic(), observation, at(NOW))
     assert calibrated.num_draft_tokens == 0 and calibrated.changed
     assert calibrated.reason == "SpeculationDisabledHighBatch"
+
+
+@dataclass(frozen=True)
+class FlatModel:
+    """Every length gains `gain` at every batch."""
+
+    gain: float
+
+    def predict_speedup(
+        self, alpha: float, draft_length: int, batch: float, context_tokens: float | None = None
+    ) -> float:
+        return self.gain if draft_length > 0 else 1.0
+
+
+def test_only_an_assured_clear_gain_switches_on_when_the_budget_could_not_pay_the_way_back() -> None:
+    # Given speculation off with 2 switch credits (switching on would leave too few to go off again),
+    # past the dwell and with the evidence gathered, where the fit's mean predicts a clear 1.4x
+    off = replace(dynamic(enabled=False, last_toggle=0.0, evidence=100.0, evidence_at=NOW - 10), switch_credit=2.0,
+                  credit_at=at(NOW))  # fmt: skip
+    mean = replace(CONFIG, model=FlatModel(1.4))
+    observation = Observation(batch=64, alpha=0.8)
+    # When the fit's own data back the gain (its lower bound is clear too), speculation comes on
+    backed = decide(replace(mean, assured_model=FlatModel(1.35)), off, observation, at(NOW))
+    assert backed.num_draft_tokens > 0 and backed.reason == "SpeculationEnabledLowBatch"
+    # When the gain is only extrapolated (a length or batch barely measured: the lower bound is
+    # marginal), it waits for a full budget instead: locked on, a wrong guess cannot be undone
+    guessed = decide(replace(mean, assured_model=FlatModel(1.1)), off, observation, at(NOW))
+    assert guessed.num_draft_tokens == 0 and guessed.reason == "HeldSwitchBudget"
+    assert "3 needed" in guessed.message
+    # And with a full budget the same marginal bound still switches on (it can come back off)
+    full = decide(
+        replace(mean, assured_model=FlatModel(1.1)), replace(off, switch_credit=3.0), observation, at(NOW)
+    )
+    assert full.num_draft_tokens > 0

@@ -62,6 +62,10 @@ class CalibrationConfig:
     prior_per_sequence_sigma: float = 1.0 / 32  # p1: doubling the step over 32 sequences
     prior_per_token_sigma: float = 0.5  # q1: half a T1 per draft token
     prior_per_token_sequence_sigma: float = 1.0 / 128  # q2
+    # A gain counts as assured at its lower bound: the posterior mean less this many standard
+    # deviations of the predicted speedup (`assured_speedup`). Switching on where the budget could
+    # not pay the way back off asks for an assured clear gain, not a modelled one.
+    assured_sigmas: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -216,9 +220,65 @@ class CalibratedModel:
     state: CalibrationState = field(default_factory=CalibrationState)
     config: CalibrationConfig = field(default_factory=CalibrationConfig)
     theta: tuple[float, ...] = field(init=False)
+    _free: tuple[int, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "theta", _posterior_mean(self.state, self._prior_sds()))
+        theta, free = _posterior(self.state, self._prior_sds())
+        object.__setattr__(self, "theta", theta)
+        object.__setattr__(self, "_free", free)
+
+    @functools.cached_property
+    def _covariance(self) -> list[list[float]]:
+        """Posterior covariance of the parameters (those the non-negativity kept free), scaled up by
+        the fit's own residuals where they exceed the assumed noise: a shape that does not fit the
+        engine shows as wider bounds, not as false confidence."""
+        a = _precision(self.state, self._prior_sds())
+        free = self._free
+        sub = [[a[i][j] for j in free] for i in free]
+        unit = [[1.0 if k == j else 0.0 for k in range(len(free))] for j in range(len(free))]
+        columns = [_solve_spd(sub, column) for column in unit]
+        error = self.relative_fit_error()
+        inflate = max(1.0, (error / self.config.relative_noise) ** 2) if error is not None else 1.0
+        cov = [[0.0] * N_PARAMS for _ in range(N_PARAMS)]
+        for row, i in enumerate(free):
+            for col, j in enumerate(free):
+                cov[i][j] = columns[col][row] * inflate
+        return cov
+
+    def speedup_sigma(self, draft_length: int, batch: float, context_tokens: float | None = None) -> float:
+        """Standard deviation of the log of the predicted speedup of `draft_length` at `batch`
+        (delta method on plain(B) / round(g, B); the acceptance is taken as known)."""
+        if draft_length <= 0:
+            return 0.0
+        at = self._at(context_tokens)
+        x_plain = _features(at, 0, max(1.0, batch))
+        x_round = _features(at, draft_length, max(1.0, batch))
+        plain = sum(t * x for t, x in zip(self.theta, x_plain, strict=True))
+        rounds = sum(t * x for t, x in zip(self.theta, x_round, strict=True))
+        if plain <= 0.0 or rounds <= 0.0:
+            return 0.0
+        grad = [p / plain - r / rounds for p, r in zip(x_plain, x_round, strict=True)]
+        cov = self._covariance
+        variance = sum(grad[i] * cov[i][j] * grad[j] for i in range(N_PARAMS) for j in range(N_PARAMS))
+        return math.sqrt(max(0.0, variance))
+
+    def assured_speedup(
+        self, alpha: float, draft_length: int, batch: float, context_tokens: float | None = None
+    ) -> float:
+        """The predicted speedup lowered by `assured_sigmas` of its uncertainty: a gain the fit's
+        own data back, not one it extrapolates to a length it barely measured. Where no speculative
+        round was measured near this batch the prediction is the prior's (bounded by the roofline,
+        `predict_speedup`), and stands as it is: what needs checking is an extrapolation from data,
+        which can bend far past both the data and the prior."""
+        mean = self.predict_speedup(alpha, draft_length, batch, context_tokens)
+        if draft_length <= 0 or self.confidence(batch).on < UNMEASURED_BELOW:
+            return mean
+        sigma = self.speedup_sigma(draft_length, batch, context_tokens)
+        return mean * math.exp(-self.config.assured_sigmas * sigma)
+
+    def assured(self) -> AssuredGain:
+        """This model seen by its lower bound (a `policy.SpeedupModel`)."""
+        return AssuredGain(self)
 
     def _prior_sds(self) -> tuple[float, ...]:
         c = self.config
@@ -350,6 +410,18 @@ class CalibratedModel:
             name: value if name == "s" else value * scale
             for name, value in zip(PARAMETERS, self.theta, strict=True)
         }
+
+
+@dataclass(frozen=True)
+class AssuredGain:
+    """A calibrated model's lower bound as a speedup model (`CalibratedModel.assured_speedup`)."""
+
+    model: CalibratedModel
+
+    def predict_speedup(
+        self, alpha: float, draft_length: int, batch: float, context_tokens: float | None = None
+    ) -> float:
+        return self.model.assured_speedup(alpha, draft_length, batch, context_tokens)
 
 
 # --------------------------------------------------------------------- exploration
@@ -521,8 +593,18 @@ def _unpack(upper: Sequence[float]) -> list[list[float]]:
     return a
 
 
-def _posterior_mean(state: CalibrationState, prior_sds: Sequence[float]) -> tuple[float, ...]:
-    """Solve (P + X'WX) theta = P mu + X'Wy, P = diag(1 / sd^2), mu = (1, 0, ..., 0), with the
+def _precision(state: CalibrationState, prior_sds: Sequence[float]) -> list[list[float]]:
+    """P + X'WX: the posterior precision of the parameters."""
+    a = _unpack(state.xtx)
+    for i, sd in enumerate(prior_sds):
+        a[i][i] += 1.0 / (sd * sd)
+    return a
+
+
+def _posterior(
+    state: CalibrationState, prior_sds: Sequence[float]
+) -> tuple[tuple[float, ...], tuple[int, ...]]:
+    """The posterior mean and the parameters the non-negativity left free. Solve (P + X'WX) theta = P mu + X'Wy, P = diag(1 / sd^2), mu = (1, 0, ..., 0), with the
     per-sequence costs p1 and q2 kept >= 0.
 
     More sequences never make a step cheaper. A free fit can make a slope negative to match a
@@ -531,13 +613,11 @@ def _posterior_mean(state: CalibrationState, prior_sds: Sequence[float]) -> tupl
     drives below zero is fixed at zero and the rest solved again (at most two rounds; 6 x 6).
     The fixed costs stay free: a prior for a different engine can be off either way.
     """
-    a = _unpack(state.xtx)
+    a = _precision(state, prior_sds)
     b = list(state.xty)
     prior_mean = (1.0,) + (0.0,) * (N_PARAMS - 1)
     for i, sd in enumerate(prior_sds):
-        precision = 1.0 / (sd * sd)
-        a[i][i] += precision
-        b[i] += precision * prior_mean[i]
+        b[i] += prior_mean[i] / (sd * sd)
     free = list(range(N_PARAMS))
     while True:
         solved = _solve_spd([[a[i][j] for j in free] for i in free], [b[i] for i in free])
@@ -546,7 +626,7 @@ def _posterior_mean(state: CalibrationState, prior_sds: Sequence[float]) -> tupl
             theta[index] = value
         negative = [i for i in free if i in NON_NEGATIVE and theta[i] < 0.0]
         if not negative:
-            return tuple(theta)
+            return tuple(theta), tuple(free)
         free.remove(min(negative, key=lambda i: theta[i]))
 
 

@@ -85,6 +85,10 @@ class PolicyConfig:
     # The speedup model the decisions use; None = the roofline of `setup` (domain.calibration
     # supplies one corrected by the deployment's own measurements).
     model: SpeedupModel | None = None
+    # The gain a switch on counts as assured where the budget could not pay the way back off (the
+    # calibrated fit's lower bound, `CalibratedModel.assured`): a length or batch the fit barely
+    # measured must not lock speculation on. None = `model`.
+    assured_model: SpeedupModel | None = None
     # Switch budget: at most this many on/off switches in any window of 60 x min_dwell_s (an hour
     # at the default dwell): a bucket of `switch_burst` credits refilling at the rest's rate; a
     # switch off also keeps one credit to come back on. None disables it.
@@ -295,7 +299,8 @@ def _dynamic(
             want_on
             and credit is not None
             and credit < 3.0
-            and target_speedup < 1.0 + config.margin + config.hysteresis + config.locked_on_gain
+            and _assured(config, obs, use_alpha, lo, hi, target_speedup)
+            < 1.0 + config.margin + config.hysteresis + config.locked_on_gain
         ):
             needed = 3.0  # on with no credit left to go off again: only for a clear gain
         if credit is not None and credit < needed and not _overridden(config):
@@ -490,6 +495,18 @@ def _forced_on(config: PolicyConfig, state: PolicyState, obs: Observation, now: 
 
 
 # --- helpers ------------------------------------------------------------------------------------
+
+
+def _assured(
+    config: PolicyConfig, obs: Observation, alpha: float, lo: int, hi: int, predicted: float
+) -> float:
+    """The best gain any length in [lo, hi] has by the assured model (its lower bound: a length the
+    fit measured here counts, one it only extrapolates to does not), else the predicted best."""
+    if config.assured_model is None:
+        return predicted
+    model = config.assured_model
+    best = max(model.predict_speedup(alpha, g, obs.batch, obs.context_tokens) for g in range(lo, hi + 1))
+    return min(predicted, best)
 
 
 def _overridden(config: PolicyConfig) -> bool:

@@ -239,7 +239,7 @@ class ControlLoop:
         fitted = profile_prior.model(config.setup, knowledge.calibration, learn.calibration, prior_stats)
         prior_model = profile_prior.prior_model(config.setup, learn.calibration, prior_stats)
         if learn.enabled:
-            config = replace(config, model=fitted)
+            config = replace(config, model=fitted, assured_model=fitted.assured())
         elif prior_stats is not None:  # no learning: the profile alone
             config = replace(config, model=prior_model)
         decision = decide(config, state, observation, now)
