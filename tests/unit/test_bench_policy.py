@@ -151,6 +151,7 @@ def test_bench_all_writes_one_json_per_registered_benchmark(
 ) -> None:
     monkeypatch.setenv("SPECOPS_FUZZ_EXAMPLES", "20")  # thousands under `make bench`, a few here
     monkeypatch.setenv("SPECOPS_POLICY_TRACES", "steady_low")  # every trace under `make bench`
+    monkeypatch.setenv("SPECOPS_POLICY_SEEDS", "0")  # three under `make bench`
     # The scale bench starts an operator process and a fleet (minutes at its default of 200);
     # tests/component/test_scale_bench.py runs it small. Here it is only counted.
     monkeypatch.setitem(bench.BENCHMARKS, "scale", "tests.unit.test_bench_policy:trivial_benchmark")
@@ -349,3 +350,29 @@ def test_where_speculation_never_pays_bursts_do_not_lock_it_on() -> None:
         result = replay(trace, SETUP, seed=seed, world=world)
         assert result["slowdown_time_fraction"] <= 0.10, (seed, result)
         assert result["ratio_to_oracle"] >= 0.97, (seed, result)
+
+
+def test_several_seeds_give_each_pair_its_mean_and_its_worst_draw(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["policy-worlds", "--seeds", "0,1", "--traces", "steady_low", "--json", "-"]
+    assert bench.main(argv) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["seeds"] == [0, 1]
+    calibrated = result["policies"]["calibrated"]
+    one, two = (calibrated["by_seed"][seed]["worlds"] for seed in ("0", "1"))
+    for mean_world, first, second in zip(calibrated["worlds"], one, two, strict=True):
+        (row,), (a,), (b,) = mean_world["traces"], first["traces"], second["traces"]
+        assert row["ratio_to_oracle"] == pytest.approx((a["ratio_to_oracle"] + b["ratio_to_oracle"]) / 2)
+        assert row["ratio_to_oracle_worst_seed"] == min(a["ratio_to_oracle"], b["ratio_to_oracle"])
+        assert row["slowdown_time_fraction_worst_seed"] == max(
+            a["slowdown_time_fraction"], b["slowdown_time_fraction"]
+        )
+    summary = calibrated["summary"]
+    assert summary["min_ratio_to_oracle_any_seed"] <= summary["min_ratio_to_oracle"]
+    assert summary["min_ratio_to_oracle_any_seed"] == min(
+        row["ratio_to_oracle"] for world in one + two for row in world["traces"]
+    )
+
+
+def test_seeds_that_are_not_numbers_are_refused() -> None:
+    with pytest.raises(SystemExit):
+        bench.main(["policy-worlds", "--seeds", "one,two"])
