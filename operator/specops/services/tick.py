@@ -59,6 +59,11 @@ CANARY_BLOCKS = ("canary", "draft", "rejected_draft", "observed_spec_draft", "la
 RETRAINING_BLOCKS = ("retraining",)
 
 
+SUPERSEDED_KEPT = 8
+"""How many versions behind its own writes a lagging watch may be and still hand the tick what it
+wrote (the tick writes at most once an interval: eight intervals of lag)."""
+
+
 @dataclass
 class _Validated:
     """One resource as the tick validated it, for one resourceVersion."""
@@ -66,9 +71,10 @@ class _Validated:
     version: Any
     resource: SpeculativeDeployment
     status_wire: dict[str, Any] | None = None
-    superseded: Any = None
-    """The resourceVersion this tick's own write was computed from (None: validated, not written).
-    A watched body still at that version has not caught up with the write yet."""
+    superseded: tuple[Any, ...] = ()
+    """The resourceVersions this tick's own write replaced: the one it was computed from, and the
+    one a conflict's fresh read found (empty: validated, not written). A watched body still at
+    one of them has not caught up with the write yet."""
 
 
 @dataclass
@@ -236,8 +242,10 @@ class ResourceTick:
         status: SpeculativeDeploymentStatus,
         status_wire: dict[str, Any],
         written: Mapping[str, Any],
+        replaced: tuple[Any, ...] = (),
     ) -> None:
-        """Keep the typed copy of what this tick wrote, for the resourceVersion the write made.
+        """Keep the typed copy of what this tick wrote, for the resourceVersion the write made;
+        ``replaced``: a conflict's fresh read, whose version the write replaced too.
 
         The next tick's watched body is usually that version: it is not validated again (a
         resource whose only writer is its tick is validated once, not after every write). The
@@ -249,9 +257,14 @@ class ResourceTick:
         if version is None:
             return
         typed = resource.model_copy(update={"status": status, "metadata": dict(written["metadata"])})
-        self._resources[(namespace, name)] = _Validated(
-            version, typed, status_wire, superseded=(resource.metadata or {}).get("resourceVersion")
-        )
+        computed_from = (resource.metadata or {}).get("resourceVersion")
+        superseded: tuple[Any, ...] = (computed_from, *replaced)
+        previous = self._resources.get((namespace, name))
+        if previous is not None and previous.version == computed_from:
+            # written on top of an earlier write of the tick's own: a watch still lagging behind
+            # that one is behind this one too
+            superseded = (*superseded, *previous.superseded)[:SUPERSEDED_KEPT]
+        self._resources[(namespace, name)] = _Validated(version, typed, status_wire, superseded=superseded)
 
     def _caught_up(self, namespace: str, name: str, body: dict[str, Any]) -> dict[str, Any]:
         """``body``, or what the last tick wrote when the watch has not delivered that write yet.
@@ -261,7 +274,7 @@ class ResourceTick:
         first draft's check run twice, its Event posted twice) and lose a conflict on writing."""
         cached = self._resources.get((namespace, name))
         version = (body.get("metadata") or {}).get("resourceVersion")
-        if cached is None or cached.superseded is None or cached.superseded != version:
+        if cached is None or version is None or version not in cached.superseded:
             return body
         metadata = cached.resource.metadata
         return {**body, "metadata": dict(metadata), "status": cached.status_wire}
@@ -468,10 +481,24 @@ class ResourceTick:
                 continue
             events.extend(lifecycle.condition_events(current.conditions, conditions))
             if resource is not None and live is body:
-                # (after a conflict the fresh read may carry another spec than the typed copy's)
                 self._remember_written(namespace, name, resource, wanted, wanted_wire, written)
+            elif resource is not None and _same_spec(live, body):
+                # after a conflict (Kopf's annotations, another status writer) the write replaced
+                # the fresh read too; its spec is the typed copy's, so the copy still holds. Without
+                # it, a watch lagging behind the write restarts the next tick from the status
+                # before it: a first draft's check run twice, its Event posted twice
+                replaced = ((live.get("metadata") or {}).get("resourceVersion"),)
+                self._remember_written(namespace, name, resource, wanted, wanted_wire, written, replaced)
             return written
         log.warning(
             "status of %s/%s kept changing; gave up after %d attempts", namespace, name, WRITE_ATTEMPTS
         )
         return None
+
+
+def _same_spec(fresh: Mapping[str, Any], body: Mapping[str, Any]) -> bool:
+    """Whether a fresh read carries the spec (and generation) of the body the tick validated."""
+    generation = (fresh.get("metadata") or {}).get("generation")
+    return generation == (body.get("metadata") or {}).get("generation") and fresh.get("spec") == body.get(
+        "spec"
+    )
