@@ -80,10 +80,18 @@ OPERATOR_RULES: tuple[Rule, ...] = (
         "get patch",
         "canary weights on the HTTPRoute named in spec.canary.trafficRouting.gatewayAPI",
     ),
-    _rule("batch", "jobs", "get create", "draft retraining: one training object per round, then its result"),
-    _rule("jobset.x-k8s.io", "jobsets", "get create", "draft retraining with a JobSet template"),
-    _rule("trainer.kubeflow.org", "trainjobs", "get create", "draft retraining with a TrainJob template"),
-    _rule("kubeflow.org", "pytorchjobs", "get create", "draft retraining with a PyTorchJob template"),
+    _rule(
+        "batch",
+        "jobs",
+        "get create delete",
+        "draft retraining: one training object per round, then its result; a round a new target "
+        "version superseded is deleted",
+    ),
+    _rule("jobset.x-k8s.io", "jobsets", "get create delete", "draft retraining with a JobSet template"),
+    _rule(
+        "trainer.kubeflow.org", "trainjobs", "get create delete", "draft retraining with a TrainJob template"
+    ),
+    _rule("kubeflow.org", "pytorchjobs", "get create delete", "draft retraining with a PyTorchJob template"),
 )
 
 

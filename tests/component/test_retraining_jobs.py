@@ -12,7 +12,7 @@ import yaml
 from specops.adapters.kube import KubeClient, load_connection_settings
 from specops.api.models import SpeculativeDeployment
 from specops.ports import KubeApiError
-from specops.services.retraining import RetrainingService
+from specops.services.retraining import RetrainingResult, RetrainingService
 from specops_local.cluster import EmulatedCluster
 from tests.conftest import EXAMPLES
 
@@ -81,3 +81,65 @@ async def test_a_job_that_already_exists_is_adopted_once(cluster: EmulatedCluste
         and again.retraining.active.job_name == first.retraining.active.job_name
     )
     assert again.events == [] and len(cluster.objects("jobs", NAMESPACE)) == 1
+
+
+def retargeted(resource: SpeculativeDeployment, status: Any, version: str) -> SpeculativeDeployment:
+    """The resource after its spec names target ``version``, with the status a tick left."""
+    target = resource.spec.target.model_copy(update={"version": version})
+    spec = resource.spec.model_copy(update={"target": target})
+    return resource.model_copy(
+        update={"spec": spec, "status": resource.status.model_copy(update={"retraining": status})}
+    )
+
+
+async def round_running(
+    cluster: EmulatedCluster, kube: KubeClient
+) -> tuple[SpeculativeDeployment, RetrainingResult]:
+    """A stale resource whose first round's Job was just created."""
+    resource = stale_resource(cluster)
+    first = await RetrainingService(kube).tick(resource, resource.status, T0)
+    assert first.retraining.active is not None and len(cluster.objects("jobs", NAMESPACE)) == 1
+    return resource, first
+
+
+async def test_a_round_for_a_target_that_changed_is_stopped_and_the_new_targets_starts_at_once(
+    cluster: EmulatedCluster, kube: KubeClient
+) -> None:
+    # Given a round training a draft for the current target
+    resource, first = await round_running(cluster, kube)
+    assert first.retraining.active is not None
+    old_job = first.retraining.active.job_name
+    assert [job["metadata"]["name"] for job in cluster.objects("jobs", NAMESPACE)] == [old_job]
+
+    # When the target version changes while it runs
+    moved = retargeted(resource, first.retraining, "2026-11-15")
+    second = await RetrainingService(kube).tick(moved, moved.status, T0)
+
+    # Then the obsolete round's Job is deleted (its GPUs freed) and recorded as superseded, not
+    # failed, and the round for the new target starts in the same tick
+    assert [e.reason for e in second.events] == ["RetrainingSuperseded", "RetrainingStarted"]
+    assert old_job in second.events[0].message and "superseded by 2026-11-15" in second.events[0].message
+    state = second.retraining
+    assert state.last_result == "Superseded" and state.consecutive_failures == 0
+    assert state.active is not None and state.active.target_version == "2026-11-15"
+    assert [job["metadata"]["name"] for job in cluster.objects("jobs", NAMESPACE)] == [state.active.job_name]
+    assert state.active.job_name != old_job
+
+
+async def test_a_refused_delete_keeps_the_obsolete_round_recorded_until_it_goes(
+    cluster: EmulatedCluster, kube: KubeClient
+) -> None:
+    # Given a round running for a target the spec no longer names, and an API server refusing its delete
+    resource, first = await round_running(cluster, kube)
+    moved = retargeted(resource, first.retraining, "2026-11-15")
+
+    def job_delete(request: Any) -> bool:
+        return request.method == "DELETE" and "/jobs/" in str(request.url)
+
+    cluster.emulator[job_delete] << 503
+
+    # When retraining ticks, then the refusal surfaces (the tick keeps its blocks and retries next
+    # interval): the round stays recorded, its Job runs, and no second Job starts beside it
+    with pytest.raises(KubeApiError):
+        await RetrainingService(kube).tick(moved, moved.status, T0)
+    assert len(cluster.objects("jobs", NAMESPACE)) == 1

@@ -63,16 +63,16 @@ checks it). Namespaced resources first; cluster-scoped ones (CRDs) go in a Clust
   verbs: ["get", "patch"]
 - apiGroups: ["batch"]
   resources: ["jobs"]
-  verbs: ["get", "create"]
+  verbs: ["get", "create", "delete"]
 - apiGroups: ["jobset.x-k8s.io"]
   resources: ["jobsets"]
-  verbs: ["get", "create"]
+  verbs: ["get", "create", "delete"]
 - apiGroups: ["trainer.kubeflow.org"]
   resources: ["trainjobs"]
-  verbs: ["get", "create"]
+  verbs: ["get", "create", "delete"]
 - apiGroups: ["kubeflow.org"]
   resources: ["pytorchjobs"]
-  verbs: ["get", "create"]
+  verbs: ["get", "create", "delete"]
 {{- end -}}
 
 {{- define "specops.clusterScopedRules" -}}

@@ -94,6 +94,7 @@ class Reason:
     RETRAINING_STARTED = "RetrainingStarted"
     RETRAINING_SUCCEEDED = "RetrainingSucceeded"
     RETRAINING_FAILED = "RetrainingFailed"
+    RETRAINING_SUPERSEDED = "RetrainingSuperseded"
     RETRAINING_BACKOFF = "RetrainingBackoff"
     RETRAINING_GAVE_UP = "RetrainingGaveUp"
     RETRAINING_IDLE = "RetrainingIdle"

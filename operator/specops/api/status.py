@@ -380,7 +380,11 @@ class RetrainingStatus(ApiModel):
     active: ActiveRoundStatus | None = Field(default=None, description="The round running now.")
     trained: TrainedDraftStatus | None = Field(default=None, description="A trained draft not yet canaried.")
     last_finished_at: Timestamp | None = Field(default=None, description="When the last round ended.")
-    last_result: Literal["Succeeded", "Failed"] | None = Field(default=None, description="How it ended.")
+    last_result: Literal["Succeeded", "Failed", "Superseded"] | None = Field(
+        default=None,
+        description="How it ended; Superseded: the target changed while it ran, so it was stopped "
+        "(not a failure) and a round for the new target started.",
+    )
     last_message: str = Field(default="", description="Its outcome in one sentence.")
     consecutive_failures: int = Field(default=0, description="Failed rounds in a row for the same setup.")
     failure_key: str | None = Field(

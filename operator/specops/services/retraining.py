@@ -76,6 +76,8 @@ class RetrainingService:
         events: list[EventRecord] = []
         updates: list[ConditionUpdate] = []
 
+        if rt.superseded(spec, state):
+            state = await self._supersede(spec, state, namespace, now, events)
         if state.active is not None:
             state = await self._follow(spec, state, namespace, now, events)
         else:
@@ -146,6 +148,31 @@ class RetrainingService:
                 )
             )
         return state
+
+    async def _supersede(
+        self,
+        spec: SpeculativeDeploymentSpec,
+        state: rt.RetrainingState,
+        namespace: str,
+        now: datetime,
+        events: list[EventRecord],
+    ) -> rt.RetrainingState:
+        """Stop the running round's training object (its pods go with it) and close the round as
+        superseded. Only once the delete is confirmed (or the object is already gone): a refused
+        delete raises, the round stays recorded and the next tick tries again, so no Job is left
+        running unrecorded."""
+        active = state.active
+        assert active is not None
+        await self.kube.delete(active.api_version, active.kind, namespace, active.job_name)
+        closed = rt.supersede_round(spec, state, now)
+        events.append(
+            EventRecord(
+                "Normal",
+                Reason.RETRAINING_SUPERSEDED,
+                f"{active.kind} {active.job_name} stopped: {closed.last_message}",
+            )
+        )
+        return closed
 
     async def _create_once(self, manifest: dict[str, Any]) -> bool:
         """Create the training object; one that already exists (created before a restart) is kept.

@@ -53,6 +53,8 @@ from specops.domain.retraining.state import (
     retraining_trigger,
     setup_key,
     start_round,
+    supersede_round,
+    superseded,
 )
 
 __all__ = [
@@ -96,5 +98,7 @@ __all__ = [
     "retraining_trigger",
     "setup_key",
     "start_round",
+    "supersede_round",
+    "superseded",
     "training_outcome",
 ]

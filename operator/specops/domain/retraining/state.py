@@ -70,7 +70,7 @@ class RetrainingState:
     active: ActiveRound | None = None
     trained: TrainedDraft | None = None
     last_finished_at: datetime | None = None
-    last_result: Literal["Succeeded", "Failed"] | None = None
+    last_result: Literal["Succeeded", "Failed", "Superseded"] | None = None
     last_message: str = ""
     consecutive_failures: int = 0
     failure_key: str | None = None
@@ -329,6 +329,39 @@ def _count_failure(
         last_message=message,
         consecutive_failures=_failures_for(spec, state) + 1,
         failure_key=key,
+    )
+
+
+def superseded(spec: SpeculativeDeploymentSpec, state: RetrainingState) -> bool:
+    """Whether the running round trains for a target version the spec no longer names, while a
+    target change starts a round of its own: its draft would be stale on arrival, and waiting for
+    it (GPU hours) only delays the round that matters."""
+    active = state.active
+    return (
+        active is not None
+        and active.target_version != spec.target.version
+        and spec.retraining.enabled
+        and spec.retraining.triggers.target_version_change
+    )
+
+
+def supersede_round(
+    spec: SpeculativeDeploymentSpec, state: RetrainingState, now: datetime
+) -> RetrainingState:
+    """Close the running round as superseded by the spec's target version: not a failure (no
+    backoff, the failure count stands), and the round for the new target may start at once."""
+    active = state.active
+    if active is None:
+        return state
+    return replace(
+        state,
+        active=None,
+        last_finished_at=now,
+        last_result="Superseded",
+        last_message=(
+            f"round {active.round_number} trained for target {active.target_version}, superseded by "
+            f"{spec.target.version}"
+        ),
     )
 
 
