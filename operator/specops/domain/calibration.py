@@ -604,7 +604,9 @@ def _precision(state: CalibrationState, prior_sds: Sequence[float]) -> list[list
 def _posterior(
     state: CalibrationState, prior_sds: Sequence[float]
 ) -> tuple[tuple[float, ...], tuple[int, ...]]:
-    """The posterior mean and the parameters the non-negativity left free. Solve (P + X'WX) theta = P mu + X'Wy, P = diag(1 / sd^2), mu = (1, 0, ..., 0), with the
+    """The posterior mean and the parameters the non-negativity left free.
+
+    Solve (P + X'WX) theta = P mu + X'Wy, P = diag(1 / sd^2), mu = (1, 0, ..., 0), with the
     per-sequence costs p1 and q2 kept >= 0.
 
     More sequences never make a step cheaper. A free fit can make a slope negative to match a
