@@ -363,9 +363,13 @@ def _acceptance(
 
 
 def measurement_from_values(
-    profile: BackendProfile, values: Mapping[str, float | None], at: datetime
+    profile: BackendProfile,
+    values: Mapping[str, float | None],
+    at: datetime,
+    latency_error: str | None = None,
 ) -> Measurement:
-    """One resource's measurement from its value of each quantity (missing quantities are None)."""
+    """One resource's measurement from its value of each quantity (missing quantities are None);
+    ``latency_error``: why the cycle went without its latency quantiles, if it did."""
     alpha, rate, mean_draft_length = _acceptance(profile, values)
     pods = values.get(Q_PODS)
     return Measurement(
@@ -382,6 +386,7 @@ def measurement_from_values(
         tpot_p99_s=values.get(Q_TPOT_P99),
         tpot_mean_s=values.get(Q_TPOT_MEAN),
         pods_reporting=round(pods) if pods is not None else 0,
+        latency_error=latency_error,
     )
 
 
@@ -461,7 +466,10 @@ def build_snapshot(
         for (namespace, deployment, variant, draft), value in per_key.items():
             values.setdefault((namespace, deployment, variant), {}).setdefault(draft, {})[quantity] = value
     by_draft = {
-        key: {draft: measurement_from_values(profile, found, at) for draft, found in drafts.items()}
+        key: {
+            draft: measurement_from_values(profile, found, at, latency_error)
+            for draft, found in drafts.items()
+        }
         for key, drafts in values.items()
     }
     measurements: dict[Key, Measurement] = {}
@@ -470,13 +478,8 @@ def build_snapshot(
         if len(drafts) == 1:
             whole = by_draft[key][next(iter(drafts))]
         elif drafts:
-            whole = measurement_from_values(profile, merge_drafts(list(drafts.values())), at)
+            whole = measurement_from_values(profile, merge_drafts(list(drafts.values())), at, latency_error)
         else:  # only the per-pod series mention it
-            whole = measurement_from_values(profile, dict.fromkeys(indexed), at)
-        measurements[key] = replace(whole, per_pod=pods.get(key, {}), latency_error=latency_error)
-    if latency_error is not None:
-        by_draft = {
-            key: {draft: replace(m, latency_error=latency_error) for draft, m in drafts.items()}
-            for key, drafts in by_draft.items()
-        }
+            whole = measurement_from_values(profile, dict.fromkeys(indexed), at, latency_error)
+        measurements[key] = replace(whole, per_pod=pods.get(key, {}))
     return Snapshot(at=at, phase="Ok", measurements=measurements, by_draft=by_draft)

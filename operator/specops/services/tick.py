@@ -480,14 +480,12 @@ class ResourceTick:
                 live = fresh
                 continue
             events.extend(lifecycle.condition_events(current.conditions, conditions))
-            if resource is not None and live is body:
-                self._remember_written(namespace, name, resource, wanted, wanted_wire, written)
-            elif resource is not None and _same_spec(live, body):
+            if resource is not None and (live is body or _same_spec(live, body)):
                 # after a conflict (Kopf's annotations, another status writer) the write replaced
-                # the fresh read too; its spec is the typed copy's, so the copy still holds. Without
-                # it, a watch lagging behind the write restarts the next tick from the status
-                # before it: a first draft's check run twice, its Event posted twice
-                replaced = ((live.get("metadata") or {}).get("resourceVersion"),)
+                # the fresh read too; with the typed copy's spec, the copy still holds. Without it,
+                # a watch lagging behind the write restarts the next tick from the status before
+                # it: a first draft's check run twice, its Event posted twice
+                replaced = () if live is body else ((live.get("metadata") or {}).get("resourceVersion"),)
                 self._remember_written(namespace, name, resource, wanted, wanted_wire, written, replaced)
             return written
         log.warning(
@@ -498,7 +496,8 @@ class ResourceTick:
 
 def _same_spec(fresh: Mapping[str, Any], body: Mapping[str, Any]) -> bool:
     """Whether a fresh read carries the spec (and generation) of the body the tick validated."""
-    generation = (fresh.get("metadata") or {}).get("generation")
-    return generation == (body.get("metadata") or {}).get("generation") and fresh.get("spec") == body.get(
-        "spec"
-    )
+
+    def generation(resource: Mapping[str, Any]) -> Any:
+        return (resource.get("metadata") or {}).get("generation")
+
+    return generation(fresh) == generation(body) and fresh.get("spec") == body.get("spec")
