@@ -10,6 +10,7 @@ from dataclasses import replace
 import pytest
 
 from specops import profiles
+from specops.domain import learning
 from specops.domain.calibration import (
     CalibratedModel,
     CalibrationConfig,
@@ -25,7 +26,14 @@ from specops.domain.calibration import (
     start_probe,
     update,
 )
-from specops.domain.perf import GPUS, ModelSetup, best_length_break_even_batch, speedup
+from specops.domain.perf import (
+    GPUS,
+    ModelSetup,
+    best_length_break_even_batch,
+    speculative_step_time,
+    speedup,
+    target_step_time,
+)
 from specops.domain.profile import ServingProfile
 
 PRIOR = ModelSetup(GPUS["H100"], 70e9, 7e9)
@@ -282,3 +290,39 @@ def test_the_assured_gain_is_close_where_measured_and_far_below_where_extrapolat
     assert model.confidence(512).on < 0.5
     assert model.assured_speedup(alpha, 1, 512) == model.predict_speedup(alpha, 1, 512)
     assert CalibratedModel(PRIOR).assured_speedup(alpha, 4, 32) == pytest.approx(speedup(PRIOR, alpha, 32, 4))
+
+
+def test_the_remembered_break_even_is_each_models_own_as_data_arrive() -> None:
+    # Given deployments of every shipped profile learning side by side, and the prior with a long context
+    names = profiles.list_builtin()
+    states = {name: CalibrationState() for name in names}
+    for step in range(6):
+        for index, name in enumerate(names):
+            profile = profiles.load_builtin(name)
+            states[name] = sample_world(
+                profile, 20, seed=10 * step + index, state=states[name], start_s=step * 300.0
+            )
+            model = CalibratedModel(PRIOR, states[name])
+            alpha = profile.alpha or 0.7
+            # When the loop asks for the break-even, remembered between ticks
+            # Then it is what the model's own search finds, at this alpha and bounds
+            for bounds in ((1, 8), (2, 4)):
+                assert learning.break_even(model, alpha, bounds) == model.break_even_batch(alpha, bounds)
+    long_context = replace(PRIOR, context_tokens=32768.0)
+    prior = CalibratedModel(long_context)
+    assert learning.break_even(prior, 0.8, (1, 8)) == best_length_break_even_batch(long_context, 0.8, 8)
+    assert learning.break_even(prior, 0.8, (1, 8)) != learning.break_even(CalibratedModel(PRIOR), 0.8, (1, 8))
+
+
+@pytest.mark.parametrize("context_tokens", [None, 0.0, 512.0, 32768.0])
+def test_the_prior_predicts_the_rooflines_step_times_exactly_at_any_context(
+    context_tokens: float | None,
+) -> None:
+    model = CalibratedModel(PRIOR)
+    at = PRIOR if context_tokens is None else PRIOR.with_context(context_tokens)
+    for batch in (0.5, 1, 7, 64, 1000):
+        assert model.step_s(0, batch, context_tokens) == target_step_time(at, max(1.0, batch))
+        for g in (1, 3, 8):
+            assert model.step_s(g, batch, context_tokens) == pytest.approx(
+                speculative_step_time(at, max(1.0, batch), g), rel=1e-12
+            )

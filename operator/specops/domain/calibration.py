@@ -39,7 +39,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
-from specops.domain.perf import ModelSetup, expected_tokens, speculative_step_time, target_step_time
+from specops.domain.perf import ModelSetup, expected_tokens, target_step_time
 
 PARAMETERS = ("s", "p0", "p1", "q0", "q1", "q2")
 N_PARAMS = len(PARAMETERS)
@@ -166,9 +166,9 @@ def update(
         y = sample.tpot_s * expected_tokens(sample.alpha, g)
     else:
         y = sample.tpot_s
-    at = setup if sample.context_tokens is None else setup.with_context(sample.context_tokens)
-    x = _features(at, g, sample.batch)
-    scale = _reference_seconds(setup)
+    roof = _roofline(setup)
+    x = roof.features(g, sample.batch, sample.context_tokens)
+    scale = roof.scale
     y_scaled = y / scale
     w = 1.0 / (config.relative_noise * y_scaled) ** 2
     xtx = list(state.xtx)
@@ -250,9 +250,8 @@ class CalibratedModel:
         (delta method on plain(B) / round(g, B); the acceptance is taken as known)."""
         if draft_length <= 0:
             return 0.0
-        at = self._at(context_tokens)
-        x_plain = _features(at, 0, max(1.0, batch))
-        x_round = _features(at, draft_length, max(1.0, batch))
+        x_plain = self._roof.features(0, batch, context_tokens)
+        x_round = self._roof.features(draft_length, batch, context_tokens)
         plain = sum(t * x for t, x in zip(self.theta, x_plain, strict=True))
         rounds = sum(t * x for t, x in zip(self.theta, x_round, strict=True))
         if plain <= 0.0 or rounds <= 0.0:
@@ -296,13 +295,14 @@ class CalibratedModel:
         """Whether any data shapes the model (else it is the roofline prior)."""
         return self.state.weight > 0.0
 
-    def _at(self, context_tokens: float | None) -> ModelSetup:
-        return self.setup if context_tokens is None else self.setup.with_context(context_tokens)
+    @functools.cached_property
+    def _roof(self) -> _Roofline:
+        return _roofline(self.setup)
 
     def step_s(self, draft_length: int, batch: float, context_tokens: float | None = None) -> float:
         """Predicted seconds per plain step (length 0) or per speculative round."""
-        x = _features(self._at(context_tokens), draft_length, max(1.0, batch))
-        scale = _reference_seconds(self.setup)
+        x = self._roof.features(draft_length, batch, context_tokens)
+        scale = self._roof.scale
         value = sum(t * xi for t, xi in zip(self.theta, x, strict=True)) * scale
         # A linear fit can dip below what the hardware allows far from its data; no step is
         # faster than a tenth of the roofline's.
@@ -319,20 +319,26 @@ class CalibratedModel:
         calibrated = (
             expected_tokens(alpha, draft_length) * plain / self.step_s(draft_length, batch, context_tokens)
         )
-        return self._bounded_far_from_data(calibrated, alpha, draft_length, batch, context_tokens)
-
-    def _bounded_far_from_data(
-        self, calibrated: float, alpha: float, draft_length: int, batch: float, context_tokens: float | None
-    ) -> float:
-        """Where no speculative round was measured near this batch, the fit promises no more than
-        the roofline: a linear fit extrapolated from small batches can make rounds look cheap at
-        large ones."""
-        if not self.calibrated or self.confidence(batch).on >= UNMEASURED_BELOW:
+        if not self._unmeasured(batch):
             return calibrated
-        x = _features(self._at(context_tokens), 0, max(1.0, batch))
-        xg = _features(self._at(context_tokens), draft_length, max(1.0, batch))
-        prior = expected_tokens(alpha, draft_length) * x[0] / xg[0]
-        return min(calibrated, prior)
+        return min(calibrated, self._prior_speedup(alpha, draft_length, batch, context_tokens))
+
+    def _unmeasured(self, batch: float) -> bool:
+        """Whether rounds near this batch count as unmeasured: there the fit promises no more than
+        the roofline (`_prior_speedup`), since a linear fit extrapolated from small batches can
+        make rounds look cheap at large ones."""
+        return self.calibrated and self.confidence(batch).on < UNMEASURED_BELOW
+
+    def unmeasured_octaves(self) -> tuple[bool, ...]:
+        """For each batch octave, whether its rounds count as unmeasured (`_unmeasured`)."""
+        return tuple(self._unmeasured(2.0**bucket) for bucket in range(N_BUCKETS))
+
+    def _prior_speedup(
+        self, alpha: float, draft_length: int, batch: float, context_tokens: float | None
+    ) -> float:
+        x = self._roof.features(0, batch, context_tokens)
+        xg = self._roof.features(draft_length, batch, context_tokens)
+        return expected_tokens(alpha, draft_length) * x[0] / xg[0]
 
     def best_length(
         self, alpha: float, batch: float, bounds: tuple[int, int], context_tokens: float | None = None
@@ -341,9 +347,11 @@ class CalibratedModel:
         lo, hi = max(1, bounds[0]), max(1, bounds[1])
         best_g, best_s = 0, 1.0
         plain = self.step_s(0, batch, context_tokens)
+        unmeasured = self._unmeasured(batch)
         for g in range(lo, hi + 1):
             s = expected_tokens(alpha, g) * plain / self.step_s(g, batch, context_tokens)
-            s = self._bounded_far_from_data(s, alpha, g, batch, context_tokens)
+            if unmeasured:
+                s = min(s, self._prior_speedup(alpha, g, batch, context_tokens))
             if s > best_s:
                 best_g, best_s = g, s
         return best_g, best_s
@@ -405,7 +413,7 @@ class CalibratedModel:
 
     def parameters(self) -> dict[str, float]:
         """The fitted parameters; p*, q* in seconds (per sequence / per token as named)."""
-        scale = _reference_seconds(self.setup)
+        scale = self._roof.scale
         return {
             name: value if name == "s" else value * scale
             for name, value in zip(PARAMETERS, self.theta, strict=True)
@@ -568,19 +576,68 @@ def max_speedup(model: CalibratedModel, alpha: float, batch: float, bounds: tupl
 @functools.lru_cache(maxsize=64)
 def _reference_seconds(setup: ModelSetup) -> float:
     """T1: the roofline's plain step at batch 1 without context; features and targets are in its units."""
-    return target_step_time(setup.with_context(0.0), 1.0)
+    return _roofline(setup).scale
 
 
-@functools.lru_cache(maxsize=65536)
-def _features(setup: ModelSetup, draft_length: int, batch: float) -> tuple[float, ...]:
-    """The regression's features (the roofline in T1 units, then the correction terms); cached:
-    break-even searches evaluate the same (setup, length, batch) points every decision."""
-    scale = _reference_seconds(setup)
-    b = max(1.0, batch)
-    if draft_length <= 0:
-        return (target_step_time(setup, b) / scale, 1.0, b, 0.0, 0.0, 0.0)
-    g = float(draft_length)
-    return (speculative_step_time(setup, b, draft_length) / scale, 1.0, b, 1.0, g, g * b)
+@dataclass(frozen=True)
+class _Roofline:
+    """The roofline's step times (`perf.py`) for one setup, its constants worked out once.
+
+    A decision evaluates the model at a few hundred (length, batch) points (best lengths, the
+    break-even search, the assured gain); through `perf` each point cost a dataclass `replace` and
+    a hash of the setup. Here a point is a handful of multiplications, in the same order as
+    `perf._step_time`, so the values are the same to the last bit."""
+
+    context_tokens: float
+    bandwidth: float
+    flops: float
+    target_params: float
+    target_weight_bytes: float
+    draft_params: float
+    draft_weight_bytes: float
+    kv_bytes_per_token_per_param: float
+    overhead_s: float
+    scale: float
+
+    def _step(self, params: float, weight_bytes: float, batch: float, tokens: float, context: float) -> float:
+        kv_bytes = batch * context * params * self.kv_bytes_per_token_per_param
+        memory_s = (weight_bytes + kv_bytes) / self.bandwidth
+        compute_s = 2.0 * params * batch * tokens / self.flops
+        return max(memory_s, compute_s)
+
+    def features(
+        self, draft_length: int, batch: float, context_tokens: float | None = None
+    ) -> tuple[float, ...]:
+        """The regression's features (the roofline in T1 units, then the correction terms)."""
+        context = self.context_tokens if context_tokens is None else context_tokens
+        b = max(1.0, batch)
+        if draft_length <= 0:
+            plain = self._step(self.target_params, self.target_weight_bytes, b, 1.0, context)
+            return (plain / self.scale, 1.0, b, 0.0, 0.0, 0.0)
+        g = float(draft_length)
+        rounds = (
+            draft_length * self._step(self.draft_params, self.draft_weight_bytes, b, 1.0, context)
+            + self._step(self.target_params, self.target_weight_bytes, b, draft_length + 1.0, context)
+            + self.overhead_s
+        )
+        return (rounds / self.scale, 1.0, b, 1.0, g, g * b)
+
+
+@functools.lru_cache(maxsize=256)
+def _roofline(setup: ModelSetup) -> _Roofline:
+    gpus = max(1, setup.tensor_parallel)
+    return _Roofline(
+        context_tokens=setup.context_tokens,
+        bandwidth=setup.gpu.hbm_bytes_per_s * gpus * setup.efficiency,
+        flops=setup.gpu.bf16_flops * gpus * setup.efficiency,
+        target_params=setup.target_params,
+        target_weight_bytes=setup.target_params * setup.bytes_per_param,
+        draft_params=setup.draft_params,
+        draft_weight_bytes=setup.draft_params * setup.bytes_per_param,
+        kv_bytes_per_token_per_param=setup.kv_bytes_per_token_per_param,
+        overhead_s=setup.overhead_s,
+        scale=target_step_time(setup.with_context(0.0), 1.0),
+    )
 
 
 def _unpack(upper: Sequence[float]) -> list[list[float]]:

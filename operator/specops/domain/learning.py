@@ -19,6 +19,7 @@ Pure: times come in as datetimes (seconds since the Unix epoch inside the calibr
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 
@@ -330,8 +331,35 @@ def applied(state: LearningState, num_draft_tokens: int, now: datetime) -> Learn
     return replace(state, applied_length=num_draft_tokens, applied_since=now, slowdown_streak=0)
 
 
+BREAK_EVEN_DIGITS = 3
+"""Significant digits of the fitted parameters (and decimals of alpha) that identify a break-even."""
+BREAK_EVEN_MEMO_SIZE = 8192
+_break_even_memo: OrderedDict[tuple[object, ...], int | None] = OrderedDict()
+
+
 def break_even(fitted: CalibratedModel, alpha: float, bounds: tuple[int, int]) -> int | None:
-    return fitted.break_even_batch(alpha, bounds)
+    """The model's break-even batch at this alpha, remembered for a model that has not moved.
+
+    The search evaluates the model at about a hundred (length, batch) points, which was half of a
+    steady tick's CPU; from one tick to the next a steady deployment's fit moves in its fourth
+    digit while the break-even shown is a whole batch. A model whose parameters agree to
+    BREAK_EVEN_DIGITS significant digits, with the same measured octaves, setup, bounds and alpha
+    to 3 decimals, has the break-even already found. Bounded (least recently used out): two
+    entries per resource (fitted and prior) fit for thousands of resources."""
+    key = (
+        fitted.setup,
+        tuple(float(f"{t:.{BREAK_EVEN_DIGITS}g}") for t in fitted.theta),
+        fitted.unmeasured_octaves(),
+        round(alpha, BREAK_EVEN_DIGITS),
+        bounds,
+    )
+    if key in _break_even_memo:
+        _break_even_memo.move_to_end(key)
+        return _break_even_memo[key]
+    found = _break_even_memo[key] = fitted.break_even_batch(alpha, bounds)
+    if len(_break_even_memo) > BREAK_EVEN_MEMO_SIZE:
+        _break_even_memo.popitem(last=False)
+    return found
 
 
 def announce(
