@@ -115,9 +115,10 @@ def run_operator(
     import kopf
 
     import specops.handlers  # noqa: F401  (registers the handlers)
-    from specops.adapters import operator_metrics
+    from specops.adapters import gc_tuning, operator_metrics
 
     configure_logging("debug" if verbose else (log_level or "info"), log_format)
+    gc_tuning.configure()
     if metrics_port:
         operator_metrics.serve(metrics_port, metrics_address)
     if not leader_election:

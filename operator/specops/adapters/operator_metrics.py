@@ -20,7 +20,8 @@ from collections.abc import Iterator, Mapping
 from typing import Any, get_args
 from wsgiref.simple_server import WSGIServer
 
-from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from specops.api.models import SpeculativeDeploymentStatus
 from specops.api.units import parse_duration
@@ -61,6 +62,78 @@ def _seconds(value: Any) -> float | None:
 
 
 _UNSET = object()
+_REMEMBERED = ("state", "draftLength", "lastToggleTime", "lastDecisionTime")
+"""What the previous speculation status must show to count the next decision and toggle."""
+
+
+class PerResourceMetric:
+    """One per-resource metric family held as plain values: labels (namespace, name, ...) -> value.
+
+    prometheus_client's labelled children cost about 0.65 KiB each (a child object, a lock, and a
+    value with its own lock): at about 45 series per resource that was 29 KiB per resource, 57 MiB
+    at 2,000. Here a series is one dict entry, rendered when Prometheus scrapes
+    (`PerResourceCollector`, the client's custom-collector interface). The API is the part of
+    Gauge and Counter the operator uses: ``labels(...).set/inc`` and ``remove(...)``."""
+
+    def __init__(self, name: str, documentation: str, labelnames: tuple[str, ...], *, counter: bool = False):
+        self.name = name
+        self.documentation = documentation
+        self.labelnames = labelnames
+        self.counter = counter
+        self.values: dict[tuple[str, ...], float] = {}
+
+    def labels(self, *labelvalues: str) -> _Series:
+        if len(labelvalues) != len(self.labelnames):
+            raise ValueError(f"{self.name} takes labels {self.labelnames}, got {labelvalues}")
+        return _Series(self.values, tuple(labelvalues))
+
+    def remove(self, *labelvalues: str) -> None:
+        del self.values[tuple(labelvalues)]
+
+    def family(self, samples: list[tuple[tuple[str, ...], float]]) -> Metric:
+        family: Metric
+        if self.counter:
+            family = CounterMetricFamily(self.name, self.documentation, labels=self.labelnames)
+        else:
+            family = GaugeMetricFamily(self.name, self.documentation, labels=self.labelnames)
+        for labelvalues, value in samples:
+            family.add_metric(labelvalues, value)
+        return family
+
+
+class _Series:
+    __slots__ = ("_key", "_values")
+
+    def __init__(self, values: dict[tuple[str, ...], float], key: tuple[str, ...]) -> None:
+        self._values, self._key = values, key
+        values.setdefault(key, 0.0)
+
+    def set(self, value: float) -> None:
+        self._values[self._key] = float(value)
+
+    def inc(self, amount: float = 1.0) -> None:
+        self._values[self._key] = self._values.get(self._key, 0.0) + amount
+
+
+class PerResourceCollector:
+    """Renders the per-resource families for a scrape, copying their values under the writers' lock
+    (the metrics server answers from its own thread)."""
+
+    def __init__(self, lock: threading.Lock) -> None:
+        self._lock = lock
+        self.metrics: list[PerResourceMetric] = []
+
+    def add(self, metric: PerResourceMetric) -> PerResourceMetric:
+        self.metrics.append(metric)
+        return metric
+
+    def describe(self) -> list[Metric]:
+        return [metric.family([]) for metric in self.metrics]
+
+    def collect(self) -> list[Metric]:
+        with self._lock:
+            copied = [list(metric.values.items()) for metric in self.metrics]
+        return [metric.family(samples) for metric, samples in zip(self.metrics, copied, strict=True)]
 
 
 class OperatorMetrics:
@@ -72,9 +145,13 @@ class OperatorMetrics:
         self._lock = threading.Lock()
         # What each resource last showed: to count new decisions/toggles/rollbacks and drop old label sets.
         self._seen: dict[tuple[str, str], dict[str, Any]] = {}
+        per_resource = PerResourceCollector(self._lock)
 
-        def gauge(name: str, doc: str, *extra: str) -> Gauge:
-            return Gauge(name, doc, [*RESOURCE, *extra], registry=r)
+        def gauge(name: str, doc: str, *extra: str) -> PerResourceMetric:
+            return per_resource.add(PerResourceMetric(name, doc, (*RESOURCE, *extra)))
+
+        def counter(name: str, doc: str, *extra: str) -> PerResourceMetric:
+            return per_resource.add(PerResourceMetric(name, doc, (*RESOURCE, *extra), counter=True))
 
         self.phase = gauge(
             "specops_phase", "1 for the resource's current lifecycle phase, 0 for the others.", "phase"
@@ -138,18 +215,15 @@ class OperatorMetrics:
         self.slo_tpot_p99 = gauge(
             "specops_slo_per_token_latency_p99_seconds", "spec.slo.perTokenLatencyP99, when set."
         )
-        self.decisions = Counter(
+        self.decisions = counter(
             "specops_decisions",
             "Control-loop decisions, by action (enable, disable, lengthen, shorten, hold) and reason.",
-            [*RESOURCE, "action", "reason"],
-            registry=r,
+            "action",
+            "reason",
         )
-        self.toggles = Counter(
-            "specops_speculation_toggles", "Speculation switched on or off.", list(RESOURCE), registry=r
-        )
-        self.rollbacks = Counter(
-            "specops_canary_rollbacks", "Canaries of a new draft rolled back.", list(RESOURCE), registry=r
-        )
+        self.toggles = counter("specops_speculation_toggles", "Speculation switched on or off.")
+        self.rollbacks = counter("specops_canary_rollbacks", "Canaries of a new draft rolled back.")
+        r.register(per_resource)
         self.reconcile_duration = Histogram(
             "specops_reconcile_duration_seconds",
             "Time to reconcile a SpeculativeDeployment (create, update, resume).",
@@ -174,8 +248,14 @@ class OperatorMetrics:
             ["component", "kind"],
             registry=r,
         )
+        self.gc_seconds = Counter(
+            "specops_gc_seconds",
+            "Time the operator's process spent in CPython's cyclic garbage collector, by generation.",
+            ["generation"],
+            registry=r,
+        )
         # Labelled (namespace, name) only; phase, condition and decisions carry more labels.
-        self._per_resource: tuple[Gauge | Counter, ...] = (
+        self._per_resource: tuple[PerResourceMetric, ...] = (
             self.speculation_enabled,
             self.draft_length,
             self.tuned_draft_length,
@@ -289,7 +369,7 @@ class OperatorMetrics:
                     and last_canary.get("result") == "RolledBack"
                 ):
                     self.rollbacks.labels(namespace, name).inc()
-            seen["speculation"] = dict(speculation)
+            seen["speculation"] = {field: speculation.get(field) for field in _REMEMBERED}
             seen["lastCanary"] = status.get("lastCanary") or None
 
     def observe_decision(self, namespace: str, name: str, action: str, reason: str) -> None:
@@ -315,21 +395,12 @@ class OperatorMetrics:
                     with contextlib.suppress(KeyError):
                         metric.remove(namespace, name, *labels)
 
-    def _set(self, gauge: Gauge, key: tuple[str, str], value: float | None) -> None:
-        """Set (or, for None, remove) one resource's series; nothing when it already shows the value.
-
-        Every tick of every resource comes here for about 30 gauges: a labels() lookup each took
-        a sixth of the operator's CPU at 2,000 resources, for values that mostly did not move."""
-        shown = self._seen.setdefault(key, {"labels": {}}).setdefault("values", {})
-        metric = id(gauge)  # the gauges live as long as this object
-        if metric in shown and shown[metric] == value:
-            return
+    def _set(self, gauge: PerResourceMetric, key: tuple[str, str], value: float | None) -> None:
+        """Set (or, for None, remove) one resource's series."""
         if value is None:
-            with contextlib.suppress(KeyError):
-                gauge.remove(*key)
+            gauge.values.pop(key, None)
         else:
-            gauge.labels(*key).set(value)
-        shown[metric] = value
+            gauge.values[key] = float(value)
 
     def _observe_conditions(self, key: tuple[str, str], seen: dict[str, Any], conditions: list[Any]) -> None:
         current: set[tuple[str, ...]] = set()
@@ -383,6 +454,10 @@ class OperatorMetrics:
         """One failed call to ``component`` (kubernetes, prometheus, triton); ``kind`` says how it failed."""
         self.errors.labels(component, kind).inc()
 
+    def count_gc(self, generation: int, seconds: float) -> None:
+        """One garbage collection pass of ``generation`` (0 youngest, 2 full) that took ``seconds``."""
+        self.gc_seconds.labels(str(generation)).inc(seconds)
+
     def serve(
         self, port: int = DEFAULT_PORT, address: str = "0.0.0.0"
     ) -> tuple[WSGIServer, threading.Thread]:
@@ -412,4 +487,5 @@ forget = METRICS.forget
 time_reconcile = METRICS.time_reconcile
 time_tick = METRICS.time_tick
 count_error = METRICS.count_error
+count_gc = METRICS.count_gc
 serve = METRICS.serve

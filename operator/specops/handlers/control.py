@@ -119,6 +119,29 @@ async def pause(stopped: kopf.DaemonStopped, wait_s: float) -> bool:
     return True
 
 
+async def tick_once(
+    services: Services,
+    namespace: str,
+    name: str,
+    body: kopf.Body,
+    pods: kopf.Index[tuple[str, str], PodEndpoint] | None,
+) -> tuple[float, bool]:
+    """One tick, its Events and metrics; (when to come back, whether the resource is gone).
+
+    Its own function so that nothing the tick made (the status it computed, about 10 KiB) stays
+    referenced from the daemon's frame while it sleeps: at 2,000 resources that was 20 MiB."""
+    with operator_metrics.time_tick():
+        serving = None if pods is None else list(pods.get((namespace, label_value(name)), ()))
+        # Kopf's live body and pod index: no GET, no LIST
+        outcome = await services.tick(namespace, name, now, body, serving)
+    if outcome.events:
+        post_events(outcome.body or body, outcome.events)
+    if outcome.body is not None:
+        shown = outcome.status if outcome.status is not None else outcome.body.get("status")
+        operator_metrics.observe_status(namespace, name, shown or {}, outcome.body.get("spec"))
+    return outcome.interval_s, outcome.gone
+
+
 @kopf.daemon(GROUP, VERSION, PLURAL, cancellation_timeout=5.0)
 async def speculation_control(
     stopped: kopf.DaemonStopped,
@@ -140,19 +163,11 @@ async def speculation_control(
         if not await pause(stopped, wait_s):
             return
         while not stopped:
-            with operator_metrics.time_tick():
-                serving = None if pods is None else list(pods.get((namespace, label_value(name)), ()))
-                # Kopf's live body and pod index: no GET, no LIST
-                outcome = await services.tick(namespace, name, now, body, serving)
-            if outcome.events:
-                post_events(outcome.body or body, outcome.events)
-            if outcome.body is not None:
-                shown = outcome.status if outcome.status is not None else outcome.body.get("status")
-                operator_metrics.observe_status(namespace, name, shown or {}, outcome.body.get("spec"))
-            if outcome.gone:
+            interval_s, gone = await tick_once(services, namespace, name, body, pods)
+            if gone:
                 return
-            wait_s = jittered(outcome.interval_s)
-            dog.expect(key, wait_s, outcome.interval_s)
+            wait_s = jittered(interval_s)
+            dog.expect(key, wait_s, interval_s)
             if not await pause(stopped, wait_s):
                 return
     finally:
