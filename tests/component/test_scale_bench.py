@@ -33,7 +33,7 @@ def test_scale_bench_writes_every_figure_for_a_small_fleet(tmp_path: Path) -> No
     assert "scale" in BENCHMARKS
     out = tmp_path / "scale.json"
     command = [sys.executable, "-m", "specops.cli", "bench", "scale", "--resources", "3"]
-    command += ["--interval", "2s", "--cycles", "2", "--timeout", "90", "--json", str(out)]
+    command += ["--interval", "2s", "--cycles", "2", "--rollout", "2s", "--timeout", "90", "--json", str(out)]
     command += ["--workdir", str(tmp_path / "work")]
     finished = subprocess.run(command, capture_output=True, text=True, timeout=170, check=False)
     assert finished.returncode == 0, finished.stderr[-3000:]
@@ -50,6 +50,8 @@ def test_scale_bench_writes_every_figure_for_a_small_fleet(tmp_path: Path) -> No
     assert 1 <= figures["promql_queries_per_cycle"] <= 40
     assert 30 < figures["peak_rss_mib"] < 1000
     assert "CPU per control cycle" in finished.stdout
+    # measured where a deployment spends its life: after Baseline and Fixed, in Dynamic
+    assert "every resource in the Dynamic phase after" in finished.stderr, finished.stderr[-3000:]
     # and its liveness probe sees every resource's control loop ticking (a probe that saw none
     # would call a stalled operator healthy)
     assert "the operator's liveness probe: 3 resources ticking on time" in finished.stderr, finished.stderr
