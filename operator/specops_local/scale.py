@@ -327,6 +327,22 @@ def _not_dynamic(cluster: EmulatedCluster, names: set[str]) -> collections.Count
     return phases
 
 
+STEPPING = frozenset({"DraftLengthIncreased", "DraftLengthDecreased"})
+SETTLED_SHARE = 0.01
+"""The fleet counts as settled when at most this share of it is still stepping its draft length."""
+LENGTH_SETTLE_S = 900.0
+
+
+def _stepping(cluster: EmulatedCluster, names: set[str]) -> int:
+    """How many named resources' last decision stepped the draft length (status.speculation.reason)."""
+    return sum(
+        1
+        for obj in cluster.objects("speculativedeployments", cluster.namespace)
+        if obj["metadata"]["name"] in names
+        and ((obj.get("status") or {}).get("speculation") or {}).get("reason") in STEPPING
+    )
+
+
 def _metrics_example(cluster: EmulatedCluster, names: set[str]) -> str:
     """One resource without metrics: its MetricsUnavailable condition and last measurement time."""
     for obj in cluster.objects("speculativedeployments", cluster.namespace):
@@ -474,7 +490,18 @@ async def run_scale(
             if not behind
             else f"not every resource in Dynamic ({dict(behind)}); measuring anyway"
         )
+        # and the draft lengths settled: entering Dynamic, each resource climbs toward its modelled
+        # best a step at a time, a status write and an Event per step
+        lengths_deadline = time.monotonic() + LENGTH_SETTLE_S
+        while (stepping := _stepping(cluster, names)) > SETTLED_SHARE * resources and (  # noqa: ASYNC110 (the store has no event to wait on)
+            time.monotonic() < lengths_deadline
+        ):
+            await asyncio.sleep(READY_POLL_S)
         await asyncio.sleep(interval_s)
+        say(
+            f"draft lengths settled after {time.monotonic() - started:.1f} s "
+            f"({stepping} resources still stepping theirs)"
+        )
         window_s = cycles * interval_s
         cpu_before, requests_before = _cpu_seconds(pid), len(cluster.emulator.requests)
         own_cpu_before = _cpu_seconds(os.getpid())
