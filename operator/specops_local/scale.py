@@ -42,6 +42,7 @@ from typing import Any
 
 import httpx
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
 from specops.api.crd import build_crd
 from specops.api.units import parse_duration
@@ -115,6 +116,7 @@ class OperatorProcess:
     liveness_url: str
     live_at: float
     """When (monotonic) the liveness endpoint first answered."""
+    metrics_url: str
 
 
 @contextlib.asynccontextmanager
@@ -122,9 +124,10 @@ async def operator_process(
     cluster: EmulatedCluster, interval_s: float, log: Path, log_level: str = "warning"
 ) -> AsyncIterator[OperatorProcess]:
     """`specops run` in its own process against the emulated cluster, once it is live."""
-    health_port = free_port()
+    health_port, metrics_port = free_port(), free_port()
     env = {**os.environ, **operator_environment(cluster.kubeconfig_path, interval_s, interval_s)}
-    command = ["-m", "specops.cli", "run", "--metrics-port", "0", "--log-level", log_level]
+    command = ["-m", "specops.cli", "run", "--metrics-port", str(metrics_port)]
+    command += ["--metrics-address", "127.0.0.1", "--log-level", log_level]
     command += ["--liveness", f"http://127.0.0.1:{health_port}/healthz"]
     with log.open("ab") as stderr:
         process = await asyncio.create_subprocess_exec(
@@ -132,7 +135,12 @@ async def operator_process(
         )
     try:
         await _wait_live(process, f"http://127.0.0.1:{health_port}/healthz", log)
-        yield OperatorProcess(process.pid, f"http://127.0.0.1:{health_port}/healthz", time.monotonic())
+        yield OperatorProcess(
+            process.pid,
+            f"http://127.0.0.1:{health_port}/healthz",
+            time.monotonic(),
+            f"http://127.0.0.1:{metrics_port}/metrics",
+        )
     finally:
         await _stop_process(process)
 
@@ -149,6 +157,24 @@ async def _wait_live(process: asyncio.subprocess.Process, url: str, log: Path) -
                     return
             await asyncio.sleep(0.2)
     raise TimeoutError(f"the operator was not live within {OPERATOR_START_TIMEOUT_S:g} s")
+
+
+async def _gc_seconds(metrics_url: str) -> float | None:
+    """The operator's time in the garbage collector so far (`specops_gc_seconds_total`, every
+    generation), from its metrics endpoint; None when it does not answer."""
+    async with httpx.AsyncClient(timeout=30.0) as http:
+        try:
+            answer = await http.get(metrics_url)
+        except httpx.HTTPError:
+            return None
+    if answer.status_code != 200:
+        return None
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(answer.text)
+        for sample in family.samples
+        if sample.name == "specops_gc_seconds_total"
+    )
 
 
 KOPF_PROBE_CACHE_S = 10.0
@@ -503,6 +529,7 @@ async def run_scale(
             f"({stepping} resources still stepping theirs)"
         )
         window_s = cycles * interval_s
+        gc_before = await _gc_seconds(operator.metrics_url)  # a scrape of every series: outside the window
         cpu_before, requests_before = _cpu_seconds(pid), len(cluster.emulator.requests)
         own_cpu_before = _cpu_seconds(os.getpid())
         farm_cpu_before = [_cpu_seconds(farm) for farm in farm_pids]
@@ -522,6 +549,12 @@ async def run_scale(
         ]
         requests, farm_requests = _operator_requests(cluster, requests_before)
         window_mix = _request_mix(cluster, requests_before, len(cluster.emulator.requests))
+        gc_after = await _gc_seconds(operator.metrics_url)
+        if gc_before is not None and gc_after is not None and cpu > 0:
+            say(
+                f"the operator's garbage collector in the window: {gc_after - gc_before:.2f} s "
+                f"({100 * (gc_after - gc_before) / cpu:.0f} % of its {cpu:.1f} CPU-s)"
+            )
         say(
             "the operator's API requests per resource and cycle in the window: "
             + ", ".join(
