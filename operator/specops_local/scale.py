@@ -35,10 +35,10 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 import yaml
@@ -58,6 +58,7 @@ from specops_local.stack import EXAMPLES, operator_environment
 EXAMPLE = "dense-70b-7b.yaml"
 SERVING_POLL_S = 2.0
 READY_POLL_S = 2.0
+T = TypeVar("T")
 """How often the benchmark looks whether every resource is reconciled (a scan of every resource)."""
 OPERATOR_START_TIMEOUT_S = 60.0
 FARM_START_TIMEOUT_S = 60.0
@@ -328,6 +329,17 @@ METRICS_SETTLE_S = 120.0
 """How long the benchmark waits, after every resource serves, for every resource's metrics."""
 
 
+async def _poll_until(
+    look: Callable[[], T], within_s: float, done: Callable[[T], bool] = lambda found: not found
+) -> T:
+    """Look at the store every READY_POLL_S until `done` (by default: nothing left) or `within_s`
+    passed; what the last look found. The store has no event to wait on."""
+    deadline = time.monotonic() + within_s
+    while not done(found := look()) and time.monotonic() < deadline:  # noqa: ASYNC110 (the store has no event to wait on)
+        await asyncio.sleep(READY_POLL_S)
+    return found
+
+
 def _metrics_pending(cluster: EmulatedCluster, names: set[str]) -> int:
     """How many of the named resources have no measurement yet, or say their metrics are unavailable."""
     pending = 0
@@ -496,9 +508,9 @@ async def run_scale(
 
         # Steady state: new pods have no rate() over a window yet, so every resource first reports
         # MetricsUnavailable and then writes (and announces) the metrics flowing. Measured after that.
-        settle_deadline = time.monotonic() + SETTLE_INTERVALS * interval_s + METRICS_SETTLE_S
-        while (waiting := _metrics_pending(cluster, names)) and time.monotonic() < settle_deadline:  # noqa: ASYNC110 (the store has no event to wait on)
-            await asyncio.sleep(READY_POLL_S)
+        waiting = await _poll_until(
+            lambda: _metrics_pending(cluster, names), SETTLE_INTERVALS * interval_s + METRICS_SETTLE_S
+        )
         say(
             f"metrics flowing for every resource after {time.monotonic() - started:.1f} s"
             if not waiting
@@ -506,11 +518,10 @@ async def run_scale(
         )
         # Then the Dynamic phase everywhere (after each resource's short Baseline and Fixed): the
         # phase a deployment spends its life in, with calibration, probes and break-even.
-        dynamic_deadline = (
-            time.monotonic() + 2.0 * rollout_s + SETTLE_INTERVALS * interval_s + METRICS_SETTLE_S
+        behind = await _poll_until(
+            lambda: _not_dynamic(cluster, names),
+            2.0 * rollout_s + SETTLE_INTERVALS * interval_s + METRICS_SETTLE_S,
         )
-        while (behind := _not_dynamic(cluster, names)) and time.monotonic() < dynamic_deadline:  # noqa: ASYNC110 (the store has no event to wait on)
-            await asyncio.sleep(READY_POLL_S)
         say(
             f"every resource in the Dynamic phase after {time.monotonic() - started:.1f} s"
             if not behind
@@ -518,11 +529,11 @@ async def run_scale(
         )
         # and the draft lengths settled: entering Dynamic, each resource climbs toward its modelled
         # best a step at a time, a status write and an Event per step
-        lengths_deadline = time.monotonic() + LENGTH_SETTLE_S
-        while (stepping := _stepping(cluster, names)) > SETTLED_SHARE * resources and (  # noqa: ASYNC110 (the store has no event to wait on)
-            time.monotonic() < lengths_deadline
-        ):
-            await asyncio.sleep(READY_POLL_S)
+        stepping = await _poll_until(
+            lambda: _stepping(cluster, names),
+            LENGTH_SETTLE_S,
+            done=lambda count: count <= SETTLED_SHARE * resources,
+        )
         await asyncio.sleep(interval_s)
         say(
             f"draft lengths settled after {time.monotonic() - started:.1f} s "

@@ -574,11 +574,6 @@ def max_speedup(model: CalibratedModel, alpha: float, batch: float, bounds: tupl
 
 
 @functools.lru_cache(maxsize=64)
-def _reference_seconds(setup: ModelSetup) -> float:
-    """T1: the roofline's plain step at batch 1 without context; features and targets are in its units."""
-    return _roofline(setup).scale
-
-
 @dataclass(frozen=True)
 class _Roofline:
     """The roofline's step times (`perf.py`) for one setup, its constants worked out once.
@@ -598,6 +593,7 @@ class _Roofline:
     kv_bytes_per_token_per_param: float
     overhead_s: float
     scale: float
+    """T1: the roofline's plain step at batch 1 without context; features and targets are in its units."""
 
     def _step(self, params: float, weight_bytes: float, batch: float, tokens: float, context: float) -> float:
         kv_bytes = batch * context * params * self.kv_bytes_per_token_per_param
