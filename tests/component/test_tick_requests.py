@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 from collections import Counter
 from collections.abc import Callable, Hashable, Mapping, Sequence
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -201,6 +202,56 @@ async def test_a_steady_resource_costs_one_get_per_tick_and_writes_status_only_o
     print("requests over 10 steady ticks:", dict(counts))
     assert counts["GET resource"] <= 10, dict(counts)
     # The measurements are refreshed in status once per refresh period (10 s here), nothing else moves.
+    assert counts["PATCH status"] <= 1, dict(counts)
+
+
+class NoisyAcceptance(SteadyMetrics):
+    """The steady measurement, with acceptance read a little differently every scrape (as real
+    acceptance is: +-0.03 around 0.80)."""
+
+    readings = (0.80, 0.83, 0.77, 0.81, 0.79, 0.82, 0.78)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+
+    def lookup(self, *args: Any, **kwargs: Any) -> Measurement:
+        self.count += 1
+        alpha = self.readings[self.count % len(self.readings)]
+        return replace(super().lookup(*args, **kwargs), alpha=alpha)
+
+
+async def test_a_reading_quoted_in_a_condition_message_does_not_write_status_every_tick(
+    cluster: EmulatedCluster, operator_env: None
+) -> None:
+    # Given a serving resource in Dynamic whose acceptance reads differently every scrape (the
+    # AcceptanceBelowSLO condition quotes it: "per-token acceptance 0.81 >= slo.minAcceptance")
+    services, counts = await counted_services(cluster)
+    try:
+        await serve(cluster, services)
+        now = T0
+        for _ in range(12):
+            now += timedelta(seconds=1)
+            await services.tick(NAMESPACE, NAME, lambda at=now: at)
+        noisy = NoisyAcceptance()
+        for service in _walk(services):
+            if hasattr(service, "metrics"):
+                service.metrics = noisy
+
+        # When it ticks 10 more times, one interval apart
+        counts.clear()
+        for _ in range(10):
+            now += timedelta(seconds=1)
+            outcome = await services.tick(NAMESPACE, NAME, lambda at=now: at)
+    finally:
+        await services.close()
+
+    # Then the tick's own status quotes each new reading (the operator's metrics show it) ...
+    assert outcome.status is not None
+    acceptance = next(c for c in outcome.status["conditions"] if c["type"] == "AcceptanceBelowSLO")
+    assert acceptance["status"] == "False" and "acceptance 0." in acceptance["message"], acceptance
+    # ... but status is written once per refresh period (10 s here), not at every moved message
+    assert noisy.count >= 10
     assert counts["PATCH status"] <= 1, dict(counts)
 
 

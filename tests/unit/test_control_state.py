@@ -143,6 +143,25 @@ def test_only_measurements_moving_is_not_a_significant_status_change() -> None:
     assert not only_volatile(merge_patch(live, {**moved, "phase": "Fixed"}))
 
 
+def test_a_condition_whose_message_alone_moved_waits_for_the_refresh_while_a_new_status_does_not() -> None:
+    def acceptance(status: str, reason: str, message: str) -> dict[str, object]:
+        return {
+            "type": "AcceptanceBelowSLO",
+            "status": status,
+            "reason": reason,
+            "message": message,
+            "lastTransitionTime": "2026-11-29T12:00:00Z",
+        }
+
+    live = {"conditions": [acceptance("False", "AcceptanceOK", "per-token acceptance 0.81 >= 0.50")]}
+    reread = {"conditions": [acceptance("False", "AcceptanceOK", "per-token acceptance 0.79 >= 0.50")]}
+    fell = {"conditions": [acceptance("True", "AcceptanceLow", "per-token acceptance 0.41 < 0.50")]}
+    assert only_volatile(merge_patch(live, reread), live)
+    assert not only_volatile(merge_patch(live, fell), live)
+    assert not only_volatile(merge_patch(live, {"conditions": []}), live)  # a condition gone
+    assert not only_volatile(merge_patch(live, reread))  # without what it applies to: written
+
+
 def test_a_probe_starting_or_ending_is_written_at_once_while_the_fit_alone_waits() -> None:
     live = {"speculation": {"draftLength": 0, "calibration": {"samples": 3, "probing": False}}}
     fitted = {"speculation": {"draftLength": 0, "calibration": {"samples": 4, "probing": False}}}

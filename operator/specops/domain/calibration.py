@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 from specops.domain.perf import ModelSetup, expected_tokens, target_step_time
@@ -303,7 +303,9 @@ class CalibratedModel:
         """Predicted seconds per plain step (length 0) or per speculative round."""
         x = self._roof.features(draft_length, batch, context_tokens)
         scale = self._roof.scale
-        value = sum(t * xi for t, xi in zip(self.theta, x, strict=True)) * scale
+        t = self.theta  # the dot product written out: the same sums in the same order as sum(),
+        # without a generator (the break-even search asks for a few hundred steps a tick)
+        value = (t[0] * x[0] + t[1] * x[1] + t[2] * x[2] + t[3] * x[3] + t[4] * x[4] + t[5] * x[5]) * scale
         # A linear fit can dip below what the hardware allows far from its data; no step is
         # faster than a tenth of the roofline's.
         floor = 0.1 * x[0] * scale
@@ -327,11 +329,20 @@ class CalibratedModel:
         """Whether rounds near this batch count as unmeasured: there the fit promises no more than
         the roofline (`_prior_speedup`), since a linear fit extrapolated from small batches can
         make rounds look cheap at large ones."""
-        return self.calibrated and self.confidence(batch).on < UNMEASURED_BELOW
+        return self.unmeasured_octaves()[bucket_of(batch)]
 
     def unmeasured_octaves(self) -> tuple[bool, ...]:
         """For each batch octave, whether its rounds count as unmeasured (`_unmeasured`)."""
-        return tuple(self._unmeasured(2.0**bucket) for bucket in range(N_BUCKETS))
+        return self._unmeasured_octaves
+
+    @functools.cached_property
+    def _unmeasured_octaves(self) -> tuple[bool, ...]:
+        # confidence depends on the batch's octave only: worked out once per model, not at each
+        # of the few hundred points a decision evaluates
+        calibrated = self.calibrated
+        return tuple(
+            calibrated and self.confidence(2.0**bucket).on < UNMEASURED_BELOW for bucket in range(N_BUCKETS)
+        )
 
     def _prior_speedup(
         self, alpha: float, draft_length: int, batch: float, context_tokens: float | None
@@ -364,9 +375,7 @@ class CalibratedModel:
         `draft_length` is one length, or (lo, hi) for "no length in the range pays".
         """
         bounds = (draft_length, draft_length) if isinstance(draft_length, int) else draft_length
-
-        def pays(batch: int) -> bool:
-            return self.best_length(alpha, batch, bounds)[0] > 0
+        pays = self._pays(alpha, bounds)
 
         if not pays(1):
             return 1
@@ -385,6 +394,29 @@ class CalibratedModel:
             previous = batch
             batch = min(max_batch, batch * 2) if batch < max_batch else max_batch + 1
         return None
+
+    def _pays(self, alpha: float, bounds: tuple[int, int]) -> Callable[[int], bool]:
+        """Whether some length in bounds pays at a batch: `best_length(...)[0] > 0`, the same
+        arithmetic, cheaper for a search that asks at a dozen batches: the expected tokens per
+        round and which octaves are unmeasured are worked out once, and the first length that
+        pays ends the look (the search only asks whether one does)."""
+        lo, hi = max(1, bounds[0]), max(1, bounds[1])
+        lengths = [(g, expected_tokens(alpha, g)) for g in range(lo, hi + 1)]
+        unmeasured = self.unmeasured_octaves()
+        step_s, prior_speedup = self.step_s, self._prior_speedup
+
+        def pays(batch: int) -> bool:
+            plain = step_s(0, batch)
+            capped = unmeasured[bucket_of(batch)]
+            for g, tokens in lengths:
+                speedup = tokens * plain / step_s(g, batch)
+                if capped:
+                    speedup = min(speedup, prior_speedup(alpha, g, batch, None))
+                if speedup > 1.0:
+                    return True
+            return False
+
+        return pays
 
     def confidence(self, batch: float) -> Confidence:
         """Effective samples at this batch's octave (neighbouring octaves count half)."""
@@ -573,7 +605,6 @@ def max_speedup(model: CalibratedModel, alpha: float, batch: float, bounds: tupl
 # --------------------------------------------------------------------- linear algebra
 
 
-@functools.lru_cache(maxsize=64)
 @dataclass(frozen=True)
 class _Roofline:
     """The roofline's step times (`perf.py`) for one setup, its constants worked out once.

@@ -47,9 +47,16 @@ def merge_patch(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any
     return patch
 
 
-def only_volatile(patch: Mapping[str, Any]) -> bool:
-    """Whether a status patch changes nothing but measurement fields."""
+def only_volatile(patch: Mapping[str, Any], before: Mapping[str, Any] | None = None) -> bool:
+    """Whether a status patch changes nothing but measurement fields.
+
+    With the status it applies to (`before`), a new conditions list that differs only in messages
+    counts as measurements too: a message may quote a reading ("per-token acceptance 0.81 >= ..."),
+    which moves with every sample while the condition's status and reason hold. Writing it at
+    once was a status write per resource per tick under any noise."""
     for key, value in patch.items():
+        if key == "conditions" and before is not None and _messages_only(before.get(key), value):
+            continue
         if key not in VOLATILE_FIELDS:
             return False
         volatile = VOLATILE_FIELDS[key]
@@ -59,5 +66,19 @@ def only_volatile(patch: Mapping[str, Any]) -> bool:
             return False
         calibration = value.get("calibration") if key == "speculation" else None
         if isinstance(calibration, Mapping) and PROBE_FIELDS & set(calibration):
+            return False
+    return True
+
+
+def _messages_only(old: Any, new: Any) -> bool:
+    """Whether two conditions lists are the same conditions, in order, but for their messages."""
+    if not isinstance(old, list) or not isinstance(new, list) or len(old) != len(new):
+        return False
+    for a, b in zip(old, new, strict=True):
+        if not isinstance(a, Mapping) or not isinstance(b, Mapping):
+            return False
+        if a.keys() - {"message"} != b.keys() - {"message"}:
+            return False
+        if any(a[k] != b[k] for k in a if k != "message"):
             return False
     return True

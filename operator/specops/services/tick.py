@@ -456,7 +456,7 @@ class ResourceTick:
             patch = merge_patch(before, wanted_wire)
             if not patch:
                 return None
-            if only_volatile(patch):
+            if only_volatile(patch, before):
                 observed_at = current.observed.at
                 if observed_at is not None and (now - observed_at).total_seconds() < refresh_s:
                     return None  # only measurements moved: refreshed every refresh period
