@@ -126,6 +126,27 @@ async def serve(cluster: EmulatedCluster, services: Any) -> None:
     await services.reconciler.refresh(NAMESPACE, NAME, T0)
 
 
+async def serve_into_dynamic(cluster: EmulatedCluster, services: Any) -> datetime:
+    """Serve, then warm up: Baseline (2 s), Fixed (2 s soak), then Dynamic; the time reached."""
+    await serve(cluster, services)
+    now = T0
+    for _ in range(12):
+        now += timedelta(seconds=1)
+        await services.tick(NAMESPACE, NAME, lambda at=now: at)
+    live = cluster.get("speculativedeployments", NAME)
+    assert live is not None and live["status"]["phase"] == "Dynamic", live["status"]
+    return now
+
+
+async def ten_ticks(services: Any, now: datetime) -> tuple[datetime, Any]:
+    """Ten ticks one interval apart: the time reached and the last tick's outcome."""
+    outcome = None
+    for _ in range(10):
+        now += timedelta(seconds=1)
+        outcome = await services.tick(NAMESPACE, NAME, lambda at=now: at)
+    return now, outcome
+
+
 def _ready_pods(cluster: EmulatedCluster) -> None:
     for deployment in cluster.objects("deployments", NAMESPACE):
         replicas = int(deployment["spec"].get("replicas") or 0)
@@ -172,20 +193,11 @@ async def test_a_steady_resource_costs_one_get_per_tick_and_writes_status_only_o
     # Given a serving resource whose metrics do not move and whose pods run the decided setting
     services, counts = await counted_services(cluster)
     try:
-        await serve(cluster, services)
-        now = T0
-        # Warm up: Baseline (2 s), Fixed (2 s soak), then Dynamic, where a steady load decides nothing new.
-        for _ in range(12):
-            now += timedelta(seconds=1)
-            await services.tick(NAMESPACE, NAME, lambda at=now: at)
-        live = cluster.get("speculativedeployments", NAME)
-        assert live is not None and live["status"]["phase"] == "Dynamic", live["status"]
+        now = await serve_into_dynamic(cluster, services)
 
         # When it ticks 10 more times, one interval apart
         counts.clear()
-        for _ in range(10):
-            now += timedelta(seconds=1)
-            outcome = await services.tick(NAMESPACE, NAME, lambda at=now: at)
+        now, outcome = await ten_ticks(services, now)
     finally:
         await services.close()
 
@@ -228,11 +240,7 @@ async def test_a_reading_quoted_in_a_condition_message_does_not_write_status_eve
     # AcceptanceBelowSLO condition quotes it: "per-token acceptance 0.81 >= slo.minAcceptance")
     services, counts = await counted_services(cluster)
     try:
-        await serve(cluster, services)
-        now = T0
-        for _ in range(12):
-            now += timedelta(seconds=1)
-            await services.tick(NAMESPACE, NAME, lambda at=now: at)
+        now = await serve_into_dynamic(cluster, services)
         noisy = NoisyAcceptance()
         for service in _walk(services):
             if hasattr(service, "metrics"):
@@ -240,9 +248,7 @@ async def test_a_reading_quoted_in_a_condition_message_does_not_write_status_eve
 
         # When it ticks 10 more times, one interval apart
         counts.clear()
-        for _ in range(10):
-            now += timedelta(seconds=1)
-            outcome = await services.tick(NAMESPACE, NAME, lambda at=now: at)
+        now, outcome = await ten_ticks(services, now)
     finally:
         await services.close()
 
