@@ -30,6 +30,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from specops.api.models import SpeculativeDeployment
 from specops_local.remote_cluster import USER_AGENT, RemoteCluster
 from specops_local.serving import Body, ServingController
 from specops_local.sim import LoadPoint
@@ -67,6 +68,19 @@ class FileTargets:
         partial = self.path.with_name(self.path.name + ".tmp")  # not *.json: outside the glob
         partial.write_text(json.dumps(list(groups)))
         os.replace(partial, self.path)
+
+
+FARM_NOISE = {"noise_sigma": 0.1, "batch_noise": 1.0, "alpha_noise": 0.05}
+"""How a farm's pods read: each token latency sample x exp(N(0, 0.1)), the batch of each 10 s step
+N(mean, sqrt(mean)) (Poisson-like), acceptance N(mean, 0.05) per step. A fleet that reads the same
+every scrape decides nothing new and writes nothing: the operator's cost would be understated."""
+
+
+def farm_pod_options(resource: SpeculativeDeployment, _variant: str) -> dict[str, Any]:
+    """A farm pod: advanced by `advance_pods` (no ticker of its own), noisy as FARM_NOISE, with a
+    seed of its own (from the resource's name: the fleet's noise is not one draw repeated)."""
+    name = str((resource.metadata or {}).get("name", ""))
+    return {"tick_interval": None, **FARM_NOISE, "seed": zlib.crc32(name.encode())}
 
 
 async def advance_pods(
@@ -124,7 +138,7 @@ async def run_farm(
             cluster,
             FileTargets(targets_file),
             load=load or LoadPoint(batch=8, alpha=0.8),
-            pod_options=lambda _resource, _variant: {"tick_interval": None},
+            pod_options=farm_pod_options,
             poll_s=poll_s,
             select=in_shard(shard, shards) if shards > 1 else None,
             concurrency=concurrency,

@@ -48,7 +48,7 @@ from specops.api.crd import build_crd
 from specops.api.units import parse_duration
 from specops.domain.phases import ACTIVE_PHASES
 from specops_local.cluster import EmulatedCluster, emulated_cluster
-from specops_local.pod_farm import ADVANCE_BATCH, ADVANCE_EVERY_S, advance_pods
+from specops_local.pod_farm import ADVANCE_BATCH, ADVANCE_EVERY_S, advance_pods, farm_pod_options
 from specops_local.prometheus import PrometheusProcess, free_port, run_prometheus
 from specops_local.remote_cluster import USER_AGENT as FARM_AGENT
 from specops_local.serving import ServingController
@@ -207,7 +207,7 @@ async def in_process_pods(cluster: EmulatedCluster, prometheus: PrometheusProces
         cluster,
         prometheus,
         load=LoadPoint(batch=8, alpha=0.8),
-        pod_options=lambda _resource, _variant: {"tick_interval": None},
+        pod_options=farm_pod_options,
         poll_s=SERVING_POLL_S,
     ) as serving:
         stop = asyncio.Event()

@@ -314,6 +314,22 @@ def test_the_remembered_break_even_is_each_models_own_as_data_arrive() -> None:
     assert learning.break_even(prior, 0.8, (1, 8)) != learning.break_even(CalibratedModel(PRIOR), 0.8, (1, 8))
 
 
+def test_the_break_even_search_asks_what_the_best_length_answers_at_every_batch() -> None:
+    # Given calibrated models of every shipped profile, and the long-context prior
+    models = [
+        (CalibratedModel(PRIOR, sample_world(profiles.load_builtin(name), 30, seed=index)), 0.7)
+        for index, name in enumerate(profiles.list_builtin())
+    ]
+    models.append((CalibratedModel(replace(PRIOR, context_tokens=32768.0)), 0.8))
+    for model, alpha in models:
+        for bounds in ((1, 8), (2, 4), (3, 3)):
+            # When the search asks whether some length pays at a batch
+            pays = model._pays(alpha, bounds)
+            # Then that is whether the best length is one, at every batch it may ask about
+            for batch in range(1, 1025):
+                assert pays(batch) == (model.best_length(alpha, batch, bounds)[0] > 0), (bounds, batch)
+
+
 @pytest.mark.parametrize("context_tokens", [None, 0.0, 512.0, 32768.0])
 def test_the_prior_predicts_the_rooflines_step_times_exactly_at_any_context(
     context_tokens: float | None,

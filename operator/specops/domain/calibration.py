@@ -301,7 +301,9 @@ class CalibratedModel:
 
     def step_s(self, draft_length: int, batch: float, context_tokens: float | None = None) -> float:
         """Predicted seconds per plain step (length 0) or per speculative round."""
-        x = self._roof.features(draft_length, batch, context_tokens)
+        return self._step_from(self._roof.features(draft_length, batch, context_tokens))
+
+    def _step_from(self, x: tuple[float, ...]) -> float:
         scale = self._roof.scale
         t = self.theta  # the dot product written out: the same sums in the same order as sum(),
         # without a generator (the break-even search asks for a few hundred steps a tick)
@@ -403,15 +405,17 @@ class CalibratedModel:
         lo, hi = max(1, bounds[0]), max(1, bounds[1])
         lengths = [(g, expected_tokens(alpha, g)) for g in range(lo, hi + 1)]
         unmeasured = self.unmeasured_octaves()
-        step_s, prior_speedup = self.step_s, self._prior_speedup
+        features, step = self._roof.features, self._step_from
 
         def pays(batch: int) -> bool:
-            plain = step_s(0, batch)
+            x = features(0, batch)
+            plain = step(x)
             capped = unmeasured[bucket_of(batch)]
             for g, tokens in lengths:
-                speedup = tokens * plain / step_s(g, batch)
-                if capped:
-                    speedup = min(speedup, prior_speedup(alpha, g, batch, None))
+                xg = features(g, batch)
+                speedup = tokens * plain / step(xg)
+                if capped:  # as _prior_speedup
+                    speedup = min(speedup, tokens * x[0] / xg[0])
                 if speedup > 1.0:
                     return True
             return False

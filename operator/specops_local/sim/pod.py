@@ -283,6 +283,7 @@ class SimPod:
         lossless: bool = True,
         noise_sigma: float = 0.0,
         batch_noise: float = 0.0,
+        alpha_noise: float = 0.0,
         seed: int = 0,
         deployment: str = "",
         variant: str = "stable",
@@ -313,6 +314,7 @@ class SimPod:
         self.lossless = lossless
         self.noise_sigma = noise_sigma
         self.batch_noise = batch_noise
+        self.alpha_noise = alpha_noise  # sd of the acceptance each integration step draws around its mean
         self.profile: Profile = profile
         self.host = host
         self.http_port = http_port
@@ -538,6 +540,8 @@ class SimPod:
             totals.failures += failed
             return
         alpha = self.alpha_for(draft, point.alpha)
+        if self.alpha_noise > 0:
+            alpha = min(0.99, max(0.01, self._random.gauss(alpha, self.alpha_noise)))
         step = self._round_seconds(setup, self._active, length)
         tokens_per_step = perf.expected_tokens(alpha, length)
         steps_per_request = dt / step
