@@ -23,9 +23,12 @@ from specops.adapters import operator_metrics
 
 
 class PauseClock:
-    """Adds each collection's duration to the operator's metrics (a gc.callbacks entry)."""
+    """Adds each collection's CPU time to the operator's metrics (a gc.callbacks entry).
 
-    def __init__(self, clock: Callable[[], float] = time.perf_counter) -> None:
+    The process's CPU clock, not the wall clock: on a busy node a pass preempted by other
+    processes (or paused by a sampling profiler) would count time it did not spend collecting."""
+
+    def __init__(self, clock: Callable[[], float] = time.process_time) -> None:
         self._clock = clock
         self._started: dict[int, float] = {}
 

@@ -250,7 +250,7 @@ class OperatorMetrics:
         )
         self.gc_seconds = Counter(
             "specops_gc_seconds",
-            "Time the operator's process spent in CPython's cyclic garbage collector, by generation.",
+            "CPU time the operator's process spent in CPython's cyclic garbage collector, by generation.",
             ["generation"],
             registry=r,
         )
