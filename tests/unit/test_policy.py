@@ -16,7 +16,14 @@ from typing import Any
 import pytest
 
 from specops.domain.calibration import CalibratedModel, StepSample, update
-from specops.domain.perf import GPUS, ModelSetup, expected_tokens, speculative_step_time, target_step_time
+from specops.domain.perf import (
+    GPUS,
+    ModelSetup,
+    expected_tokens,
+    speculative_step_time,
+    speedup,
+    target_step_time,
+)
 from specops.domain.policy import (
     PRIOR_ALPHA,
     Baseline,
@@ -467,10 +474,34 @@ def toggles(decisions: list[Decision], start_on: bool = True) -> int:
 
 
 def test_the_length_moves_one_step_per_decision() -> None:
-    decisions = run(CONFIG, dynamic(length=1), [32.0] * 7, step_s=15)
+    exact = replace(CONFIG, length_margin=0.0)
+    decisions = run(exact, dynamic(length=1), [32.0] * 7, step_s=15)
     assert [d.num_draft_tokens for d in decisions] == [2, 3, 4, 5, 6, 6, 6]
-    down = run(CONFIG, dynamic(length=6), [128.0] * 6, step_s=15)
+    down = run(exact, dynamic(length=6), [128.0] * 6, step_s=15)
     assert [d.num_draft_tokens for d in down] == [5, 4, 3, 2, 1, 1]
+
+
+def test_a_length_within_the_margin_of_the_modelled_best_is_kept_through_noisy_acceptance() -> None:
+    # Given a deployment at batch 32, where lengths 5 and 6 model within 1 % of each other
+    setup = CONFIG.setup
+    assert speedup(setup, 0.8, 32.0, 6) / speedup(setup, 0.8, 32.0, 5) < 1.0 + CONFIG.length_margin
+    # Then the climb stops at the first length within the margin of the best
+    decisions = run(CONFIG, dynamic(length=1), [32.0] * 7, step_s=15)
+    assert [d.num_draft_tokens for d in decisions] == [2, 3, 4, 5, 5, 5, 5]
+
+    # And when acceptance reads 0.80 +- 0.03 from one interval to the next (an hour of them)
+    def changes(config: PolicyConfig) -> int:
+        rng, state, lengths = random.Random(7), dynamic(length=5), []
+        for i in range(240):
+            observed = Observation(batch=32.0, alpha=min(0.95, max(0.6, rng.gauss(0.8, 0.03))))
+            decision = decide(config, state, observed, at(NOW + (i + 1) * 15))
+            lengths.append(decision.num_draft_tokens)
+            state = decision.state
+        return sum(1 for a, b in itertools.pairwise(lengths) if a != b)
+
+    # Then the length stays put where, chasing the exact best, noise moved it back and forth
+    assert changes(replace(CONFIG, length_margin=0.0)) >= 10
+    assert changes(CONFIG) <= 2
 
 
 def test_noisy_load_around_break_even_does_not_flap() -> None:

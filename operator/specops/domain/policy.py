@@ -70,6 +70,9 @@ class PolicyConfig:
     setup: ModelSetup
     margin: float = 0.05  # off when the best predicted speedup < 1 + margin
     hysteresis: float = 0.10  # on again only above 1 + margin + hysteresis
+    # a length change only for a modelled gain over the current length of more than this share:
+    # near its best the speedup is flat in the length, and noise moved the best back and forth
+    length_margin: float = 0.01
     min_dwell_s: float = 60.0  # minimum time between two on/off toggles
     off_above_batch: float | None = None  # explicit override of the model's on/off choice
     on_below_batch: float | None = None  # (either alone serves as both limits)
@@ -374,6 +377,10 @@ def _dynamic(
             )
         return hold(off_reason, f"Speculation stays off ({why}; {facts}).")
 
+    if target != current and target_speedup < _speedup(config, obs, use_alpha, obs.batch, current) * (
+        1.0 + config.length_margin
+    ):
+        target = current  # within the margin of the modelled best: not worth a change
     length = _step_toward(current, target)
     next_state = replace(state, draft_length=length)
     predicted = _speedup(config, obs, use_alpha, obs.batch, length)
