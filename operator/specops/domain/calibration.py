@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 
 from specops.domain.perf import ModelSetup, expected_tokens, target_step_time
@@ -319,17 +319,28 @@ class CalibratedModel:
         """E(alpha, g) x plain(B) / round(g, B) under the calibrated model; 1.0 when g = 0."""
         if draft_length <= 0:
             return 1.0
-        plain = self.step_s(0, batch, context_tokens)
-        calibrated = (
-            expected_tokens(alpha, draft_length) * plain / self.step_s(draft_length, batch, context_tokens)
-        )
-        if not self._unmeasured(batch):
-            return calibrated
-        return min(calibrated, self._prior_speedup(alpha, draft_length, batch, context_tokens))
+        lengths = ((draft_length, expected_tokens(alpha, draft_length)),)
+        return next(self._speedups(lengths, batch, context_tokens))[1]
+
+    def _speedups(
+        self, lengths: Sequence[tuple[int, float]], batch: float, context_tokens: float | None = None
+    ) -> Iterator[tuple[int, float]]:
+        """(g, predicted speedup) for each (g, expected tokens per round) of `lengths`, at one batch.
+
+        Where rounds near the batch are unmeasured (`_unmeasured`) a speedup is capped at the
+        roofline's: E x plain / round of the prior, which the roofline features give directly."""
+        features = self._roof.features
+        x = features(0, batch, context_tokens)
+        plain = self._step_from(x)
+        capped = self._unmeasured(batch)
+        for g, tokens in lengths:
+            xg = features(g, batch, context_tokens)
+            speedup = tokens * plain / self._step_from(xg)
+            yield g, min(speedup, tokens * x[0] / xg[0]) if capped else speedup
 
     def _unmeasured(self, batch: float) -> bool:
         """Whether rounds near this batch count as unmeasured: there the fit promises no more than
-        the roofline (`_prior_speedup`), since a linear fit extrapolated from small batches can
+        the roofline (`_speedups`), since a linear fit extrapolated from small batches can
         make rounds look cheap at large ones."""
         return self.unmeasured_octaves()[bucket_of(batch)]
 
@@ -346,25 +357,14 @@ class CalibratedModel:
             calibrated and self.confidence(2.0**bucket).on < UNMEASURED_BELOW for bucket in range(N_BUCKETS)
         )
 
-    def _prior_speedup(
-        self, alpha: float, draft_length: int, batch: float, context_tokens: float | None
-    ) -> float:
-        x = self._roof.features(0, batch, context_tokens)
-        xg = self._roof.features(draft_length, batch, context_tokens)
-        return expected_tokens(alpha, draft_length) * x[0] / xg[0]
-
     def best_length(
         self, alpha: float, batch: float, bounds: tuple[int, int], context_tokens: float | None = None
     ) -> tuple[int, float]:
         """The length in [lo, hi] with the highest predicted speedup, or (0, 1.0) when none beats plain."""
         lo, hi = max(1, bounds[0]), max(1, bounds[1])
         best_g, best_s = 0, 1.0
-        plain = self.step_s(0, batch, context_tokens)
-        unmeasured = self._unmeasured(batch)
-        for g in range(lo, hi + 1):
-            s = expected_tokens(alpha, g) * plain / self.step_s(g, batch, context_tokens)
-            if unmeasured:
-                s = min(s, self._prior_speedup(alpha, g, batch, context_tokens))
+        lengths = [(g, expected_tokens(alpha, g)) for g in range(lo, hi + 1)]
+        for g, s in self._speedups(lengths, batch, context_tokens):
             if s > best_s:
                 best_g, best_s = g, s
         return best_g, best_s
@@ -398,27 +398,14 @@ class CalibratedModel:
         return None
 
     def _pays(self, alpha: float, bounds: tuple[int, int]) -> Callable[[int], bool]:
-        """Whether some length in bounds pays at a batch: `best_length(...)[0] > 0`, the same
-        arithmetic, cheaper for a search that asks at a dozen batches: the expected tokens per
-        round and which octaves are unmeasured are worked out once, and the first length that
-        pays ends the look (the search only asks whether one does)."""
+        """Whether some length in bounds pays at a batch: `best_length(...)[0] > 0`, cheaper for a
+        search that asks at a dozen batches: the expected tokens per round are worked out once,
+        and the first length that pays ends the look (the search only asks whether one does)."""
         lo, hi = max(1, bounds[0]), max(1, bounds[1])
         lengths = [(g, expected_tokens(alpha, g)) for g in range(lo, hi + 1)]
-        unmeasured = self.unmeasured_octaves()
-        features, step = self._roof.features, self._step_from
 
         def pays(batch: int) -> bool:
-            x = features(0, batch)
-            plain = step(x)
-            capped = unmeasured[bucket_of(batch)]
-            for g, tokens in lengths:
-                xg = features(g, batch)
-                speedup = tokens * plain / step(xg)
-                if capped:  # as _prior_speedup
-                    speedup = min(speedup, tokens * x[0] / xg[0])
-                if speedup > 1.0:
-                    return True
-            return False
+            return any(speedup > 1.0 for _, speedup in self._speedups(lengths, batch))
 
         return pays
 
