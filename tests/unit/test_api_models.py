@@ -10,6 +10,7 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
+from specops.api.base import SharedModels
 from specops.api.models import SpeculativeDeployment
 from specops.api.units import format_duration, parse_duration, parse_parameters
 from specops.domain.lifecycle import describe_validation_error
@@ -74,3 +75,21 @@ def test_units() -> None:
     assert format_duration(0.024) == "24ms"
     with pytest.raises(ValueError, match="unit"):
         parse_duration("10")
+
+
+def test_shared_models_hold_equal_parts_once_and_never_mix_unequal_ones() -> None:
+    """The tick keeps one typed spec per resource; across a fleet most parts are equal (defaults,
+    one team's settings) and are held once. Unequal parts must never be conflated."""
+    shared = SharedModels()
+    bodies = [example() for _ in range(3)]
+    bodies[1]["spec"]["target"]["model"] = "org/another-target"
+    bodies[2]["spec"]["canary"] = {"steps": [{"weight": 5, "pause": "2m"}, {"weight": 50, "pause": "5m"}]}
+    specs = [SpeculativeDeployment.model_validate(body).spec for body in bodies]
+    kept = [shared.share(spec) for spec in specs]
+
+    assert kept == specs  # equal in every field to what was validated
+    assert shared.share(SpeculativeDeployment.model_validate(example()).spec) is kept[0]
+    assert kept[1].target.model == "org/another-target" and kept[0].target.model != "org/another-target"
+    assert kept[1].draft is kept[0].draft and kept[1].speculation is kept[0].speculation
+    assert [step.weight for step in kept[2].canary.steps] == [5, 50]
+    assert kept[2].canary is not kept[0].canary and kept[2].slo is kept[0].slo

@@ -14,13 +14,23 @@ from __future__ import annotations
 
 import contextlib
 import math
+import socket
 import threading
 import time
+import zlib
 from collections.abc import Iterator, Mapping
+from socketserver import ThreadingMixIn
 from typing import Any, get_args
-from wsgiref.simple_server import WSGIServer
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram, start_http_server
+from prometheus_client import (
+    CONTENT_TYPE_PLAIN_0_0_4,
+    REGISTRY,
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    generate_latest,
+)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from specops.api.models import SpeculativeDeploymentStatus
@@ -116,8 +126,8 @@ class _Series:
 
 
 class PerResourceCollector:
-    """Renders the per-resource families for a scrape, copying their values under the writers' lock
-    (the metrics server answers from its own thread)."""
+    """Renders the per-resource families for a scrape, copying each family's values under the
+    writers' lock (the metrics server answers from its own thread)."""
 
     def __init__(self, lock: threading.Lock) -> None:
         self._lock = lock
@@ -130,10 +140,13 @@ class PerResourceCollector:
     def describe(self) -> list[Metric]:
         return [metric.family([]) for metric in self.metrics]
 
-    def collect(self) -> list[Metric]:
-        with self._lock:
-            copied = [list(metric.values.items()) for metric in self.metrics]
-        return [metric.family(samples) for metric, samples in zip(self.metrics, copied, strict=True)]
+    def collect(self) -> Iterator[Metric]:
+        """One family at a time: the exposition writes each before the next is built, so a scrape
+        holds one family's samples (about 2,000-16,000 at 2,000 resources), not all 90,000."""
+        for metric in self.metrics:
+            with self._lock:
+                samples = list(metric.values.items())
+            yield metric.family(samples)
 
 
 class OperatorMetrics:
@@ -462,7 +475,67 @@ class OperatorMetrics:
         self, port: int = DEFAULT_PORT, address: str = "0.0.0.0"
     ) -> tuple[WSGIServer, threading.Thread]:
         """Serve ``/metrics`` from a daemon thread; ``server.shutdown()`` stops it."""
-        return start_http_server(port, addr=address, registry=self.registry)
+        return serve_streaming(self.registry, port, address)
+
+
+class _OneFamily:
+    """A collector of one family already collected: the exposition renders one family at a time."""
+
+    def __init__(self, family: Metric) -> None:
+        self._family = family
+
+    def collect(self) -> list[Metric]:
+        return [self._family]
+
+
+def exposition(registry: CollectorRegistry, *, gzipped: bool = False) -> Iterator[bytes]:
+    """The registry in Prometheus' text format (0.0.4), family by family.
+
+    The client library's own server renders the whole body as one string: at 2,000 resources
+    about 76,000 series, some 20-30 MiB at the peak of every scrape. Rendered and sent a family
+    at a time (the client's renderer, on one family), a scrape holds one family. The bytes are the
+    same as the client's ``generate_latest``. ``gzipped``: compressed as it streams."""
+    compressor = zlib.compressobj(wbits=16 + zlib.MAX_WBITS) if gzipped else None  # a gzip stream
+    for family in registry.collect():
+        chunk = generate_latest(_OneFamily(family))
+        if compressor is not None:
+            chunk = compressor.compress(chunk)
+        if chunk:
+            yield chunk
+    if compressor is not None:
+        yield compressor.flush()
+
+
+class _MetricsServer(ThreadingMixIn, WSGIServer):
+    daemon_threads = True  # a scrape in progress does not hold the process at exit
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:
+        """Scrapes are not logged."""
+
+
+def serve_streaming(
+    registry: CollectorRegistry, port: int, address: str = "0.0.0.0"
+) -> tuple[WSGIServer, threading.Thread]:
+    """Serve ``registry`` on every path (``/metrics``) from a daemon thread, streamed (``exposition``);
+    gzip when the scraper accepts it, as Prometheus does."""
+
+    def app(environ: dict[str, Any], start_response: Any) -> Iterator[bytes]:
+        gzipped = "gzip" in environ.get("HTTP_ACCEPT_ENCODING", "")
+        headers = [("Content-Type", CONTENT_TYPE_PLAIN_0_0_4)]
+        if gzipped:
+            headers.append(("Content-Encoding", "gzip"))
+        start_response("200 OK", headers)
+        return exposition(registry, gzipped=gzipped)
+
+    class Server(_MetricsServer):
+        address_family = socket.getaddrinfo(address, port, type=socket.SOCK_STREAM)[0][0]
+
+    server = make_server(address, port, app, Server, handler_class=_QuietHandler)
+    thread = threading.Thread(target=server.serve_forever, name="metrics-server", daemon=True)
+    thread.start()
+    return server, thread
 
 
 def decision_action(previous: Mapping[str, Any], current: Mapping[str, Any]) -> str:

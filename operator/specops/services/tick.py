@@ -25,6 +25,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from specops.api import conditions as cond
+from specops.api.base import SharedModels
 from specops.api.conditions import ConditionUpdate, Reason
 from specops.api.models import API_VERSION, KIND, SpeculativeDeployment
 from specops.api.status import SpeculativeDeploymentStatus
@@ -71,7 +72,8 @@ _NO_STATUS = SpeculativeDeploymentStatus()
 class _Validated:
     """One resource as the tick validated it, for one resourceVersion.
 
-    The spec is kept typed (it moves only with a generation); the status only in its wire form,
+    The spec is kept typed (it moves only with a generation), its parts equal to another
+    resource's held once (``SharedModels``); the status only in its wire form,
     loaded again at each tick (about 25 us). Typed, a status is about 22 KiB of model objects
     against under 7 KiB of plain values: at 2,000 resources 44 MiB, and some 100,000 objects more
     for every full pass of the garbage collector to scan."""
@@ -168,6 +170,7 @@ class ResourceTick:
         # The typed resource per resource, validated once per resourceVersion, and the wire form
         # of its status (what a status patch is computed against), dumped once for that version.
         self._resources: dict[tuple[str, str], _Validated] = {}
+        self._specs = SharedModels()  # the kept specs' equal parts, held once across resources
 
     async def run(
         self,
@@ -244,6 +247,7 @@ class ResourceTick:
             return cached.resource.model_copy(update={"status": status}), cached.status_wire
         resource = SpeculativeDeployment.model_validate(body)
         wire = resource.status.to_wire()
+        resource = resource.model_copy(update={"spec": self._specs.share(resource.spec)})
         kept = resource.model_copy(update={"status": _NO_STATUS})
         self._resources[(namespace, name)] = _Validated(version, kept, wire)
         return resource, wire
