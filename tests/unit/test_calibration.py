@@ -12,6 +12,7 @@ import pytest
 from specops import profiles
 from specops.domain import learning
 from specops.domain.calibration import (
+    REFIT_AFTER_SAMPLES,
     CalibratedModel,
     CalibrationConfig,
     CalibrationState,
@@ -23,6 +24,8 @@ from specops.domain.calibration import (
     decay,
     max_speedup,
     plan_probe,
+    refit_due,
+    refitted,
     start_probe,
     update,
 )
@@ -342,3 +345,65 @@ def test_the_prior_predicts_the_rooflines_step_times_exactly_at_any_context(
             assert model.step_s(g, batch, context_tokens) == pytest.approx(
                 speculative_step_time(at, max(1.0, batch), g), rel=1e-12
             )
+
+
+def test_a_solve_is_kept_while_the_samples_hold_no_news_and_predicts_as_a_fresh_one() -> None:
+    # Given a deployment sampled once an interval, the load around batch 32, on at 3 and off in turn
+    world = profiles.load_builtin("llama70b-small-draft-4xh100")
+    config = CalibrationConfig()
+    state = sample_world(world, 150, seed=3, batches=(32,), lengths=(0, 3))
+    previous = CalibratedModel(PRIOR, state, config).fit
+    solves, worst = 0, 0.0
+    for tick in range(120):
+        state = sample_world(
+            world, 1, seed=100 + tick, batches=(32,), lengths=(0, 3), state=state, start_s=(150 + tick) * 15.0
+        )
+        # When each tick's model keeps the last solve unless the samples hold news
+        kept = refitted(previous, PRIOR, state, config)
+        fresh = CalibratedModel(PRIOR, state, config)
+        solves += kept.fit is not previous
+        previous = kept.fit
+        # Then it predicts what solving again would, at the load's batch, within the 1 % a length
+        # change needs (one new sample moves a fresh solve by up to 0.8 % at length 1 here; a solve
+        # kept for the whole run would be 2.3 % off)
+        for g in (1, 3, 6):
+            ratio = kept.predict_speedup(0.7, g, 32) / fresh.predict_speedup(0.7, g, 32)
+            worst = max(worst, abs(ratio - 1.0))
+    assert worst < 0.01
+    # and solves at least every REFIT_AFTER_SAMPLES samples (more often where an octave's evidence
+    # is still thin), but not every tick
+    assert 120 // REFIT_AFTER_SAMPLES <= solves <= 120 // 2
+
+
+def test_a_sample_where_evidence_is_thin_or_time_that_aged_the_data_solves_again() -> None:
+    config = CalibrationConfig()
+    world = profiles.load_builtin("llama70b-small-draft-4xh100")
+    state = sample_world(world, 150, seed=4, batches=(32,), lengths=(0, 3))
+    solve = CalibratedModel(PRIOR, state, config).fit
+    assert solve is not None
+    end_s = 149 * 15.0
+    one_more = sample_world(
+        world, 1, seed=5, batches=(32,), lengths=(0, 3), state=state, start_s=end_s + 15.0
+    )
+    assert not refit_due(solve.solved_from, one_more, config)
+    # a first sample at a batch octave never measured
+    elsewhere = sample_world(
+        world, 1, seed=5, batches=(256,), lengths=(3,), state=state, start_s=end_s + 15.0
+    )
+    assert refit_due(solve.solved_from, elsewhere, config)
+    assert refitted(solve, PRIOR, elsewhere, config).theta == CalibratedModel(PRIOR, elsewhere, config).theta
+    # the data aged (no sample for a while: the prior wins some weight back)
+    aged = decay(state, end_s + 0.1 * config.half_life_s, config)
+    assert refit_due(solve.solved_from, aged, config)
+    # the statistics were reset (a new target, a new draft)
+    assert refit_due(solve.solved_from, CalibrationState(), config)
+    # another setup or configuration is never served by this solve
+    assert refitted(solve, replace(PRIOR, context_tokens=8192.0), one_more, config).fit is not solve
+    assert refitted(solve, PRIOR, one_more, replace(config, half_life_s=600.0)).fit is not solve
+    assert refitted(solve, PRIOR, one_more, config).fit is solve
+
+
+def test_the_break_even_shown_is_the_one_at_alpha_to_two_decimals() -> None:
+    model = CalibratedModel(PRIOR, sample_world(profiles.load_builtin("qwen3-32b-eagle3-2xh200"), 60, seed=6))
+    for alpha in (0.6049, 0.6051, 0.7234, 0.8):
+        assert learning.break_even(model, alpha, (1, 8)) == model.break_even_batch(round(alpha, 2), (1, 8))

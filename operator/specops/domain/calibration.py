@@ -213,19 +213,88 @@ def decay(state: CalibrationState, now_s: float, config: CalibrationConfig | Non
 
 
 @dataclass(frozen=True)
+class Fit:
+    """One posterior solve: its parameters, those the non-negativity left free, and what it was
+    solved from (the statistics are what `refit_due` compares newer statistics with)."""
+
+    theta: tuple[float, ...]
+    free: tuple[int, ...]
+    solved_from: CalibrationState
+    setup: ModelSetup
+    config: CalibrationConfig
+
+    @functools.cached_property
+    def theta_key(self) -> tuple[float, ...]:
+        """The parameters to THETA_KEY_DIGITS significant digits, worked out once per solve: what
+        identifies a model whose break-even is already known (`learning.break_even`)."""
+        return tuple(float(f"{t:.{THETA_KEY_DIGITS}g}") for t in self.theta)
+
+
+THETA_KEY_DIGITS = 3
+
+
+REFIT_AFTER_SAMPLES = 4
+"""A fit is solved again at least every this many new samples."""
+REFIT_GROWTH = 0.05
+"""... and as soon as the evidence in any batch octave (on or off) or in all grew by more than
+this share since the solve, or aged by it (the prior wins back as data decay)."""
+
+
+def refit_due(solved_from: CalibrationState, state: CalibrationState, config: CalibrationConfig) -> bool:
+    """Whether `state` holds enough news since `solved_from` for its fit to move.
+
+    A deployment's statistics gain one sample an interval, against some hundred effective ones
+    at a 30-minute half-life: where the load sits, a new sample moves the fit in its third or
+    fourth digit, and the posterior solve (with the break-even search it invalidates) was a
+    tenth of a steady fleet's CPU. So the fit is solved again after REFIT_AFTER_SAMPLES samples,
+    or at once when a sample lands where evidence is thin (an octave whose decayed count grew
+    by more than REFIT_GROWTH: a first sample there always does), when the whole grew by that
+    much, or when decay took that much away. Everything else (the confidence counts that steer
+    probes and the guard, the fit error) always reads the newest statistics."""
+    if state.samples < solved_from.samples or state.samples - solved_from.samples >= REFIT_AFTER_SAMPLES:
+        return True
+    if (state.updated_at_s is None) != (solved_from.updated_at_s is None):
+        return True
+    kept = 1.0
+    if state.updated_at_s is not None and solved_from.updated_at_s is not None:
+        if state.updated_at_s < solved_from.updated_at_s:
+            return True
+        kept = 0.5 ** ((state.updated_at_s - solved_from.updated_at_s) / config.half_life_s)
+        if kept < 1.0 - REFIT_GROWTH:
+            return True
+
+    def grew(now: float, then: float) -> bool:
+        return now - then * kept > REFIT_GROWTH * then * kept
+
+    if grew(state.weight, solved_from.weight):
+        return True
+    pairs = zip(
+        (*state.on_counts, *state.off_counts), (*solved_from.on_counts, *solved_from.off_counts), strict=True
+    )
+    return any(grew(now, then) for now, then in pairs)
+
+
+@dataclass(frozen=True)
 class CalibratedModel:
-    """Posterior mean step times of one deployment: the roofline prior corrected by its data."""
+    """Posterior mean step times of one deployment: the roofline prior corrected by its data.
+
+    `fit`: a solve to keep (`refitted`) instead of solving `state` again."""
 
     setup: ModelSetup
     state: CalibrationState = field(default_factory=CalibrationState)
     config: CalibrationConfig = field(default_factory=CalibrationConfig)
+    fit: Fit | None = field(default=None, repr=False, compare=False)
     theta: tuple[float, ...] = field(init=False)
     _free: tuple[int, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        theta, free = _posterior(self.state, self._prior_sds())
-        object.__setattr__(self, "theta", theta)
-        object.__setattr__(self, "_free", free)
+        fit = self.fit
+        if fit is None:
+            theta, free = _posterior(self.state, self._prior_sds())
+            fit = Fit(theta, free, self.state, self.setup, self.config)
+            object.__setattr__(self, "fit", fit)
+        object.__setattr__(self, "theta", fit.theta)
+        object.__setattr__(self, "_free", fit.free)
 
     @functools.cached_property
     def _covariance(self) -> list[list[float]]:
@@ -567,7 +636,7 @@ def plan_probe(
         return ProbePlan(False, 0, "the model is sure speculation does not pay here")
     predicted = max_speedup(model, alpha, batch, bounds)
     if predicted >= config.off_below_speedup and current_length > 0 and seen.on >= config.min_samples:
-        prior = CalibratedModel(model.setup, CalibrationState(), model.config)
+        prior = roofline_model(model.setup, model.config)
         deviation = model.step_s(current_length, batch) / prior.step_s(current_length, batch) - 1.0
         if abs(deviation) <= config.prior_agrees:
             return ProbePlan(
@@ -674,6 +743,26 @@ def _precision(state: CalibrationState, prior_sds: Sequence[float]) -> list[list
     for i, sd in enumerate(prior_sds):
         a[i][i] += 1.0 / (sd * sd)
     return a
+
+
+@functools.lru_cache(maxsize=256)
+def roofline_model(setup: ModelSetup, config: CalibrationConfig) -> CalibratedModel:
+    """The model before any data (the roofline itself), solved once per setup."""
+    return CalibratedModel(setup, CalibrationState(), config)
+
+
+def refitted(
+    previous: Fit | None, setup: ModelSetup, state: CalibrationState, config: CalibrationConfig
+) -> CalibratedModel:
+    """The model of `state`, keeping the `previous` solve when `refit_due` finds no news since it."""
+    if (
+        previous is not None
+        and previous.setup == setup
+        and previous.config == config
+        and not refit_due(previous.solved_from, state, config)
+    ):
+        return CalibratedModel(setup, state, config, fit=previous)
+    return CalibratedModel(setup, state, config)
 
 
 def _posterior(

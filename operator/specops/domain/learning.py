@@ -27,6 +27,7 @@ from specops.api.status import CalibrationStatistics, CalibrationStatus, ProbeLe
 from specops.domain.calibration import (
     N_BUCKETS,
     N_PARAMS,
+    THETA_KEY_DIGITS,
     CalibratedModel,
     CalibrationConfig,
     CalibrationState,
@@ -331,8 +332,10 @@ def applied(state: LearningState, num_draft_tokens: int, now: datetime) -> Learn
     return replace(state, applied_length=num_draft_tokens, applied_since=now, slowdown_streak=0)
 
 
-BREAK_EVEN_DIGITS = 3
-"""Significant digits of the fitted parameters (and decimals of alpha) that identify a break-even."""
+BREAK_EVEN_DIGITS = THETA_KEY_DIGITS
+"""Significant digits of the fitted parameters that identify a break-even."""
+BREAK_EVEN_ALPHA_DECIMALS = 2
+"""The break-even shown is the one at alpha to this many decimals (as Events print it)."""
 BREAK_EVEN_MEMO_SIZE = 8192
 _break_even_memo: OrderedDict[tuple[object, ...], int | None] = OrderedDict()
 
@@ -342,15 +345,18 @@ def break_even(fitted: CalibratedModel, alpha: float, bounds: tuple[int, int]) -
 
     The search evaluates the model at about a hundred (length, batch) points, which was half of a
     steady tick's CPU; from one tick to the next a steady deployment's fit moves in its fourth
-    digit while the break-even shown is a whole batch. A model whose parameters agree to
-    BREAK_EVEN_DIGITS significant digits, with the same measured octaves, setup, bounds and alpha
-    to 3 decimals, has the break-even already found. Bounded (least recently used out): two
-    entries per resource (fitted and prior) fit for thousands of resources."""
+    digit while the break-even shown is a whole batch (and its solve is kept over a few samples,
+    `calibration.refit_due`). The search runs at alpha to BREAK_EVEN_ALPHA_DECIMALS decimals:
+    the smoothed alpha moves in its third decimal every tick, which moved the key every tick. A
+    model whose parameters agree to BREAK_EVEN_DIGITS significant digits, with the same measured
+    octaves, setup, bounds and alpha so rounded, has the break-even already found. Bounded (least
+    recently used out): two entries per resource (fitted and prior) fit for thousands of resources."""
+    alpha = round(alpha, BREAK_EVEN_ALPHA_DECIMALS)
     key = (
         fitted.setup,
-        tuple(float(f"{t:.{BREAK_EVEN_DIGITS}g}") for t in fitted.theta),
+        fitted.fit.theta_key if fitted.fit is not None else fitted.theta,
         fitted.unmeasured_octaves(),
-        round(alpha, BREAK_EVEN_DIGITS),
+        alpha,
         bounds,
     )
     if key in _break_even_memo:

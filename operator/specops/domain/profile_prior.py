@@ -23,7 +23,9 @@ from specops.domain.calibration import (
     CalibratedModel,
     CalibrationConfig,
     CalibrationState,
+    Fit,
     StepSample,
+    refitted,
     update,
 )
 from specops.domain.perf import ModelSetup, expected_tokens
@@ -73,10 +75,17 @@ def combined(data: CalibrationState, prior: CalibrationState | None) -> Calibrat
 
 
 def model(
-    setup: ModelSetup, data: CalibrationState, config: CalibrationConfig, prior: CalibrationState | None
+    setup: ModelSetup,
+    data: CalibrationState,
+    config: CalibrationConfig,
+    prior: CalibrationState | None,
+    previous: Fit | None = None,
 ) -> CalibratedModel:
-    """The calibrated model from the profile prior (or the roofline's, without one) and the data."""
-    return CalibratedModel(setup, combined(data, prior), config)
+    """The calibrated model from the profile prior (or the roofline's, without one) and the data.
+
+    `previous`: the last solve of the same deployment's model with the same prior, kept while
+    the data hold no news (`calibration.refitted`)."""
+    return refitted(previous, setup, combined(data, prior), config)
 
 
 @functools.lru_cache(maxsize=256)

@@ -27,7 +27,7 @@ from specops.api.models import SpeculativeDeployment
 from specops.api.status import CalibrationStatus, PodsApplied, SpeculativeDeploymentStatus, SplitResultStatus
 from specops.domain import control_status as cs
 from specops.domain import learning, profile_prior, split_fleet
-from specops.domain.calibration import CalibrationState, update
+from specops.domain.calibration import CalibrationState, Fit, update
 from specops.domain.discovery import PodEndpoint
 from specops.domain.lifecycle import EventRecord
 from specops.domain.metrics import REASON_PENDING
@@ -236,7 +236,12 @@ class ControlLoop:
         if loaded is not None:
             updates.append(loaded.condition)
         prior_stats = loaded.statistics if loaded is not None else None
-        fitted = profile_prior.model(config.setup, knowledge.calibration, learn.calibration, prior_stats)
+        previous = None
+        if remembered is not None and remembered.uid == uid and remembered.fit_prior == prior_stats:
+            previous = remembered.fit
+        fitted = profile_prior.model(
+            config.setup, knowledge.calibration, learn.calibration, prior_stats, previous
+        )
         prior_model = profile_prior.prior_model(config.setup, learn.calibration, prior_stats)
         if learn.enabled:
             config = replace(config, model=fitted, assured_model=fitted.assured())
@@ -411,7 +416,9 @@ class ControlLoop:
                     )
                 )
         knowledge = replace(knowledge, decided_at=now)
-        self._memory[(namespace, name)] = _Memory(uid, decision.state, knowledge, split, last_split)
+        self._memory[(namespace, name)] = _Memory(
+            uid, decision.state, knowledge, split, last_split, fitted.fit, prior_stats
+        )
         updates.append(ConditionUpdate(cond.METRICS_UNAVAILABLE, "False", Reason.METRICS_OK, ""))
         updates.append(cs.acceptance_condition(decision, spec.slo.min_acceptance))
         updates.append(cs.applied_condition(fleet.desired, fleet.applied, dict(fleet.errors), tokens_shown))
@@ -479,6 +486,9 @@ class _Memory:
     knowledge: learning.LearningState
     split: split_fleet.Split | None = None
     last_split: SplitResultStatus | None = None
+    fit: Fit | None = None
+    """The last tick's solve of the model, and the prior it came from: kept while the data hold no news."""
+    fit_prior: CalibrationState | None = None
 
 
 def _split_decision(
