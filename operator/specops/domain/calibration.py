@@ -212,6 +212,10 @@ def decay(state: CalibrationState, now_s: float, config: CalibrationConfig | Non
     )
 
 
+THETA_KEY_DIGITS = 3
+"""Significant digits of a solve's parameters that identify its model's break-even (`Fit.theta_key`)."""
+
+
 @dataclass(frozen=True)
 class Fit:
     """One posterior solve: its parameters, those the non-negativity left free, and what it was
@@ -228,9 +232,6 @@ class Fit:
         """The parameters to THETA_KEY_DIGITS significant digits, worked out once per solve: what
         identifies a model whose break-even is already known (`learning.break_even`)."""
         return tuple(float(f"{t:.{THETA_KEY_DIGITS}g}") for t in self.theta)
-
-
-THETA_KEY_DIGITS = 3
 
 
 REFIT_AFTER_SAMPLES = 4
