@@ -37,7 +37,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import InitVar, dataclass, field, replace
 
 from specops.domain.perf import ModelSetup, expected_tokens, target_step_time
 
@@ -279,21 +279,22 @@ def refit_due(solved_from: CalibrationState, state: CalibrationState, config: Ca
 class CalibratedModel:
     """Posterior mean step times of one deployment: the roofline prior corrected by its data.
 
-    `fit`: a solve to keep (`refitted`) instead of solving `state` again."""
+    `keep`: a solve to keep (`refitted`) instead of solving `state` again; `fit` is the solve in use."""
 
     setup: ModelSetup
     state: CalibrationState = field(default_factory=CalibrationState)
     config: CalibrationConfig = field(default_factory=CalibrationConfig)
-    fit: Fit | None = field(default=None, repr=False, compare=False)
+    keep: InitVar[Fit | None] = None
+    fit: Fit = field(init=False, repr=False, compare=False)
     theta: tuple[float, ...] = field(init=False)
     _free: tuple[int, ...] = field(init=False, repr=False, compare=False)
 
-    def __post_init__(self) -> None:
-        fit = self.fit
+    def __post_init__(self, keep: Fit | None) -> None:
+        fit = keep
         if fit is None:
             theta, free = _posterior(self.state, self._prior_sds())
             fit = Fit(theta, free, self.state, self.setup, self.config)
-            object.__setattr__(self, "fit", fit)
+        object.__setattr__(self, "fit", fit)
         object.__setattr__(self, "theta", fit.theta)
         object.__setattr__(self, "_free", fit.free)
 
@@ -762,7 +763,7 @@ def refitted(
         and previous.config == config
         and not refit_due(previous.solved_from, state, config)
     ):
-        return CalibratedModel(setup, state, config, fit=previous)
+        return CalibratedModel(setup, state, config, keep=previous)
     return CalibratedModel(setup, state, config)
 
 

@@ -27,7 +27,6 @@ from specops.api.status import CalibrationStatistics, CalibrationStatus, ProbeLe
 from specops.domain.calibration import (
     N_BUCKETS,
     N_PARAMS,
-    THETA_KEY_DIGITS,
     CalibratedModel,
     CalibrationConfig,
     CalibrationState,
@@ -332,8 +331,6 @@ def applied(state: LearningState, num_draft_tokens: int, now: datetime) -> Learn
     return replace(state, applied_length=num_draft_tokens, applied_since=now, slowdown_streak=0)
 
 
-BREAK_EVEN_DIGITS = THETA_KEY_DIGITS
-"""Significant digits of the fitted parameters that identify a break-even."""
 BREAK_EVEN_ALPHA_DECIMALS = 2
 """The break-even shown is the one at alpha to this many decimals (as Events print it)."""
 BREAK_EVEN_MEMO_SIZE = 8192
@@ -348,13 +345,14 @@ def break_even(fitted: CalibratedModel, alpha: float, bounds: tuple[int, int]) -
     digit while the break-even shown is a whole batch (and its solve is kept over a few samples,
     `calibration.refit_due`). The search runs at alpha to BREAK_EVEN_ALPHA_DECIMALS decimals:
     the smoothed alpha moves in its third decimal every tick, which moved the key every tick. A
-    model whose parameters agree to BREAK_EVEN_DIGITS significant digits, with the same measured
-    octaves, setup, bounds and alpha so rounded, has the break-even already found. Bounded (least
-    recently used out): two entries per resource (fitted and prior) fit for thousands of resources."""
+    model whose parameters agree to THETA_KEY_DIGITS significant digits (`Fit.theta_key`), with
+    the same measured octaves, setup, bounds and alpha so rounded, has the break-even already
+    found. Bounded (least recently used out): two entries per resource (fitted and prior) fit for
+    thousands of resources."""
     alpha = round(alpha, BREAK_EVEN_ALPHA_DECIMALS)
     key = (
         fitted.setup,
-        fitted.fit.theta_key if fitted.fit is not None else fitted.theta,
+        fitted.fit.theta_key,
         fitted.unmeasured_octaves(),
         alpha,
         bounds,
