@@ -155,6 +155,9 @@ def test_bench_all_writes_one_json_per_registered_benchmark(
     # The scale bench starts an operator process and a fleet (minutes at its default of 200);
     # tests/component/test_scale_bench.py runs it small. Here it is only counted.
     monkeypatch.setitem(bench.BENCHMARKS, "scale", "tests.unit.test_bench_policy:trivial_benchmark")
+    # The tick bench runs 200 resources for 140 cycles (a minute); tests/component/test_tick_cost.py
+    # runs it small.
+    monkeypatch.setitem(bench.BENCHMARKS, "tick", "tests.unit.test_bench_policy:trivial_benchmark")
     assert bench.main(["all", "--out", str(tmp_path / "out")]) == 0
     written = sorted(p.name for p in (tmp_path / "out").iterdir())
     assert written == sorted(f"{name}.json" for name in bench.BENCHMARKS)

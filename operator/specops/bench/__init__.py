@@ -19,6 +19,7 @@ BENCHMARKS: dict[str, str] = {
     "policy-worlds": "specops.bench.policy:worlds_main",
     "fuzz": "specops_local.fuzz:main",  # needs the local and dev extras (CRD admission, hypothesis)
     "scale": "specops_local.scale:main",  # needs the local extra (emulated API server, simulated pods)
+    "tick": "specops_local.tick_cost:main",  # needs the local extra (emulated API server)
 }
 
 Benchmark = Callable[[list[str]], int]

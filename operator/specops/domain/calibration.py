@@ -147,6 +147,15 @@ def bucket_of(batch: float) -> int:
     return min(N_BUCKETS - 1, math.ceil(math.log2(batch) - 1e-9))
 
 
+def _near(counts: Sequence[float], bucket: int) -> float:
+    """Effective samples at an octave, its neighbours counting half (`CalibratedModel.confidence`)."""
+    total = counts[bucket]
+    for neighbour in (bucket - 1, bucket + 1):
+        if 0 <= neighbour < N_BUCKETS:
+            total += 0.5 * counts[neighbour]
+    return total
+
+
 def update(
     state: CalibrationState,
     sample: StepSample,
@@ -288,6 +297,9 @@ class CalibratedModel:
     fit: Fit = field(init=False, repr=False, compare=False)
     theta: tuple[float, ...] = field(init=False)
     _free: tuple[int, ...] = field(init=False, repr=False, compare=False)
+    _last_table: tuple[tuple[float, float, int, int, float | None], tuple[float, ...]] | None = field(
+        default=None, init=False, repr=False, compare=False
+    )
 
     def __post_init__(self, keep: Fit | None) -> None:
         fit = keep
@@ -393,6 +405,22 @@ class CalibratedModel:
         lengths = ((draft_length, expected_tokens(alpha, draft_length)),)
         return next(self._speedups(lengths, batch, context_tokens))[1]
 
+    def speedup_table(
+        self, alpha: float, batch: float, lo: int, hi: int, context_tokens: float | None = None
+    ) -> tuple[float, ...]:
+        """`predict_speedup` of every length lo..hi (lo >= 1) at one batch, in one pass: the same
+        arithmetic, the plain step and the roofline's cap worked out once. A decision asks about
+        the lengths at its batch a dozen times (the best, the current, the one it holds); the last
+        table is remembered."""
+        key = (alpha, batch, lo, hi, context_tokens)
+        last = self._last_table
+        if last is not None and last[0] == key:
+            return last[1]
+        lengths = [(g, expected_tokens(alpha, g)) for g in range(lo, hi + 1)]
+        table = tuple(s for _, s in self._speedups(lengths, batch, context_tokens))
+        object.__setattr__(self, "_last_table", (key, table))
+        return table
+
     def _speedups(
         self, lengths: Sequence[tuple[int, float]], batch: float, context_tokens: float | None = None
     ) -> Iterator[tuple[int, float]]:
@@ -423,10 +451,10 @@ class CalibratedModel:
     def _unmeasured_octaves(self) -> tuple[bool, ...]:
         # confidence depends on the batch's octave only: worked out once per model, not at each
         # of the few hundred points a decision evaluates
-        calibrated = self.calibrated
-        return tuple(
-            calibrated and self.confidence(2.0**bucket).on < UNMEASURED_BELOW for bucket in range(N_BUCKETS)
-        )
+        if not self.calibrated:
+            return (False,) * N_BUCKETS
+        on = self.state.on_counts
+        return tuple(_near(on, bucket) < UNMEASURED_BELOW for bucket in range(N_BUCKETS))
 
     def best_length(
         self, alpha: float, batch: float, bounds: tuple[int, int], context_tokens: float | None = None
@@ -483,15 +511,7 @@ class CalibratedModel:
     def confidence(self, batch: float) -> Confidence:
         """Effective samples at this batch's octave (neighbouring octaves count half)."""
         bucket = bucket_of(batch)
-
-        def near(counts: Sequence[float]) -> float:
-            total = counts[bucket]
-            for neighbour in (bucket - 1, bucket + 1):
-                if 0 <= neighbour < N_BUCKETS:
-                    total += 0.5 * counts[neighbour]
-            return total
-
-        return Confidence(on=near(self.state.on_counts), off=near(self.state.off_counts))
+        return Confidence(on=_near(self.state.on_counts, bucket), off=_near(self.state.off_counts, bucket))
 
     def relative_fit_error(self) -> float | None:
         """Weighted RMS of the relative residuals of the data still remembered; None without data."""

@@ -616,9 +616,18 @@ def _draft_tokens(state: PolicyState) -> int:
 
 
 def _speedup(config: PolicyConfig, obs: Observation, alpha: float, batch: float, length: int) -> float:
-    """Modelled speedup of `length` at `batch`: the configured model, else the roofline."""
-    if config.model is not None:
-        return config.model.predict_speedup(alpha, length, batch, obs.context_tokens)
+    """Modelled speedup of `length` at `batch`: the configured model, else the roofline.
+
+    A model that tabulates every length at a batch in one pass (`CalibratedModel.speedup_table`)
+    is asked for its table: a decision evaluates each length at the same batch and alpha."""
+    model = config.model
+    if model is not None:
+        lo, hi = _length_bounds(config)
+        table = getattr(model, "speedup_table", None)
+        if table is not None and lo <= length <= hi:
+            speedups: tuple[float, ...] = table(alpha, batch, lo, hi, obs.context_tokens)
+            return speedups[length - lo]
+        return model.predict_speedup(alpha, length, batch, obs.context_tokens)
     return speedup(_setup_for(config, obs), alpha, batch, length)
 
 

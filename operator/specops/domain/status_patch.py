@@ -38,11 +38,13 @@ def merge_patch(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any
         patch[key] = None
     for key, value in new.items():
         before = old.get(key)
+        if value == before:  # one comparison in C for a block that did not move (most do not)
+            continue
         if isinstance(value, Mapping) and isinstance(before, Mapping):
             inner = merge_patch(before, value)
             if inner:
                 patch[key] = inner
-        elif value != before:
+        else:
             patch[key] = value
     return patch
 
