@@ -51,8 +51,9 @@ def format_duration(seconds: float) -> str:
     return f"{seconds / 3600:.3g}h"
 
 
+@functools.lru_cache(maxsize=1024)
 def parse_parameters(text: str) -> float:
-    """Parameter count from "70B", "1.5B", "500M" or "70e9"."""
+    """Parameter count from "70B", "1.5B", "500M" or "70e9" (cached, as durations are)."""
     if not re.fullmatch(PARAMETERS_PATTERN, text):
         raise ValueError(f"invalid parameter count {text!r}: write e.g. 70B, 1.5B, 500M or 70e9")
     suffix = text[-1]

@@ -23,7 +23,7 @@ from datetime import datetime
 
 from specops.api import conditions as cond
 from specops.api.conditions import ConditionUpdate, Reason
-from specops.api.models import SpeculativeDeployment
+from specops.api.models import SpeculativeDeployment, SpeculativeDeploymentSpec
 from specops.api.status import CalibrationStatus, PodsApplied, SpeculativeDeploymentStatus, SplitResultStatus
 from specops.domain import control_status as cs
 from specops.domain import learning, profile_prior, split_fleet
@@ -78,6 +78,10 @@ class ControlLoop:
         # same state, written when a decision changes something and at least every refresh period,
         # so a restart resumes from status with at most that much smoothing and learning lost.
         self._memory: dict[tuple[str, str], _Memory] = {}
+        # The policy's and learning's view of each resource's spec, kept while the tick hands the
+        # same spec object (typed once per generation) with the same draft verdicts: building them
+        # parsed the spec's sizes and durations again every tick.
+        self._configs: dict[tuple[str, str], _Configs] = {}
 
     async def _profile(
         self,
@@ -154,6 +158,22 @@ class ControlLoop:
         )
         return _merge(results)
 
+    def _configs_of(
+        self,
+        namespace: str,
+        name: str,
+        spec: SpeculativeDeploymentSpec,
+        draft_stale: bool,
+        draft_unchecked: bool,
+    ) -> tuple[PolicyConfig, learning.LearningConfig]:
+        kept = self._configs.get((namespace, name))
+        if kept is not None and kept.spec is spec and kept.verdicts == (draft_stale, draft_unchecked):
+            return kept.policy, kept.learning
+        policy = cs.policy_config(spec, draft_stale=draft_stale, draft_unchecked=draft_unchecked)
+        learn = cs.learning_config(spec, self.rate_window_s)
+        self._configs[(namespace, name)] = _Configs(spec, (draft_stale, draft_unchecked), policy, learn)
+        return policy, learn
+
     def subscribe(self, resource: SpeculativeDeployment, interval_s: float) -> None:
         spec = resource.spec
         self.metrics.register(_key(resource), spec.metrics.prometheus.url, spec.serving.backend, interval_s)
@@ -162,6 +182,7 @@ class ControlLoop:
         self.metrics.unregister((namespace, name))
         self._memory.pop((namespace, name), None)
         self._profiles.pop((namespace, name), None)
+        self._configs.pop((namespace, name), None)
 
     async def tick(
         self,
@@ -206,8 +227,7 @@ class ControlLoop:
             speculation = current.model_copy(update={"pods": pods})
             return ControlResult(status.model_copy(update={"speculation": speculation}), updates, events)
 
-        config = cs.policy_config(spec, draft_stale=draft_stale, draft_unchecked=draft_unchecked)
-        learn = cs.learning_config(spec, self.rate_window_s)
+        config, learn = self._configs_of(namespace, name, spec, draft_stale, draft_unchecked)
         uid = str(resource.metadata.get("uid", ""))
         remembered = self._memory.get((namespace, name))
         if remembered is not None and remembered.uid == uid:
@@ -477,6 +497,16 @@ def _prior_fields(
     if not learn.enabled or knowledge.calibration.weight <= 0:
         fields["model_source"] = "profile"
     return fields
+
+
+@dataclass(frozen=True)
+class _Configs:
+    """The policy and learning configurations built from one spec object and draft verdicts."""
+
+    spec: SpeculativeDeploymentSpec
+    verdicts: tuple[bool, bool]
+    policy: PolicyConfig
+    learning: learning.LearningConfig
 
 
 @dataclass(frozen=True)
