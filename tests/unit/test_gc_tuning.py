@@ -62,3 +62,22 @@ def test_start_up_objects_leave_the_collector_and_later_garbage_is_still_reclaim
     assert made_later() is None
     assert made_at_start_up() is not None
     assert _counted(2) > before
+
+
+def test_a_paused_block_runs_without_the_collector_and_leaves_it_as_it_was() -> None:
+    # Given the collector on
+    assert gc.isenabled()
+    # When a block runs paused, even one that fails
+    with gc_tuning.paused():
+        assert not gc.isenabled()
+    with pytest.raises(RuntimeError), gc_tuning.paused():
+        raise RuntimeError("a failed decode")
+    # Then the collector is on again; and a block paused while it was off leaves it off
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        with gc_tuning.paused():
+            assert not gc.isenabled()
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
