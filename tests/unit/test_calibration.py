@@ -333,6 +333,24 @@ def test_the_break_even_search_asks_what_the_best_length_answers_at_every_batch(
                 assert pays(batch) == (model.best_length(alpha, batch, bounds)[0] > 0), (bounds, batch)
 
 
+def test_a_table_of_every_length_is_exactly_each_lengths_own_prediction() -> None:
+    # Given calibrated models of every shipped profile, and the long-context prior
+    models = [
+        CalibratedModel(PRIOR, sample_world(profiles.load_builtin(name), 30, seed=index))
+        for index, name in enumerate(profiles.list_builtin())
+    ]
+    models.append(CalibratedModel(replace(PRIOR, context_tokens=32768.0)))
+    for model in models:
+        for batch in (0.5, 1.0, 3.3, 17.0, 250.0, 4000.0):
+            for context in (None, 0.0, 8192.0):
+                # When it tabulates lengths 1-8 at a batch in one pass (a decision's and a search's way)
+                table = model.speedup_table(0.73, batch, 1, 8, context)
+                # Then each entry is, to the last bit, what asking for that length alone gives
+                assert table == tuple(model.predict_speedup(0.73, g, batch, context) for g in range(1, 9))
+                shared = model._roof.round_features(range(1, 9), batch, context)
+                assert shared == [model._roof.features(g, batch, context) for g in range(1, 9)]
+
+
 @pytest.mark.parametrize("context_tokens", [None, 0.0, 512.0, 32768.0])
 def test_the_prior_predicts_the_rooflines_step_times_exactly_at_any_context(
     context_tokens: float | None,

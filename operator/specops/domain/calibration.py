@@ -428,12 +428,12 @@ class CalibratedModel:
 
         Where rounds near the batch are unmeasured (`_unmeasured`) a speedup is capped at the
         roofline's: E x plain / round of the prior, which the roofline features give directly."""
-        features = self._roof.features
-        x = features(0, batch, context_tokens)
+        roof = self._roof
+        x = roof.features(0, batch, context_tokens)
         plain = self._step_from(x)
         capped = self._unmeasured(batch)
-        for g, tokens in lengths:
-            xg = features(g, batch, context_tokens)
+        rounds = roof.round_features([g for g, _ in lengths], batch, context_tokens)
+        for (g, tokens), xg in zip(lengths, rounds, strict=True):
             speedup = tokens * plain / self._step_from(xg)
             yield g, min(speedup, tokens * x[0] / xg[0]) if capped else speedup
 
@@ -730,6 +730,29 @@ class _Roofline:
             + self.overhead_s
         )
         return (rounds / self.scale, 1.0, b, 1.0, g, g * b)
+
+    def round_features(
+        self, lengths: Sequence[int], batch: float, context_tokens: float | None = None
+    ) -> list[tuple[float, ...]]:
+        """`features(g, batch)` of each length (all >= 1) at one batch, the parts every length
+        shares worked out once: the draft's step, and the target's memory time and compute per
+        token. The same operations in the same order as `features`, so the same values to the
+        last bit; a decision asks for every length at its batch, a break-even search at a dozen."""
+        context = self.context_tokens if context_tokens is None else context_tokens
+        b = max(1.0, batch)
+        draft_step = self._step(self.draft_params, self.draft_weight_bytes, b, 1.0, context)
+        params = self.target_params
+        kv_bytes = b * context * params * self.kv_bytes_per_token_per_param
+        memory_s = (self.target_weight_bytes + kv_bytes) / self.bandwidth
+        per_token = 2.0 * params * b
+        flops, overhead, scale = self.flops, self.overhead_s, self.scale
+        found = []
+        for draft_length in lengths:
+            g = float(draft_length)
+            target_step = max(memory_s, per_token * (draft_length + 1.0) / flops)
+            rounds = draft_length * draft_step + target_step + overhead
+            found.append((rounds / scale, 1.0, b, 1.0, g, g * b))
+        return found
 
 
 @functools.lru_cache(maxsize=256)
