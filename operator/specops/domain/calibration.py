@@ -46,6 +46,8 @@ N_PARAMS = len(PARAMETERS)
 # p1 and q2, the per-sequence costs, set how the fit extrapolates in batch: kept >= 0 (below)
 NON_NEGATIVE = (2, 5)
 UNMEASURED_BELOW = 0.5  # effective on-samples near a batch below which its rounds count as unmeasured
+TABLES_KEPT = 4
+"""Speedup tables one model remembers (`CalibratedModel.speedup_table`)."""
 N_BUCKETS = 11  # batch octaves 1, 2, 4, ..., 1024 (and above)
 MAX_BATCH = 1024
 
@@ -297,8 +299,8 @@ class CalibratedModel:
     fit: Fit = field(init=False, repr=False, compare=False)
     theta: tuple[float, ...] = field(init=False)
     _free: tuple[int, ...] = field(init=False, repr=False, compare=False)
-    _last_table: tuple[tuple[float, float, int, int, float | None], tuple[float, ...]] | None = field(
-        default=None, init=False, repr=False, compare=False
+    _tables: dict[tuple[float, float, int, int, float | None], tuple[float, ...]] = field(
+        default_factory=dict, init=False, repr=False, compare=False
     )
 
     def __post_init__(self, keep: Fit | None) -> None:
@@ -410,15 +412,16 @@ class CalibratedModel:
     ) -> tuple[float, ...]:
         """`predict_speedup` of every length lo..hi (lo >= 1) at one batch, in one pass: the same
         arithmetic, the plain step and the roofline's cap worked out once. A decision asks about
-        the lengths at its batch a dozen times (the best, the current, the one it holds); the last
-        table is remembered."""
+        the lengths at its batch a dozen times (the best, the current, the one it holds), and once
+        unbatched; the model's tables are remembered (a few: a model lives for one tick)."""
         key = (alpha, batch, lo, hi, context_tokens)
-        last = self._last_table
-        if last is not None and last[0] == key:
-            return last[1]
-        lengths = [(g, expected_tokens(alpha, g)) for g in range(lo, hi + 1)]
-        table = tuple(s for _, s in self._speedups(lengths, batch, context_tokens))
-        object.__setattr__(self, "_last_table", (key, table))
+        table = self._tables.get(key)
+        if table is None:
+            lengths = [(g, expected_tokens(alpha, g)) for g in range(lo, hi + 1)]
+            table = tuple(s for _, s in self._speedups(lengths, batch, context_tokens))
+            if len(self._tables) >= TABLES_KEPT:
+                self._tables.clear()
+            self._tables[key] = table
         return table
 
     def _speedups(
