@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 import random
 from dataclasses import replace
 
@@ -19,6 +20,7 @@ from specops.domain.calibration import (
     ProbeConfig,
     ProbeLedger,
     StepSample,
+    _unpack,
     account,
     bucket_of,
     decay,
@@ -331,6 +333,22 @@ def test_the_break_even_search_asks_what_the_best_length_answers_at_every_batch(
             # Then that is whether the best length is one, at every batch it may ask about
             for batch in range(1, 1025):
                 assert pays(batch) == (model.best_length(alpha, batch, bounds)[0] > 0), (bounds, batch)
+
+
+def test_the_fit_error_is_the_weighted_rms_of_the_relative_residuals() -> None:
+    # Given a model fitted to a profile's noisy samples
+    state = sample_world(profiles.load_builtin(profiles.list_builtin()[0]), 40, seed=7)
+    model = CalibratedModel(PRIOR, state)
+    # Then its fit error is sqrt((y'y - 2 theta'X'y + theta'X'X theta) / samples) x the noise unit,
+    # the quadratic form over the full matrix, term by term
+    a = _unpack(state.xtx)
+    theta = model.theta
+    quad = sum(theta[i] * a[i][j] * theta[j] for i in range(6) for j in range(6))
+    linear = sum(t * c for t, c in zip(theta, state.xty, strict=True))
+    count = sum(state.on_counts) + sum(state.off_counts)
+    expected = math.sqrt(max(0.0, state.yty - 2.0 * linear + quad) / count) * model.config.relative_noise
+    assert model.relative_fit_error() == expected
+    assert CalibratedModel(PRIOR).relative_fit_error() is None
 
 
 def test_a_table_of_every_length_is_exactly_each_lengths_own_prediction() -> None:

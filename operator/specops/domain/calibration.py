@@ -518,11 +518,20 @@ class CalibratedModel:
 
     def relative_fit_error(self) -> float | None:
         """Weighted RMS of the relative residuals of the data still remembered; None without data."""
+        return self._relative_fit_error
+
+    @functools.cached_property
+    def _relative_fit_error(self) -> float | None:
+        # asked by the status, the assured gain's covariance and Events: worked out once per model
         s = self.state
         if s.weight <= 0:
             return None
-        a = _unpack(s.xtx)
-        quad = sum(self.theta[i] * a[i][j] * self.theta[j] for i in range(N_PARAMS) for j in range(N_PARAMS))
+        theta, packed = self.theta, s.xtx
+        quad = 0.0  # theta' A theta over the packed upper triangle, term by term in row order
+        for i, row in enumerate(_PACKED_INDEX):
+            ti = theta[i]
+            for j, index in enumerate(row):
+                quad += ti * packed[index] * theta[j]
         linear = sum(t * c for t, c in zip(self.theta, s.xty, strict=True))
         residual = max(0.0, s.yty - 2.0 * linear + quad)
         count = sum(s.on_counts) + sum(s.off_counts)
@@ -773,6 +782,16 @@ def _roofline(setup: ModelSetup) -> _Roofline:
         overhead_s=setup.overhead_s,
         scale=target_step_time(setup.with_context(0.0), 1.0),
     )
+
+
+_PACKED_INDEX: tuple[tuple[int, ...], ...] = tuple(
+    tuple(
+        min(i, j) * N_PARAMS - min(i, j) * (min(i, j) - 1) // 2 + (max(i, j) - min(i, j))
+        for j in range(N_PARAMS)
+    )
+    for i in range(N_PARAMS)
+)
+"""Where A[i][j] sits in the packed upper triangle (`_unpack`'s order)."""
 
 
 def _unpack(upper: Sequence[float]) -> list[list[float]]:
