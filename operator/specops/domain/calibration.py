@@ -758,7 +758,7 @@ class _Roofline:
         memory_s = (self.target_weight_bytes + kv_bytes) / self.bandwidth
         per_token = 2.0 * params * b
         flops, overhead, scale = self.flops, self.overhead_s, self.scale
-        found = []
+        found: list[tuple[float, ...]] = []
         for draft_length in lengths:
             g = float(draft_length)
             target_step = max(memory_s, per_token * (draft_length + 1.0) / flops)
