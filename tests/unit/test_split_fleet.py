@@ -261,3 +261,13 @@ def test_a_split_switches_on_a_clear_gain_while_off_past_the_dwell_and_leaves_ex
     speculating = Decision(on, 3, "BestModelledSpeedup", "on", 1.5, changed=False)
     decision, acted = _split_decision(speculating, on, config, verdict_of(0.8), now)
     assert acted and decision.num_draft_tokens == 0 and decision.reason == "SpeculationOffSplitSlowdown"
+    # and when the model switched off in the same tick, the switch is told with the split's
+    # evidence (the same switch: its state, budget and toggle time are the model's decision's)
+    switched = Decision(replace(off, last_toggle=now), 0, "SpeculationDisabledHighBatch", "off", 1.0, True)
+    decision, acted = _split_decision(switched, on, config, verdict_of(0.8), now)
+    assert (
+        acted and decision.reason == "SpeculationOffSplitSlowdown" and "split-fleet A/B" in decision.message
+    )
+    assert decision.state == switched.state and decision.changed and decision.num_draft_tokens == 0
+    # unless a Warning already told it (the slowdown guard's): one switch, one Warning
+    assert _split_decision(switched, on, config, verdict_of(0.8), now, told=True) == (switched, False)

@@ -336,7 +336,9 @@ class ControlLoop:
         acted = False
         if split_verdict is not None and learns:
             # the split's measured speedup at this very load outranks the model's prediction
-            decision, acted = _split_decision(decision, state, config, split_verdict, now)
+            decision, acted = _split_decision(
+                decision, state, config, split_verdict, now, told=warned is not None
+            )
             if acted and decision.num_draft_tokens == 0:
                 knowledge = replace(knowledge, slowdown_batch=split_verdict.batch)
                 events.append(EventRecord("Warning", decision.reason, decision.message))
@@ -527,6 +529,8 @@ def _split_decision(
     config: PolicyConfig,
     verdict: split_fleet.SplitVerdict,
     now: datetime,
+    *,
+    told: bool = False,
 ) -> tuple[Decision, bool]:
     """The decision after a split's verdict: off when it measured speculation slower, on when it
     measured a clear gain while off (past the minimum dwell; explicit batch limits still rule)."""
@@ -537,6 +541,12 @@ def _split_decision(
         return _off(
             decision, now, "SpeculationOffSplitSlowdown", message, changed=before.enabled, config=config
         ), True
+    if verdict.slower and decision.num_draft_tokens == 0 and decision.changed and before.enabled and not told:
+        # the model switched off in this very tick: the same switch (already paid for), told with
+        # the stronger evidence, the two settings measured side by side at this load (unless a
+        # Warning already told it: the slowdown guard's)
+        message = f"Speculation off: {verdict.evidence()}."
+        return replace(decision, reason="SpeculationOffSplitSlowdown", message=message), True
     on_above = 1.0 + config.margin + config.hysteresis
     since = None if before.last_toggle is None else (now - before.last_toggle).total_seconds()
     if (
