@@ -73,6 +73,13 @@ class ScaleResult:
     promql_queries_per_cycle: float
     api_requests_per_second: float
     peak_rss_mib: float
+    # What the fleet was doing in the window, beside the six figures: the CPU per cycle moves with
+    # it more than with most changes, so two runs compare only where these are alike.
+    status_writes_per_resource_cycle: float
+    length_steps_per_resource_cycle: float
+    """Draft length changes (DraftLengthIncreased/Decreased Events) per resource and cycle."""
+    resources_stepping_at_start: int
+    """Resources whose last decision stepped their length when the window began."""
 
 
 DEFAULT_ROLLOUT = "30s"
@@ -371,6 +378,10 @@ SETTLED_SHARE = 0.01
 LENGTH_SETTLE_S = 900.0
 
 
+STATUS_WRITES = "specops: PATCH speculativedeployments/status"
+"""The operator's status writes, as `_request_mix` names them."""
+
+
 def _stepping(cluster: EmulatedCluster, names: set[str]) -> int:
     """How many named resources' last decision stepped the draft length (status.speculation.reason)."""
     return sum(
@@ -586,6 +597,16 @@ async def run_scale(
             promql_queries_per_cycle=round(max(queries, 0.0) / measured_cycles, 1),
             api_requests_per_second=round(requests / elapsed, 1),
             peak_rss_mib=round(_peak_rss_mib(pid), 1),
+            status_writes_per_resource_cycle=round(
+                window_mix[STATUS_WRITES] / resources / measured_cycles, 4
+            ),
+            length_steps_per_resource_cycle=round(
+                sum(window_mix[f"kopf: POST events ({reason})"] for reason in STEPPING)
+                / resources
+                / measured_cycles,
+                4,
+            ),
+            resources_stepping_at_start=stepping,
         )
     raise AssertionError("unreachable")  # pragma: no cover (the exit stack does not swallow)
 
@@ -598,6 +619,9 @@ def report(result: ScaleResult) -> str:
         ("PromQL queries per cycle", f"{result.promql_queries_per_cycle:.1f}"),
         ("API requests per second", f"{result.api_requests_per_second:.1f}"),
         ("operator peak RSS", f"{result.peak_rss_mib:.1f} MiB"),
+        ("status writes per resource and cycle", f"{result.status_writes_per_resource_cycle:.3f}"),
+        ("length steps per resource and cycle", f"{result.length_steps_per_resource_cycle:.3f}"),
+        ("resources stepping at the start", f"{result.resources_stepping_at_start}"),
     ]
     width = max(len(label) for label, _ in rows)
     return "\n".join(f"{label:<{width}}  {value}" for label, value in rows)

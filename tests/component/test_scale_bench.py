@@ -26,6 +26,10 @@ KEYS = {
     "promql_queries_per_cycle",
     "api_requests_per_second",
     "peak_rss_mib",
+    # what the fleet did in the window, to compare runs by
+    "status_writes_per_resource_cycle",
+    "length_steps_per_resource_cycle",
+    "resources_stepping_at_start",
 }
 
 
@@ -49,6 +53,8 @@ def test_scale_bench_writes_every_figure_for_a_small_fleet(tmp_path: Path) -> No
     assert figures["api_requests_per_second"] >= 0
     assert 1 <= figures["promql_queries_per_cycle"] <= 40
     assert 30 < figures["peak_rss_mib"] < 1000
+    assert 0 <= figures["length_steps_per_resource_cycle"] <= figures["status_writes_per_resource_cycle"] + 1
+    assert 0 <= figures["resources_stepping_at_start"] <= 3
     assert "CPU per control cycle" in finished.stdout
     # measured where a deployment spends its life: after Baseline and Fixed, in Dynamic
     assert "every resource in the Dynamic phase after" in finished.stderr, finished.stderr[-3000:]
