@@ -211,13 +211,17 @@ def _ready(cluster: EmulatedCluster, namespace: str) -> dict[str, PodEndpoint]:
             namespace=namespace,
         )
         labels = deployment["spec"]["template"]["metadata"]["labels"]
+        owner = labels[LABEL_DEPLOYMENT]
         pod = {
-            "metadata": {"name": "", "namespace": namespace, "labels": labels, "uid": f"pod-{index}"},
+            "metadata": {
+                "name": f"{owner}-pod",
+                "namespace": namespace,
+                "labels": labels,
+                "uid": f"pod-{index}",
+            },
             "spec": {"containers": [{"name": "triton", "ports": [{"containerPort": 8000}]}]},
             "status": {"podIP": "127.0.0.1", "conditions": [{"type": "Ready", "status": "True"}]},
         }
-        owner = labels[LABEL_DEPLOYMENT]
-        pod["metadata"]["name"] = f"{owner}-pod"
         endpoint = ready_endpoint(pod)
         assert endpoint is not None
         endpoints[owner] = endpoint

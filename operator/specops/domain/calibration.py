@@ -465,8 +465,7 @@ class CalibratedModel:
         """The length in [lo, hi] with the highest predicted speedup, or (0, 1.0) when none beats plain."""
         lo, hi = max(1, bounds[0]), max(1, bounds[1])
         best_g, best_s = 0, 1.0
-        lengths = [(g, expected_tokens(alpha, g)) for g in range(lo, hi + 1)]
-        for g, s in self._speedups(lengths, batch, context_tokens):
+        for g, s in enumerate(self.speedup_table(alpha, batch, lo, hi, context_tokens), start=lo):
             if s > best_s:
                 best_g, best_s = g, s
         return best_g, best_s
@@ -693,7 +692,7 @@ def start_probe(ledger: ProbeLedger, now_s: float, config: ProbeConfig | None = 
 def max_speedup(model: CalibratedModel, alpha: float, batch: float, bounds: tuple[int, int]) -> float:
     """The highest predicted speedup of any length in bounds, below 1 too (how far from paying)."""
     lo, hi = max(1, bounds[0]), max(1, bounds[1])
-    return max(model.predict_speedup(alpha, g, batch) for g in range(lo, hi + 1))
+    return max(model.speedup_table(alpha, batch, lo, hi))
 
 
 # --------------------------------------------------------------------- linear algebra

@@ -536,17 +536,17 @@ def _split_decision(
     measured a clear gain while off (past the minimum dwell; explicit batch limits still rule)."""
     if config.off_above_batch is not None or config.on_below_batch is not None:
         return decision, False
-    if verdict.slower and decision.num_draft_tokens > 0 and switch_allowed(config, before, now, on=False):
+    if verdict.slower:
         message = f"Speculation off: {verdict.evidence()}."
-        return _off(
-            decision, now, "SpeculationOffSplitSlowdown", message, changed=before.enabled, config=config
-        ), True
-    if verdict.slower and decision.num_draft_tokens == 0 and decision.changed and before.enabled and not told:
-        # the model switched off in this very tick: the same switch (already paid for), told with
-        # the stronger evidence, the two settings measured side by side at this load (unless a
-        # Warning already told it: the slowdown guard's)
-        message = f"Speculation off: {verdict.evidence()}."
-        return replace(decision, reason="SpeculationOffSplitSlowdown", message=message), True
+        if decision.num_draft_tokens > 0 and switch_allowed(config, before, now, on=False):
+            return _off(
+                decision, now, "SpeculationOffSplitSlowdown", message, changed=before.enabled, config=config
+            ), True
+        if decision.num_draft_tokens == 0 and decision.changed and before.enabled and not told:
+            # the model switched off in this very tick: the same switch (already paid for), told
+            # with the stronger evidence, the two settings measured side by side at this load
+            # (unless a Warning already told it: the slowdown guard's)
+            return replace(decision, reason="SpeculationOffSplitSlowdown", message=message), True
     on_above = 1.0 + config.margin + config.hysteresis
     since = None if before.last_toggle is None else (now - before.last_toggle).total_seconds()
     if (
