@@ -71,6 +71,9 @@ SLOWDOWN_BELOW = 0.98  # an interval counts as slower than plain below this real
 ALWAYS_ON_LENGTH = 3  # the fixed length "leave speculation on" is compared at in a world
 MAX_BREAK_EVEN_BATCH = 1024
 POLICIES = ("calibrated", "roofline")
+# Decisions that moved the draft length while speculating: each is an Event, a status write and a
+# settings reload on every pod, so a length that steps with the noise costs the fleet.
+LENGTH_STEP_REASONS = frozenset({"DraftLengthIncreased", "DraftLengthDecreased"})
 THRESHOLD_UP = 0.7
 THRESHOLD_DOWN = 0.4
 EPOCH = datetime(2024, 1, 1, tzinfo=UTC)
@@ -438,6 +441,7 @@ async def _replay(
     policy_mean = mean(policy_speedups)
     oracle = mean(max([1.0, *(realised(i, g) for g in range(lo, hi + 1))]) for i in range(len(trace)))
     toggles = sum(1 for a, b in itertools.pairwise(choices) if a != b)
+    length_steps = sum(1 for reason in reasons if reason in LENGTH_STEP_REASONS)
     hours = sum(weights) / 3600.0
     off_share = [sum(1 for g in lengths if g == 0) / len(lengths) for lengths in policy_lengths]
     result: dict[str, float | None] = {
@@ -448,6 +452,7 @@ async def _replay(
         "threshold_rule_speedup": mean(realised(i, g) for i, g in enumerate(threshold_lengths)),
         "ratio_to_oracle": policy_mean / oracle,
         "toggles_per_hour": toggles / hours,
+        "length_steps_per_hour": length_steps / hours,
         "slowdown_time_fraction": mean(1.0 if v < SLOWDOWN_BELOW else 0.0 for v in policy_speedups),
         "intervals": float(len(trace)),
         "hours": hours,
@@ -729,6 +734,7 @@ WORST_OF_SEEDS = {
     "ratio_to_oracle": min,
     "slowdown_time_fraction": max,
     "toggles_per_hour": max,
+    "length_steps_per_hour": max,
     "probe_cost_fraction": max,
 }
 """The figures a target bounds, and which end of the seeds is the worst for each."""
@@ -769,6 +775,8 @@ def summarise(per_world: list[dict[str, Any]]) -> dict[str, float]:
         "mean_slowdown_time_fraction": sum(values("slowdown_time_fraction")) / len(rows),
         "max_slowdown_time_fraction": max(values("slowdown_time_fraction")),
         "max_toggles_per_hour": max(values("toggles_per_hour")),
+        "mean_length_steps_per_hour": sum(values("length_steps_per_hour")) / len(rows),
+        "max_length_steps_per_hour": max(values("length_steps_per_hour")),
         "max_probe_cost_fraction": max(values("probe_cost_fraction")),
     }
     if rows and "ratio_to_oracle_worst_seed" in rows[0]:
@@ -787,8 +795,8 @@ def format_before_after(before: list[dict[str, Any]], after: list[dict[str, Any]
 
     lines = [
         "| world | trace | ratio before / after | slower before / after | toggles/h before / after "
-        "| probe cost | break-even world / learned |",
-        "|---|---|---|---|---|---|---|",
+        "| length steps/h after | probe cost | break-even world / learned |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for world_before, world_after in zip(before, after, strict=True):
         for b, a in zip(world_before["traces"], world_after["traces"], strict=True):
@@ -801,6 +809,7 @@ def format_before_after(before: list[dict[str, Any]], after: list[dict[str, Any]
                 f"| {b['ratio_to_oracle']:.3f} / {a['ratio_to_oracle']:.3f}{worst_ratio} "
                 f"| {b['slowdown_time_fraction']:.1%} / {a['slowdown_time_fraction']:.1%}{worst_slower} "
                 f"| {b['toggles_per_hour']:.1f} / {a['toggles_per_hour']:.1f} "
+                f"| {a['length_steps_per_hour']:.1f} "
                 f"| {a['probe_cost_fraction']:.1%} "
                 f"| {batch(a['world_break_even_batch'])} / {batch(a['learned_break_even_batch'])} |"
             )
@@ -810,7 +819,8 @@ def format_before_after(before: list[dict[str, Any]], after: list[dict[str, Any]
             f"\n{name}: mean ratio {m['mean_ratio_to_oracle']:.3f} (worst {m['min_ratio_to_oracle']:.3f}), "
             f"slower than plain {m['mean_slowdown_time_fraction']:.1%} of the time on average "
             f"(worst {m['max_slowdown_time_fraction']:.1%}), toggles/h at most {m['max_toggles_per_hour']:.1f}, "
-            f"probe cost at most {m['max_probe_cost_fraction']:.1%}"
+            f"length steps/h {m['mean_length_steps_per_hour']:.1f} on average (at most "
+            f"{m['max_length_steps_per_hour']:.1f}), probe cost at most {m['max_probe_cost_fraction']:.1%}"
         )
         if "min_ratio_to_oracle_any_seed" in m:
             lines.append(
