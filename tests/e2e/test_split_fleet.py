@@ -18,8 +18,10 @@ from specops.adapters.kube import KubeClient
 from specops.domain.profile import ServingProfile
 from specops_local.prometheus import PrometheusProcess
 from specops_local.serving import ServingController
+from specops_local.sim import LoadPoint
 from tests.e2e.conftest import Operator
 from tests.e2e.test_closed_loop import (
+    ALPHA,
     HIGH,
     NAME,
     calibration,
@@ -51,7 +53,14 @@ async def events_named(kube: KubeClient, reason: str) -> list[dict[str, Any]]:
         raise AssertionError(f"{error}\n{await story(kube)}") from None
 
 
+# Light enough that this world's extra verification cost (per draft token per sequence) hides in
+# the noise of a low-batch sample: at batch 8 the fit sometimes learned the break-even from the soak
+# alone and switched speculation off by itself before the split could measure.
+QUIET = LoadPoint(batch=2, alpha=ALPHA)
+
+
 @pytest.mark.timeout(120)
+@pytest.mark.parametrize("serving_load", [QUIET])
 async def test_two_pods_run_a_split_ab_and_its_measured_slowdown_switches_speculation_off(
     cluster: Any,
     kube: KubeClient,

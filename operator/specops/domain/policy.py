@@ -10,7 +10,8 @@ The rollout follows three phases:
   (`PolicyConfig.model`: in the operator the roofline calibrated by the deployment's own
   measurements, domain.learning; else `perf.speedup`) at the smoothed alpha and the
   observed batch, and moves at most one
-  step toward it. Speculation goes off when even the best length is predicted to gain
+  step toward it (for a gain under `clear_length_gain`, only when the previous decision wanted
+  the same way). Speculation goes off when even the best length is predicted to gain
   less than `margin`, and back on only above `margin + hysteresis`, never toggling twice
   within `min_dwell_s`.
 
@@ -27,7 +28,8 @@ the policy evaluates the model instead of hard-coding thresholds. `off_above_bat
 `on_below_batch` let an operator pin the on/off choice to measured batch sizes instead.
 
 Pure: no I/O and no clock; `now` is passed in and the whole state is a small,
-serialisable value kept in the resource's status.
+serialisable value, kept in the resource's status but for the switch budget and the length
+vote, which live in the operator's memory (a restart starts them afresh).
 """
 
 from __future__ import annotations
@@ -73,6 +75,9 @@ class PolicyConfig:
     # a length change only for a modelled gain over the current length of more than this share:
     # near its best the speedup is flat in the length, and noise moved the best back and forth
     length_margin: float = 0.01
+    # ... and a change for a gain below this share waits for a second decision in a row that wants
+    # the same way (`_confirmed_step`); a clear gain (a burst, a ramp) steps at once
+    clear_length_gain: float = 0.10
     min_dwell_s: float = 60.0  # minimum time between two on/off toggles
     off_above_batch: float | None = None  # explicit override of the model's on/off choice
     on_below_batch: float | None = None  # (either alone serves as both limits)
@@ -141,6 +146,10 @@ class PolicyState:
     evidence_at: datetime | None = None  # when enable_evidence was last updated
     switch_credit: float | None = None  # switch budget left at credit_at (None = full)
     credit_at: datetime | None = None
+    # +1 / -1: the last decision, speculating, wanted a longer / shorter draft; 0: neither. A length
+    # steps only when a second decision in a row wants the same way (`_confirmed_step`). Kept in
+    # the operator's memory, not in status: a restart forgets it and costs one decision's delay.
+    length_vote: int = 0
 
 
 @dataclass(frozen=True)
@@ -265,7 +274,8 @@ def _dynamic(
     lo, hi = _length_bounds(config)
     target, target_speedup = _best_length(config, obs, use_alpha, obs.batch, lo, hi)
     current = _clamp(state.draft_length, lo, hi)
-    state = replace(state, alpha=alpha, draft_length=current)
+    vote = state.length_vote  # counts only between two decisions in a row that both speculate
+    state = replace(state, alpha=alpha, draft_length=current, length_vote=0)
     state = _update_evidence(config, state, target_speedup, now)
     prefix = "Entered the dynamic phase. " if entered_dynamic else ""
     facts = f"batch {obs.batch:.0f}, alpha {use_alpha:.2f}{prior_note}"
@@ -377,12 +387,12 @@ def _dynamic(
             )
         return hold(off_reason, f"Speculation stays off ({why}; {facts}).")
 
-    if target != current and target_speedup < _speedup(config, obs, use_alpha, obs.batch, current) * (
-        1.0 + config.length_margin
-    ):
+    current_speedup = _speedup(config, obs, use_alpha, obs.batch, current)
+    if target != current and target_speedup < current_speedup * (1.0 + config.length_margin):
         target = current  # within the margin of the modelled best: not worth a change
-    length = _step_toward(current, target)
-    next_state = replace(state, draft_length=length)
+    clear = target_speedup >= current_speedup * (1.0 + config.clear_length_gain)
+    length, vote = _confirmed_step(vote, current, target, clear=clear)
+    next_state = replace(state, draft_length=length, length_vote=vote)
     predicted = _speedup(config, obs, use_alpha, obs.batch, length)
     if length != current:
         reason = "DraftLengthIncreased" if length > current else "DraftLengthDecreased"
@@ -395,6 +405,12 @@ def _dynamic(
         message = (
             f"{prefix}Smoothed alpha {use_alpha:.2f} is below the {config.min_acceptance:.2f} floor; "
             f"the draft needs recalibration. Keeping draft length {length} ({predicted:.2f}x; {facts})."
+        )
+    elif target != current:  # the reason stays: a vote alone is no news worth a status write
+        reason = "BestModelledSpeedup"
+        message = (
+            f"{prefix}Draft length {length} kept ({predicted:.2f}x): the modelled best {target} "
+            f"({target_speedup:.2f}x) must win the next decision too before a change ({facts})."
         )
     else:
         reason = "BestModelledSpeedup"
@@ -568,6 +584,20 @@ def _best_length(
         if s > best_s:
             best_g, best_s = g, s
     return best_g, best_s
+
+
+def _confirmed_step(vote: int, current: int, target: int, *, clear: bool) -> tuple[int, int]:
+    """The length after this decision, and its vote: one step toward `target` when the gain is
+    `clear` or the previous decision wanted the same way too.
+
+    The best length follows each decision's batch reading, and where the speedup is flat in the
+    length a few per cent of noise moves it back and forth: every step is an Event, a status write
+    and a settings reload on every pod. A real change of load keeps wanting the same way and pays
+    one decision's delay at most."""
+    way = (target > current) - (target < current)
+    if way and (clear or vote == way):
+        return _step_toward(current, target), way
+    return current, way
 
 
 def _smooth_alpha(smoothed: float | None, sample: float | None, weight: float) -> tuple[float | None, str]:
