@@ -32,4 +32,6 @@ def write_json(result: Mapping[str, Any] | Sequence[Any], json_path: str | None)
         sys.stdout.write(text + "\n")
         sys.stdout.flush()
     elif json_path:
-        Path(json_path).write_text(text + "\n")
+        path = Path(json_path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text + "\n")

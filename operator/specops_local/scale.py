@@ -27,7 +27,6 @@ import asyncio
 import collections
 import contextlib
 import copy
-import json
 import os
 import shutil
 import signal
@@ -46,6 +45,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from specops.api.crd import build_crd
 from specops.api.units import parse_duration
+from specops.cli_output import write_json
 from specops.domain.phases import ACTIVE_PHASES
 from specops_local.cluster import EmulatedCluster, emulated_cluster
 from specops_local.pod_farm import ADVANCE_BATCH, ADVANCE_EVERY_S, advance_pods, farm_pod_options
@@ -643,7 +643,7 @@ def main(argv: list[str]) -> int:
     )
     parser.add_argument("--timeout", type=float, default=600.0, help="initial reconcile deadline, seconds")
     parser.add_argument("--workdir", type=Path, help="keep logs here (default: a temporary directory)")
-    parser.add_argument("--json", type=Path, help="write the figures to this file")
+    parser.add_argument("--json", help="write the figures to this file")
     parser.add_argument("--log-level", default="warning", help="the operator's log level (default warning)")
     parser.add_argument(
         "--profile", type=Path, help="sample the operator with py-spy during the measured cycles (speedscope)"
@@ -677,9 +677,7 @@ def main(argv: list[str]) -> int:
             )
         )
     print(report(result))
-    if args.json is not None:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(asdict(result), indent=2) + "\n")
+    write_json(asdict(result), args.json)
     return 0
 
 

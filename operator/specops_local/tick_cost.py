@@ -43,15 +43,17 @@ import yaml
 
 from specops.adapters import operator_metrics
 from specops.api.crd import build_crd
+from specops.cli_output import write_json
 from specops.domain.discovery import PodEndpoint, ready_endpoint
 from specops.domain.metrics import Measurement, PodMeasurement
 from specops.domain.names import LABEL_DEPLOYMENT, label_value
 from specops.domain.profile import ServingProfile
-from specops.ports import ApplyResult, FleetResult, GenerateResult
+from specops.ports import FleetResult
 from specops.profiles import load_builtin
 from specops.services import tick as tick_module
 from specops.services.container import Services, build_services
 from specops_local.cluster import EmulatedCluster, emulated_cluster
+from specops_local.model_control import AcceptingModelControl
 from specops_local.scale import DEFAULT_ROLLOUT, EXAMPLE
 from specops_local.stack import EXAMPLES, environment, operator_environment
 
@@ -142,7 +144,7 @@ class ProfiledWorld:
         return None
 
 
-class WorldModelControl:
+class WorldModelControl(AcceptingModelControl):
     """Model control whose pods take every setting at once, and tell the world what they run."""
 
     def __init__(self, world: ProfiledWorld) -> None:
@@ -157,28 +159,6 @@ class WorldModelControl:
                 self.world.setting[endpoint.name] = num_draft_tokens
                 changed += 1
         return FleetResult(desired=len(endpoints), applied=len(endpoints), changed=changed)
-
-    async def read_bls_settings(self, endpoint: PodEndpoint) -> ApplyResult:
-        return ApplyResult(endpoint.name, True)
-
-    async def apply_bls_settings(self, endpoint: PodEndpoint, **_: Any) -> ApplyResult:
-        return ApplyResult(endpoint.name, True)
-
-    async def load_model(
-        self, endpoint: PodEndpoint, name: str, config: Mapping[str, object] | None = None
-    ) -> ApplyResult:
-        return ApplyResult(endpoint.name, True)
-
-    async def unload_model(self, endpoint: PodEndpoint, name: str) -> ApplyResult:
-        return ApplyResult(endpoint.name, True)
-
-    async def is_ready(self, endpoint: PodEndpoint, model: str | None = None) -> bool:
-        return True
-
-    async def generate(
-        self, endpoint: PodEndpoint, prompt: str, max_tokens: int, num_draft_tokens: int | None = None
-    ) -> GenerateResult:
-        return GenerateResult(endpoint.name, True, text=prompt)  # the lossless check: identical output
 
 
 def _resource(index: int, namespace: str) -> dict[str, Any]:
@@ -407,7 +387,7 @@ def main(argv: list[str]) -> int:
     )
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--profile", type=Path, help="write a cProfile of the measured cycles here (pstats)")
-    parser.add_argument("--json", type=Path, help="write the figures to this file")
+    parser.add_argument("--json", help="write the figures to this file")
     args = parser.parse_args(argv)
     result = asyncio.run(
         measure(
@@ -421,9 +401,7 @@ def main(argv: list[str]) -> int:
     )
     for key, value in asdict(result).items():
         print(f"{key:>28}: {value}")
-    if args.json is not None:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(asdict(result), indent=2) + "\n")
+    write_json(asdict(result), args.json)
     return 0
 
 

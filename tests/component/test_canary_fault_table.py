@@ -16,7 +16,7 @@ case checks that its fault really fired, so no row passes by never failing anyth
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Hashable, Mapping, Sequence
+from collections.abc import AsyncIterator, Hashable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -30,11 +30,12 @@ from specops.domain import drafts
 from specops.domain.discovery import PodEndpoint
 from specops.domain.metrics import Measurement
 from specops.domain.names import CANARY, STABLE, child_name, variant_service_name
-from specops.ports import ApplyResult, FleetResult, GenerateResult
+from specops.ports import GenerateResult
 from specops.services.canary import RouteNotReleased
 from specops.services.config import OperatorConfig
 from specops.services.container import Services, build_services
 from specops_local.cluster import EmulatedCluster
+from specops_local.model_control import AcceptingModelControl
 from tests.conftest import EXAMPLES
 
 NAME, NAMESPACE, ROUTE = "chat", "default", "chat-route"
@@ -96,32 +97,12 @@ class VariantMetrics:
         return None
 
 
-class LosslessTriton:
+class LosslessTriton(AcceptingModelControl):
     """Every pod runs what it is asked for; speculation changes no answer, unless `lossless` is
     False: then the canary's draft changes answers (the stable draft passed its own check)."""
 
     def __init__(self, lossless: bool = True) -> None:
         self.lossless = lossless
-
-    async def apply_to_all(self, endpoints: Sequence[PodEndpoint], **_: Any) -> FleetResult:
-        return FleetResult(desired=len(endpoints), applied=len(endpoints), changed=0)
-
-    async def read_bls_settings(self, endpoint: PodEndpoint) -> ApplyResult:
-        return ApplyResult(endpoint.name, True)
-
-    async def apply_bls_settings(self, endpoint: PodEndpoint, **_: Any) -> ApplyResult:
-        return ApplyResult(endpoint.name, True)
-
-    async def load_model(
-        self, endpoint: PodEndpoint, name: str, config: Mapping[str, object] | None = None
-    ) -> ApplyResult:
-        return ApplyResult(endpoint.name, True)
-
-    async def unload_model(self, endpoint: PodEndpoint, name: str) -> ApplyResult:
-        return ApplyResult(endpoint.name, True)
-
-    async def is_ready(self, endpoint: PodEndpoint, model: str | None = None) -> bool:
-        return True
 
     async def generate(
         self, endpoint: PodEndpoint, prompt: str, max_tokens: int, num_draft_tokens: int | None = None

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from collections.abc import Callable, Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -19,13 +19,12 @@ import pytest
 import yaml
 
 from specops.adapters.kube import KubeClient, load_connection_settings
-from specops.domain.discovery import PodEndpoint
 from specops.domain.metrics import Measurement
-from specops.ports import ApplyResult, FleetResult, GenerateResult
 from specops.services import tick as tick_module
 from specops.services.config import OperatorConfig
 from specops.services.container import build_services
 from specops_local.cluster import EmulatedCluster
+from specops_local.model_control import AcceptingModelControl
 from tests.conftest import EXAMPLES
 
 NAMESPACE = "default"
@@ -72,37 +71,6 @@ class SteadyMetrics:
 
     async def close(self) -> None:
         return None
-
-
-class AppliedTriton:
-    """Model control whose every pod already runs what it is asked for."""
-
-    async def apply_to_all(
-        self, endpoints: Sequence[PodEndpoint], *, num_draft_tokens: int | None = None, **_: Any
-    ) -> FleetResult:
-        return FleetResult(desired=len(endpoints), applied=len(endpoints), changed=0)
-
-    async def read_bls_settings(self, endpoint: PodEndpoint) -> ApplyResult:
-        return ApplyResult(endpoint.pod, True)
-
-    async def apply_bls_settings(self, endpoint: PodEndpoint, **_: Any) -> ApplyResult:
-        return ApplyResult(endpoint.pod, True)
-
-    async def load_model(
-        self, endpoint: PodEndpoint, name: str, config: Mapping[str, object] | None = None
-    ) -> ApplyResult:
-        return ApplyResult(endpoint.pod, True)
-
-    async def unload_model(self, endpoint: PodEndpoint, name: str) -> ApplyResult:
-        return ApplyResult(endpoint.pod, True)
-
-    async def is_ready(self, endpoint: PodEndpoint, model: str | None = None) -> bool:
-        return True
-
-    async def generate(
-        self, endpoint: PodEndpoint, prompt: str, max_tokens: int, num_draft_tokens: int | None = None
-    ) -> GenerateResult:
-        return GenerateResult(endpoint.name, True, text=prompt)
 
 
 def _resource() -> dict[str, Any]:
@@ -410,7 +378,7 @@ async def counted_services(
 
 def _rewire(services: Any) -> None:
     """Point every service at the test's client, metrics and model control."""
-    metrics, triton = SteadyMetrics(), AppliedTriton()
+    metrics, triton = SteadyMetrics(), AcceptingModelControl()
     services.metrics = metrics
     for service in _walk(services):
         for attribute, value in (("kube", services.kube), ("metrics", metrics), ("triton", triton)):

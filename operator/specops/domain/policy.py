@@ -393,7 +393,7 @@ def _dynamic(
     clear = target_speedup >= current_speedup * (1.0 + config.clear_length_gain)
     length, vote = _confirmed_step(vote, current, target, clear=clear)
     next_state = replace(state, draft_length=length, length_vote=vote)
-    predicted = _speedup(config, obs, use_alpha, obs.batch, length)
+    predicted = current_speedup if length == current else _speedup(config, obs, use_alpha, obs.batch, length)
     if length != current:
         reason = "DraftLengthIncreased" if length > current else "DraftLengthDecreased"
         message = (
