@@ -78,6 +78,9 @@ class TickCostResult:
     api_server_cpu_ms_per_tick: float
     status_writes_per_cycle: float
     events_per_cycle: float
+    rested_share: float
+    """The share of ticks that found their resource at rest and decided nothing
+    (services.tick.SETTLED_DECISIONS_PER_S, paced as in `--fleet`)."""
     status_digest: str
     """A hash of every resource's status at the end: the same code and seed give the same digest,
     so a change meant to cost less without deciding differently can be checked to keep it."""
@@ -94,6 +97,8 @@ class ProfiledWorld:
         self.random = random.Random(seed)
         self.mean_batch: dict[tuple[str, str], float] = {}
         self.setting: dict[str, int] = {}  # pod name -> num_draft_tokens
+        # what each resource read at its last tick: one scrape reads the same however often it is looked up
+        self.read: dict[tuple[str, str], tuple[datetime, Measurement]] = {}
 
     def register(self, key: Hashable, url: str, backend: str, interval_s: float) -> None:
         return None
@@ -112,6 +117,14 @@ class ProfiledWorld:
         draft_length: int | None = None,
         draft: str | None = None,
     ) -> Measurement:
+        read = self.read.get((namespace, name))
+        if read is not None and read[0] == now:
+            return read[1]
+        measurement = self._measure(namespace, name, now)
+        self.read[(namespace, name)] = (now, measurement)
+        return measurement
+
+    def _measure(self, namespace: str, name: str, now: datetime) -> Measurement:
         mean = self.mean_batch.setdefault(
             (namespace, name), math.exp(self.random.uniform(0.0, math.log(256)))
         )
@@ -228,6 +241,7 @@ class _Fleet:
         self.now = T0
         self.writes = 0
         self.events = 0
+        self.rested = 0
         self.reasons: collections.Counter[str] = collections.Counter()
 
     async def cycle(self, interval_s: float) -> None:
@@ -244,7 +258,8 @@ class _Fleet:
             )
             self.events += len(outcome.events)
             self.reasons.update(event.reason for event in outcome.events)
-            if outcome.body is not None:
+            self.rested += outcome.rested
+            if outcome.body is not None and not outcome.rested:  # as handlers.control.tick_once
                 if body is None or outcome.body.get("metadata", {}).get("resourceVersion") != body.get(
                     "metadata", {}
                 ).get("resourceVersion"):
@@ -283,14 +298,17 @@ def _api_server_cpu(cluster: EmulatedCluster) -> Iterator[list[float]]:
 
 @contextlib.contextmanager
 def _refresh_budget_of(fleet: int, resources: int) -> Iterator[None]:
-    """Measurement refreshes paced as in a fleet of `fleet` resources (the tick spaces them by
-    active resources / REFRESH_WRITES_PER_S): N resources then write what N of that fleet write."""
-    kept = tick_module.REFRESH_WRITES_PER_S
-    tick_module.REFRESH_WRITES_PER_S = kept * resources / max(resources, fleet)
+    """Measurement refreshes and settled decisions paced as in a fleet of `fleet` resources (the tick
+    spaces them by active resources / REFRESH_WRITES_PER_S and / SETTLED_DECISIONS_PER_S): N
+    resources then write and rest as N of that fleet do."""
+    kept = tick_module.REFRESH_WRITES_PER_S, tick_module.SETTLED_DECISIONS_PER_S
+    share = resources / max(resources, fleet)
+    tick_module.REFRESH_WRITES_PER_S = kept[0] * share
+    tick_module.SETTLED_DECISIONS_PER_S = kept[1] * share
     try:
         yield
     finally:
-        tick_module.REFRESH_WRITES_PER_S = kept
+        tick_module.REFRESH_WRITES_PER_S, tick_module.SETTLED_DECISIONS_PER_S = kept
 
 
 async def measure(
@@ -334,7 +352,7 @@ async def _measure(
                 for _ in range(settle_cycles):
                     await fleet.cycle(interval_s)
                 gc.collect()
-                fleet.writes = fleet.events = 0
+                fleet.writes = fleet.events = fleet.rested = 0
                 fleet.reasons.clear()
                 profiler = cProfile.Profile() if profile_out is not None else None
                 with _api_server_cpu(cluster) as api_cpu:
@@ -365,6 +383,7 @@ async def _measure(
         api_server_cpu_ms_per_tick=round(api_cpu[0] / ticks * 1000.0, 4),
         status_writes_per_cycle=round(fleet.writes / cycles, 2),
         events_per_cycle=round(fleet.events / cycles, 2),
+        rested_share=round(fleet.rested / ticks, 3),
         status_digest=digest.hexdigest()[:16],
     )
 
@@ -383,7 +402,7 @@ def main(argv: list[str]) -> int:
         "--fleet",
         type=int,
         default=FLEET,
-        help=f"status refreshes paced as in a fleet of this many resources (default {FLEET})",
+        help=f"status refreshes and rests paced as in a fleet of this many resources (default {FLEET})",
     )
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--profile", type=Path, help="write a cProfile of the measured cycles here (pstats)")

@@ -30,6 +30,7 @@ KEYS = {
     "status_writes_per_resource_cycle",
     "length_steps_per_resource_cycle",
     "resources_stepping_at_start",
+    "rested_share",
 }
 
 
@@ -55,6 +56,7 @@ def test_scale_bench_writes_every_figure_for_a_small_fleet(tmp_path: Path) -> No
     assert 30 < figures["peak_rss_mib"] < 1000
     assert 0 <= figures["length_steps_per_resource_cycle"] <= figures["status_writes_per_resource_cycle"] + 1
     assert 0 <= figures["resources_stepping_at_start"] <= 3
+    assert figures["rested_share"] == 0.0  # a fleet this small never rests
     assert "CPU per control cycle" in finished.stdout
     # measured where a deployment spends its life: after Baseline and Fixed, in Dynamic
     assert "every resource in the Dynamic phase after" in finished.stderr, finished.stderr[-3000:]

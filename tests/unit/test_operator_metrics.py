@@ -270,3 +270,12 @@ def test_a_scrape_renders_one_family_at_a_time(metrics: OperatorMetrics) -> None
     assert b"".join(chunks) == generate_latest(metrics.registry)
     assert len(chunks) == len(list(metrics.registry.collect())) > 30
     assert all(chunk.count(b"# TYPE ") <= 2 for chunk in chunks)  # a counter's _created is its own family
+
+
+def test_ticks_are_counted_by_whether_they_decided_or_rested(metrics: OperatorMetrics) -> None:
+    metrics.count_tick(rested=False)
+    metrics.count_tick(rested=True)
+    metrics.count_tick(rested=True)
+    sample = metrics.registry.get_sample_value
+    assert sample("specops_control_ticks_total", {"outcome": "decided"}) == 1.0
+    assert sample("specops_control_ticks_total", {"outcome": "rested"}) == 2.0

@@ -34,6 +34,8 @@ from specops.domain.policy import (
     decide,
     initial_state,
     measured_speedup,
+    slower,
+    steady,
 )
 
 SETUP = ModelSetup(GPUS["H100"], target_params=70e9, draft_params=7e9)
@@ -685,3 +687,87 @@ def test_only_an_assured_clear_gain_switches_on_when_the_budget_could_not_pay_th
         replace(mean, assured_model=FlatModel(1.1)), replace(off, switch_credit=3.0), observation, at(NOW)
     )
     assert full.num_draft_tokens > 0
+
+
+# --- at rest: which decisions need not be made again --------------------------------------------
+
+
+def test_a_steady_decision_made_again_later_on_the_same_measurement_comes_out_the_same() -> None:
+    # Given every Dynamic state and measurement on a grid whose decision the policy calls steady
+    steady_ones = 0
+    for batch, alpha, enabled, length, toggled in itertools.product(
+        (1, 2, 4, 8, 16, 32, 64, 100, 128, 200, 230, 256, 400),
+        (0.5, 0.65, 0.8, 0.9),
+        (True, False),
+        (1, 2, 4, 6, 8),
+        (None, 0.0, 900.0),
+    ):
+        observation = Observation(batch=float(batch), alpha=alpha if enabled else None)
+        first = decide(
+            CONFIG,
+            dynamic(enabled=enabled, length=length, alpha=alpha, last_toggle=toggled),
+            observation,
+            at(NOW),
+        )
+        if not steady(first):
+            continue
+        steady_ones += 1
+        # When the same measurement is decided on again a rest later (five intervals of 15 s)
+        again = decide(CONFIG, first.state, observation, at(NOW + 75.0))
+        # Then nothing changes: no clock, vote or evidence was waiting
+        assert (again.num_draft_tokens, again.reason, again.changed) == (
+            first.num_draft_tokens,
+            first.reason,
+            False,
+        ), (batch, alpha, enabled, length, toggled, first.message, again.message)
+        assert steady(again)
+    assert steady_ones > 100  # the grid holds both kinds: on at the best length, off past break-even
+
+
+def _decision(reason: str, *, changed: bool = False, vote: int = 0, evidence: float = 0.0) -> Decision:
+    state = dynamic(vote=vote, evidence=evidence)
+    return Decision(state, 4, reason, "", 2.0, changed)
+
+
+@pytest.mark.parametrize(
+    ("decision", "expected"),
+    [
+        (_decision("BestModelledSpeedup"), True),
+        (_decision("SpeculationDisabledHighBatch"), True),
+        (_decision("SpeculationDisabledNoMeasuredGain"), True),
+        (_decision("BestModelledSpeedup", changed=True), False),  # a change is news: decide again
+        (_decision("DraftLengthIncreased", changed=True), False),
+        (_decision("BestModelledSpeedup", vote=1), False),  # a step waits for a second vote
+        (_decision("SpeculationDisabledHighBatch", evidence=3.0), False),  # evidence accrues with time
+        (_decision("HeldMinDwell"), False),  # a clock runs
+        (_decision("HeldSwitchBudget"), False),
+        (_decision("HeldAwaitingEvidence"), False),
+        (_decision("SpeculationDisabledLowAcceptance"), False),  # re-probes after a while
+        (_decision("AcceptanceBelowSLO"), False),
+        (
+            replace(_decision("BestModelledSpeedup"), state=replace(dynamic(), phase="Fixed")),
+            False,  # the soak ends on a clock
+        ),
+    ],
+)
+def test_only_decisions_that_wait_on_nothing_are_steady(decision: Decision, expected: bool) -> None:
+    assert steady(decision) is expected
+
+
+@pytest.mark.parametrize(
+    ("decided_s", "now_s", "expected"),
+    [
+        (0.0100, 0.0109, False),  # within its noise
+        (0.0100, 0.0112, True),  # slower than the noise: the slowdown guard must look
+        (0.0100, 0.0080, False),  # faster threatens nothing a decision guards against
+        (None, 0.0080, True),  # appeared: speculation went on, or the pods came back
+        (0.0100, None, True),
+        (None, None, False),
+    ],
+)
+def test_a_token_latency_slower_than_its_noise_since_a_decision_must_be_looked_at(
+    decided_s: float | None, now_s: float | None, expected: bool
+) -> None:
+    before = Observation(batch=50.0, alpha=0.8, tpot_p50_s=decided_s)
+    after = Observation(batch=50.0, alpha=0.8, tpot_p50_s=now_s)
+    assert slower(before, after) is expected

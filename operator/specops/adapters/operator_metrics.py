@@ -255,6 +255,14 @@ class OperatorMetrics:
             buckets=DURATION_BUCKETS,
             registry=r,
         )
+        self.ticks = Counter(
+            "specops_control_ticks",
+            "Resources' periodic ticks, by outcome: decided (the control loop ran), or rested (the last "
+            "decision was steady and its measurement had not moved, so nothing was decided again).",
+            ["outcome"],
+            registry=r,
+        )
+        self._tick_children = (self.ticks.labels("decided"), self.ticks.labels("rested"))
         self.errors = Counter(
             "specops_errors",
             "Errors talking to the Kubernetes API, Prometheus or Triton, by component and kind.",
@@ -466,6 +474,10 @@ class OperatorMetrics:
         finally:
             self.tick_duration.observe(time.perf_counter() - start)
 
+    def count_tick(self, rested: bool) -> None:
+        """One resource's tick ended, at rest or having decided."""
+        self._tick_children[1 if rested else 0].inc()
+
     def count_error(self, component: str, kind: str) -> None:
         """One failed call to ``component`` (kubernetes, prometheus, triton); ``kind`` says how it failed."""
         self.errors.labels(component, kind).inc()
@@ -566,5 +578,6 @@ forget = METRICS.forget
 time_reconcile = METRICS.time_reconcile
 time_tick = METRICS.time_tick
 count_error = METRICS.count_error
+count_tick = METRICS.count_tick
 count_gc = METRICS.count_gc
 serve = METRICS.serve

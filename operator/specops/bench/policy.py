@@ -333,6 +333,7 @@ def replay_lengths(
     world: World | None = None,
     policy: str = "calibrated",
     replicas: int = 1,
+    rest_limit: int = 0,
 ) -> Replayed:
     """Mean speedups of the operator and the reference strategies over one trace.
 
@@ -346,7 +347,17 @@ def replay_lengths(
     if policy not in POLICIES:
         raise ValueError(f"unknown policy {policy!r}; one of {', '.join(POLICIES)}")
     return asyncio.run(
-        _replay(trace, setup, seed, batch_noise_sigma, alpha_noise_sigma, world, policy, max(1, replicas))
+        _replay(
+            trace,
+            setup,
+            seed,
+            batch_noise_sigma,
+            alpha_noise_sigma,
+            world,
+            policy,
+            max(1, replicas),
+            max(0, rest_limit),
+        )
     )
 
 
@@ -359,6 +370,7 @@ async def _replay(
     world: World | None,
     policy: str,
     replicas: int,
+    rest_limit: int = 0,
 ) -> Replayed:
     in_world = world is not None
     truth = world if world is not None else World("roofline", setup)
@@ -419,14 +431,24 @@ async def _replay(
     reasons = [""]
     choices = [True]  # the operator's own on/off choice, probes aside
     threshold_lengths = [initial]
+    rested = 0
+    rests = [False]
     for i in range(1, len(trace)):
         now = EPOCH + timedelta(seconds=trace[i].t_seconds)
         pods.measurement = measured(i - 1, policy_lengths[-1], now)  # one scrape late
-        tick = await loop.tick(resource, status, endpoints, now, draft_stale=False)
-        status = tick.status
+        if rested < rest_limit and loop.rest(resource, endpoints, now):
+            rested += 1  # at rest, as a fleet's tick is (services.tick.SETTLED_DECISIONS_PER_S)
+            reason = ""
+            rests.append(True)
+        else:
+            rested = 0
+            tick = await loop.tick(resource, status, endpoints, now, draft_stale=False)
+            status = tick.status
+            reason = status.speculation.reason or ""
+            rests.append(False)
         policy_lengths.append([pods.lengths[e.name] for e in endpoints])
         probes.append(status.speculation.calibration.probing)
-        reasons.append(status.speculation.reason or "")
+        reasons.append(reason)
         choices.append(status.speculation.state == "on")
         threshold_lengths.append(
             _threshold_step(observed(i - 1, threshold_lengths[-1]), threshold_lengths[-1], lo, hi)
@@ -458,6 +480,7 @@ async def _replay(
         "hours": hours,
         "policy_time_off_fraction": mean(off_share),
         "probe_cost_fraction": mean(1.0 if p else 0.0 for p in probes),
+        "rested_fraction": mean(1.0 if r else 0.0 for r in rests),
     }
     if in_world:
         mean_alpha = sum(p.alpha for p in trace) / len(trace)
@@ -530,12 +553,15 @@ def run(
     policy: str = "calibrated",
     lengths_out: Path | None = None,
     replicas: int = 1,
+    rest_limit: int = 0,
 ) -> list[dict[str, Any]]:
     """Replay every trace; with `lengths_out`, also write each interval's length(s) and probe flag."""
     rows = []
     for name, path in traces.items():
         trace = load_trace(path)
-        replayed = replay_lengths(trace, setup, seed=seed, world=world, policy=policy, replicas=replicas)
+        replayed = replay_lengths(
+            trace, setup, seed=seed, world=world, policy=policy, replicas=replicas, rest_limit=rest_limit
+        )
         rows.append({"trace": name, **replayed.result})
         if lengths_out is not None:
             _write_lengths(lengths_out, trace, replayed)
@@ -551,6 +577,18 @@ def _write_lengths(path: Path, trace: list[TracePoint], replayed: Replayed) -> N
         writer.writerow(["t_seconds", *columns, "probe"])
         for point, lengths, probe in zip(trace, replayed.lengths, replayed.probes, strict=True):
             writer.writerow([f"{point.t_seconds:g}", *lengths, int(probe)])
+
+
+def _add_rest_limit(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--rest-limit",
+        type=int,
+        default=0,
+        metavar="N",
+        help="rest up to N ticks in a row while the last decision is steady and the policy decides the "
+        "same, as the operator does at fleet scale (services.tick.SETTLED_DECISIONS_PER_S: 4 at 2,000 "
+        "resources and 15 s); default 0, a decision every interval",
+    )
 
 
 def worlds_from(names: list[str], setup: ModelSetup) -> list[World]:
@@ -595,6 +633,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument(
         "--replicas", type=int, default=1, help="serving pods, each at the trace's batch (default 1)"
     )
+    _add_rest_limit(parser)
     parser.add_argument(
         "--lengths-out",
         type=Path,
@@ -627,12 +666,19 @@ def main(argv: list[str]) -> int:
         "alpha_noise_sigma": ALPHA_NOISE_SIGMA,
         "policy": args.policy,
         "replicas": args.replicas,
+        "rest_limit": args.rest_limit,
     }
     table_out = sys.stderr if args.json_path == "-" else sys.stdout
     result: dict[str, Any]
     if not args.world:
         rows = run(
-            traces, setup, args.seed, policy=args.policy, lengths_out=args.lengths_out, replicas=args.replicas
+            traces,
+            setup,
+            args.seed,
+            policy=args.policy,
+            lengths_out=args.lengths_out,
+            replicas=args.replicas,
+            rest_limit=args.rest_limit,
         )
         print(_format_table(rows), file=table_out)
         result = {**described, **rows[0]} if args.trace else {**described, "traces": rows}
@@ -647,7 +693,14 @@ def main(argv: list[str]) -> int:
     per_world: list[dict[str, Any]] = []
     for world in worlds:
         rows = run(
-            traces, setup, args.seed, world, args.policy, lengths_out=args.lengths_out, replicas=args.replicas
+            traces,
+            setup,
+            args.seed,
+            world,
+            args.policy,
+            lengths_out=args.lengths_out,
+            replicas=args.replicas,
+            rest_limit=args.rest_limit,
         )
         print(_format_world_table(world.name, rows), file=table_out)
         per_world.append({"world": world.name, "traces": rows})
@@ -676,6 +729,7 @@ def worlds_main(argv: list[str]) -> int:
         "seed beside (default 0,1,2; also $SPECOPS_POLICY_SEEDS): one seed is one draw of the noise",
     )
     parser.add_argument("--seed", type=int, help="one seed only (same as --seeds N)")
+    _add_rest_limit(parser)
     parser.add_argument(
         "--traces",
         default=os.environ.get("SPECOPS_POLICY_TRACES", ""),
@@ -700,7 +754,13 @@ def worlds_main(argv: list[str]) -> int:
     policies: dict[str, Any] = {}
     for policy in ("roofline", "calibrated"):
         by_seed = [
-            [{"world": world.name, "traces": run(traces, setup, seed, world, policy)} for world in worlds]
+            [
+                {
+                    "world": world.name,
+                    "traces": run(traces, setup, seed, world, policy, rest_limit=args.rest_limit),
+                }
+                for world in worlds
+            ]
             for seed in seeds
         ]
         per_world = by_seed[0] if len(seeds) == 1 else combine_seeds(by_seed)
@@ -721,6 +781,7 @@ def worlds_main(argv: list[str]) -> int:
         "draft_params": 7e9,
         "seed": seeds[0],
         "seeds": seeds,
+        "rest_limit": args.rest_limit,
         "batch_noise_sigma": BATCH_NOISE_SIGMA,
         "alpha_noise_sigma": ALPHA_NOISE_SIGMA,
         "tpot_noise_sigma": TPOT_NOISE_SIGMA,
@@ -778,6 +839,7 @@ def summarise(per_world: list[dict[str, Any]]) -> dict[str, float]:
         "mean_length_steps_per_hour": sum(values("length_steps_per_hour")) / len(rows),
         "max_length_steps_per_hour": max(values("length_steps_per_hour")),
         "max_probe_cost_fraction": max(values("probe_cost_fraction")),
+        "mean_rested_fraction": sum(values("rested_fraction")) / len(rows),
     }
     if rows and "ratio_to_oracle_worst_seed" in rows[0]:
         summary["min_ratio_to_oracle_any_seed"] = min(values("ratio_to_oracle_worst_seed"))
@@ -820,7 +882,8 @@ def format_before_after(before: list[dict[str, Any]], after: list[dict[str, Any]
             f"slower than plain {m['mean_slowdown_time_fraction']:.1%} of the time on average "
             f"(worst {m['max_slowdown_time_fraction']:.1%}), toggles/h at most {m['max_toggles_per_hour']:.1f}, "
             f"length steps/h {m['mean_length_steps_per_hour']:.1f} on average (at most "
-            f"{m['max_length_steps_per_hour']:.1f}), probe cost at most {m['max_probe_cost_fraction']:.1%}"
+            f"{m['max_length_steps_per_hour']:.1f}), probe cost at most {m['max_probe_cost_fraction']:.1%}, "
+            f"at rest {m['mean_rested_fraction']:.1%} of the intervals on average"
         )
         if "min_ratio_to_oracle_any_seed" in m:
             lines.append(

@@ -190,6 +190,39 @@ def measured_speedup(baseline: Baseline | None, observation: Observation) -> flo
     return baseline.p50_s / observation.tpot_p50_s
 
 
+STEADY_REASONS = frozenset(
+    {"BestModelledSpeedup", "SpeculationDisabledHighBatch", "SpeculationDisabledNoMeasuredGain"}
+)
+"""Decisions that hold by themselves while their inputs hold: on at the modelled best length, or off
+because the batch is past break-even. Every other reason waits on a clock (a dwell, a budget's
+credit, evidence accruing, a re-probe, a phase) or on a second vote."""
+
+REST_LATENCY_TOLERANCE = 0.10
+"""A median token latency up to this much slower than at a steady decision is noise (see ``slower``)."""
+
+
+def steady(decision: Decision) -> bool:
+    """Whether a Dynamic decision would come out the same for the same inputs at any later moment:
+    it changed nothing, is one of STEADY_REASONS, and holds no pending length vote or evidence."""
+    state = decision.state
+    return (
+        not decision.changed
+        and state.phase == "Dynamic"
+        and decision.reason in STEADY_REASONS
+        and state.length_vote == 0
+        and state.enable_evidence == 0.0
+    )
+
+
+def slower(decided: Observation, now: Observation) -> bool:
+    """Whether the median token latency reads slower than at a decision by more than its noise (or
+    appeared or vanished): what the measured-slowdown guard watches, so a tick must look, whatever
+    the policy alone would decide. A faster reading threatens nothing a decision guards against."""
+    if decided.tpot_p50_s is None or now.tpot_p50_s is None:
+        return decided.tpot_p50_s is not now.tpot_p50_s
+    return now.tpot_p50_s > decided.tpot_p50_s * (1.0 + REST_LATENCY_TOLERANCE)
+
+
 def decide(config: PolicyConfig, state: PolicyState, observation: Observation, now: datetime) -> Decision:
     """The next state and the draft length every pod should run now (0 = speculation off)."""
     if config.mode == "off" or config.draft_stale_off or config.draft_unchecked_off:

@@ -134,9 +134,10 @@ async def tick_once(
         serving = None if pods is None else list(pods.get((namespace, label_value(name)), ()))
         # Kopf's live body and pod index: no GET, no LIST
         outcome = await services.tick(namespace, name, now, body, serving)
+    operator_metrics.count_tick(outcome.rested)
     if outcome.events:
         post_events(outcome.body or body, outcome.events)
-    if outcome.body is not None:
+    if outcome.body is not None and not outcome.rested:  # at rest: the metrics shown still hold
         shown = outcome.status if outcome.status is not None else outcome.body.get("status")
         operator_metrics.observe_status(namespace, name, shown or {}, outcome.body.get("spec"))
     return outcome.interval_s, outcome.gone

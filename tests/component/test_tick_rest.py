@@ -1,0 +1,217 @@
+"""Resources at rest: in a large fleet a settled resource is not decided again every interval.
+
+A tick may rest (decide nothing, write nothing) only while the last decision was steady, the
+measurement has not moved beyond its noise, the same pods serve and the resource is unchanged; and
+only as many ticks in a row as SETTLED_DECISIONS_PER_S allows for the fleet's size. Anything that
+moves is decided at once. Small fleets never rest: the operator then behaves as it always did.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from datetime import datetime, timedelta
+from typing import Any
+
+import pytest
+
+from specops.domain.discovery import PodEndpoint, ready_endpoints
+from specops.domain.metrics import Measurement
+from specops.services import tick as tick_module
+from specops.services.control import ControlLoop
+from specops_local.cluster import EmulatedCluster
+from tests.component.test_tick_requests import (
+    NAME,
+    NAMESPACE,
+    SteadyMetrics,
+    _walk,
+    counted_services,
+    serve_into_dynamic,
+)
+
+
+class MovableMetrics(SteadyMetrics):
+    """The steady measurement, whose batch the test can move."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.batch = 4.0
+        self.tpot_s = 0.01
+
+    def lookup(self, *args: Any, **kwargs: Any) -> Measurement:
+        return replace(super().lookup(*args, **kwargs), batch=self.batch, tpot_p50_s=self.tpot_s)
+
+
+def _serving(cluster: EmulatedCluster) -> list[PodEndpoint]:
+    return ready_endpoints(cluster.objects("pods", NAMESPACE))
+
+
+class Ticker:
+    """Ticks the resource as the daemon does: from the body its last tick ended on, with its pods."""
+
+    def __init__(self, services: Any, cluster: EmulatedCluster, now: datetime) -> None:
+        self.services, self.cluster, self.now = services, cluster, now
+        self.watched = cluster.get("speculativedeployments", NAME)
+        self.serving = _serving(cluster)
+
+    async def ticks(self, count: int) -> list[Any]:
+        outcomes = []
+        for _ in range(count):
+            self.now += timedelta(seconds=1)
+            outcome = await self.services.tick(
+                NAMESPACE, NAME, lambda at=self.now: at, self.watched, self.serving
+            )
+            self.watched = outcome.body or self.watched
+            outcomes.append(outcome)
+        return outcomes
+
+    async def until_rested(self, limit: int = 6) -> list[Any]:
+        outcomes: list[Any] = []
+        while not (outcomes and outcomes[-1].rested):
+            assert len(outcomes) < limit, f"no tick rested: {_decided(outcomes)}"
+            outcomes += await self.ticks(1)
+        return outcomes
+
+
+async def _settled(cluster: EmulatedCluster) -> tuple[Any, Any, MovableMetrics, Ticker]:
+    """A serving resource in Dynamic on steady metrics, ticked until a tick rests (with the budget
+    of `large_fleet`, two more may)."""
+    services, counts = await counted_services(cluster)
+    metrics = MovableMetrics()
+    for service in _walk(services):
+        if hasattr(service, "metrics"):
+            service.metrics = metrics
+    now = await serve_into_dynamic(cluster, services)
+    ticker = Ticker(services, cluster, now)
+    await ticker.until_rested()
+    return services, counts, metrics, ticker
+
+
+@pytest.fixture
+def large_fleet(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The budget one resource at 1 s intervals gets in a fleet of 3,500 at 1,000 decisions a
+    second: at most 3 ticks at rest in a row (1 / (SETTLED_DECISIONS_PER_S x 1 s) = 3.5)."""
+    monkeypatch.setattr(tick_module, "SETTLED_DECISIONS_PER_S", 1 / 3.5)
+
+
+def _decided(outcomes: list[Any]) -> list[bool]:
+    return [not outcome.rested for outcome in outcomes]
+
+
+async def test_a_settled_resource_in_a_large_fleet_rests_between_decisions_and_writes_nothing(
+    cluster: EmulatedCluster, operator_env: None, large_fleet: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a settled resource whose measurement does not move, in a fleet whose budget allows 3 rests
+    services, counts, _, ticker = await _settled(cluster)
+    decisions: list[datetime] = []
+    control_tick = ControlLoop.tick
+
+    async def counting(self: ControlLoop, *args: Any, **kwargs: Any) -> Any:
+        decisions.append(args[3])
+        return await control_tick(self, *args, **kwargs)
+
+    monkeypatch.setattr(ControlLoop, "tick", counting)
+    before = cluster.get("speculativedeployments", NAME)
+    try:
+        # When it ticks 12 more times
+        counts.clear()
+        outcomes = await ticker.ticks(12)
+    finally:
+        await services.close()
+
+    # Then it decides every fourth tick and rests between, with no API request while at rest
+    decided = _decided(outcomes)
+    print("decided:", decided, "requests:", dict(counts))
+    assert decided.count(True) == 3 and len(decisions) == 3, decided
+    assert all(decided[i] for i in range(len(decided)) if i >= 3 and not any(decided[i - 3 : i])), decided
+    assert not any(outcome.events for outcome in outcomes)
+    # and its decision stands as it was: speculation on at the same length
+    after = cluster.get("speculativedeployments", NAME)
+    assert before is not None and after is not None
+    assert after["status"]["speculation"]["draftLength"] == before["status"]["speculation"]["draftLength"] > 0
+    assert counts["PATCH status"] <= 1, dict(counts)  # a refresh of the measurements at most
+
+
+async def test_a_measurement_that_moves_the_decision_is_decided_at_once(
+    cluster: EmulatedCluster, operator_env: None, large_fleet: None
+) -> None:
+    # Given a settled resource at rest, speculating at batch 4
+    services, _, metrics, ticker = await _settled(cluster)
+    try:
+        # When its batch moves beyond its noise but not far enough to change the decision (4 to 6)
+        metrics.batch = 6.0
+        small_move = await ticker.ticks(1)
+        # and then past break-even (400 running requests)
+        metrics.batch = 400.0
+        large_move = await ticker.ticks(1)
+    finally:
+        await services.close()
+
+    # Then the first still rests (the policy decides the same on it), the second decides at once,
+    # though the budget allowed another rest: off, held only by the minimum dwell since switching on
+    assert _decided(small_move) == [False]
+    assert _decided(large_move) == [True]
+    speculation = large_move[0].status["speculation"]
+    assert (
+        speculation["reason"] == "HeldMinDwell" and "Would switch speculation off" in speculation["message"]
+    )
+
+
+async def test_a_slower_token_latency_is_decided_at_once(
+    cluster: EmulatedCluster, operator_env: None, large_fleet: None
+) -> None:
+    # Given a settled resource at rest
+    services, _, metrics, ticker = await _settled(cluster)
+    try:
+        # When its median token latency reads 20 % slower at the same batch (the slowdown guard's input)
+        metrics.tpot_s = 0.012
+        slower = await ticker.ticks(1)
+    finally:
+        await services.close()
+
+    # Then the next tick decides (and the guard looks), though the policy alone would decide the same
+    assert _decided(slower) == [True]
+
+
+async def test_a_pod_that_leaves_or_a_spec_that_changes_is_decided_at_once(
+    cluster: EmulatedCluster, operator_env: None, large_fleet: None
+) -> None:
+    # Given a settled resource at rest
+    services, _, _, ticker = await _settled(cluster)
+    try:
+        # When one of its pods stops serving
+        ticker.serving = ticker.serving[1:]
+        after_pod = await ticker.ticks(1)
+        # and, once at rest again, its resource changes (a new resourceVersion)
+        await ticker.until_rested()
+        ticker.watched = cluster.emulator.patch_object(
+            cluster.resource("speculativedeployments"),
+            NAMESPACE,
+            NAME,
+            {"metadata": {"labels": {"team": "serving"}}},
+        )
+        after_change = await ticker.ticks(1)
+    finally:
+        await services.close()
+
+    # Then each is decided at the next tick
+    assert _decided(after_pod) == [True]
+    assert _decided(after_change) == [True]
+
+
+async def test_a_small_fleet_never_rests(
+    cluster: EmulatedCluster, operator_env: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a resource that rests in a large fleet's budget, alone under the default budget (30
+    # settled decisions a second: a fleet of one at 1 s intervals may not rest)
+    default = tick_module.SETTLED_DECISIONS_PER_S
+    monkeypatch.setattr(tick_module, "SETTLED_DECISIONS_PER_S", 1 / 3.5)
+    services, _, _, ticker = await _settled(cluster)
+    monkeypatch.setattr(tick_module, "SETTLED_DECISIONS_PER_S", default)
+    try:
+        # When it ticks 10 more times on a measurement that does not move
+        outcomes = await ticker.ticks(10)
+    finally:
+        await services.close()
+
+    # Then every tick decides, as before resting existed
+    assert all(_decided(outcomes)), _decided(outcomes)
