@@ -16,6 +16,7 @@ import pytest
 
 from specops.domain.discovery import PodEndpoint, ready_endpoints
 from specops.domain.metrics import Measurement
+from specops.ports import KubeApiError
 from specops.services import tick as tick_module
 from specops.services.control import ControlLoop
 from specops_local.cluster import EmulatedCluster
@@ -36,9 +37,13 @@ class MovableMetrics(SteadyMetrics):
         super().__init__()
         self.batch = 4.0
         self.tpot_s = 0.01
+        self.outage = False
 
     def lookup(self, *args: Any, **kwargs: Any) -> Measurement:
-        return replace(super().lookup(*args, **kwargs), batch=self.batch, tpot_p50_s=self.tpot_s)
+        measured = super().lookup(*args, **kwargs)
+        if self.outage:
+            return Measurement.failed(measured.at, "PrometheusUnreachable", "connection refused")
+        return replace(measured, batch=self.batch, tpot_p50_s=self.tpot_s)
 
 
 def _serving(cluster: EmulatedCluster) -> list[PodEndpoint]:
@@ -215,3 +220,36 @@ async def test_a_small_fleet_never_rests(
 
     # Then every tick decides, as before resting existed
     assert all(_decided(outcomes)), _decided(outcomes)
+
+
+async def test_a_status_write_that_failed_never_leaves_a_resource_at_rest(
+    cluster: EmulatedCluster, operator_env: None, large_fleet: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a settled resource whose metrics were out for one tick (MetricsUnavailable=True written)
+    services, _, metrics, ticker = await _settled(cluster)
+    try:
+        metrics.outage = True
+        assert _decided(await ticker.ticks(1)) == [True]
+        metrics.outage = False
+        # When they are back, but every status write of that tick fails (the API server answers 503)
+        patch = type(services.kube).patch
+
+        async def failing(self: Any, *args: Any, **kwargs: Any) -> Any:
+            if kwargs.get("subresource") == "status":
+                raise KubeApiError(503, "ServiceUnavailable", "etcd leader changed")
+            return await patch(self, *args, **kwargs)
+
+        monkeypatch.setattr(type(services.kube), "patch", failing)
+        unwritten = await ticker.ticks(1)
+        monkeypatch.setattr(type(services.kube), "patch", patch)
+        retried = await ticker.ticks(1)
+    finally:
+        await services.close()
+
+    # Then the tick after the failed write decides in full, though its decision is steady, and
+    # the condition reaches status at once, not after a rest
+    assert _decided(unwritten) == [True] and _decided(retried) == [True]
+    stored = cluster.get("speculativedeployments", NAME)
+    assert stored is not None
+    unavailable = next(c for c in stored["status"]["conditions"] if c["type"] == "MetricsUnavailable")
+    assert unavailable["status"] == "False", unavailable

@@ -59,10 +59,11 @@ SETTLED_DECISIONS_PER_S = 30.0
 now, its token latency no slower, no canary, retraining round or first-draft check under way, its
 resource and pods unchanged: ControlLoop.rest) is decided in full at least every max(interval,
 active resources / SETTLED_DECISIONS_PER_S): every interval up to 450 resources at the default 15 s,
-every fifth (75 s) at 2,000. A tick at rest costs one policy decision (about 0.1 ms) instead of
-learning, the probes, a status diff and the metrics (about 1 ms); anything that would decide
-differently decides at once. What rest delays is learning (one sample in five), probes and the
-route check of a resource with no canary, by at most the rest."""
+every fifth (75 s) at 2,000. A tick at rest costs one policy decision and the learning of its
+sample (about a fifth of a tick) instead of the model's solve, probes, the status diff and the
+metrics; anything that would decide differently decides at once. What rest delays, by at most
+the rest: a probe, the solve on the rest's samples, status refreshes and per-resource gauges, the
+route check of a resource with no canary, and the setting of a pod whose server restarted."""
 
 # Status blocks each part owns: the tick writes these and only these (plus conditions and phase).
 CONTROL_BLOCKS = ("speculation", "baseline", "observed")
@@ -110,6 +111,9 @@ class TickOutcome:
     status: dict[str, Any] | None = None
     rested: bool = False
     """The tick found the resource at rest and decided nothing (SETTLED_DECISIONS_PER_S)."""
+    status_stored: bool = False
+    """What the tick computed is in the resource's status (written, or nothing to write but
+    measurements not yet due): a status write that failed never leaves a resource at rest."""
 
 
 @dataclass
@@ -473,6 +477,7 @@ class ResourceTick:
             and round_of is not None
             and round_of.active is None
             and round_of.trained is None
+            and outcome.status_stored
         ):
             # nothing under way but the control loop's decision, whose own rest ControlLoop.rest tells
             ended_on = (outcome.body.get("metadata") or {}).get("resourceVersion")
@@ -530,10 +535,14 @@ class ResourceTick:
                 outcome.status = wanted_wire
             patch = merge_patch(before, wanted_wire)
             if not patch:
+                if outcome is not None:
+                    outcome.status_stored = True
                 return None
             if only_volatile(patch, before):
                 observed_at = current.observed.at
                 if observed_at is not None and (now - observed_at).total_seconds() < refresh_s:
+                    if outcome is not None:
+                        outcome.status_stored = True
                     return None  # only measurements moved: refreshed every refresh period
             request = {"metadata": {"resourceVersion": live["metadata"]["resourceVersion"]}, "status": patch}
             try:
@@ -555,6 +564,8 @@ class ResourceTick:
                 live = fresh
                 continue
             events.extend(lifecycle.condition_events(current.conditions, conditions))
+            if outcome is not None:
+                outcome.status_stored = True
             if validated is not None and (live is body or _same_spec(live, body)):
                 # after a conflict (Kopf's annotations, another status writer) the write replaced
                 # the fresh read too; with the typed copy's spec, the copy still holds. Without it,
