@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from collections.abc import Hashable
+from collections.abc import Awaitable, Hashable
 from typing import Any
 
 import kopf
@@ -143,6 +143,21 @@ async def tick_once(
     return outcome.interval_s, outcome.gone
 
 
+async def tick_unless_stopped(
+    stopped: kopf.DaemonStopped, tick: Awaitable[tuple[float, bool]]
+) -> tuple[float, bool] | None:
+    """``tick``'s result, or None when Kopf stopped the daemon while it ran (a shutdown, a deletion):
+    as in ``pause``, the stop's cancellation ends the daemon quietly instead of a Warning Event
+    "is cancelled" on the resource at every rolling upgrade of the operator. What the tick had not
+    finished is as after a crash: the next tick resumes from status."""
+    try:
+        return await tick
+    except asyncio.CancelledError:
+        if stopped:
+            return None
+        raise
+
+
 @kopf.daemon(GROUP, VERSION, PLURAL, cancellation_timeout=5.0)
 async def speculation_control(
     stopped: kopf.DaemonStopped,
@@ -164,7 +179,10 @@ async def speculation_control(
         if not await pause(stopped, wait_s):
             return
         while not stopped:
-            interval_s, gone = await tick_once(services, namespace, name, body, pods)
+            ticked = await tick_unless_stopped(stopped, tick_once(services, namespace, name, body, pods))
+            if ticked is None:
+                return
+            interval_s, gone = ticked
             if gone:
                 return
             wait_s = jittered(interval_s)
