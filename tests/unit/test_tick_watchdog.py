@@ -5,7 +5,14 @@ from __future__ import annotations
 import kopf
 import pytest
 
-from specops.handlers.control import MIN_OVERDUE_S, TickWatchdog, first_tick_delay, jittered, ticks_on_time
+from specops.handlers.control import (
+    MIN_OVERDUE_S,
+    TickWatchdog,
+    first_tick_delay,
+    jittered,
+    on_grid,
+    ticks_on_time,
+)
 
 
 class Clock:
@@ -52,3 +59,23 @@ def test_ticks_are_spread_over_the_interval_and_jittered_by_a_few_percent() -> N
     waits = [jittered(15.0) for _ in range(500)]
     assert all(14.25 <= wait <= 15.75 for wait in waits)
     assert len({round(wait, 3) for wait in waits}) > 100
+
+
+@pytest.mark.parametrize(("interval_s", "grid_s"), [(15.0, 0.5), (60.0, 0.5), (1.0, 1.0 / 30.0)])
+def test_waits_end_on_a_grid_so_that_thousands_of_daemons_wake_in_batches(
+    interval_s: float, grid_s: float
+) -> None:
+    # Given daemons whose jittered waits start at scattered moments of the event loop's clock
+    ends = set()
+    for k in range(2000):
+        now = 1000.0 + k * 0.0073
+        wait = jittered(interval_s)
+        # When each wait is put on the wake grid
+        gridded = on_grid(now, wait, interval_s)
+        # Then it is never shorter, at most one grid step longer, and ends on the grid
+        assert wait <= gridded < wait + grid_s + 1e-9
+        end = now + gridded
+        assert abs(end / grid_s - round(end / grid_s)) < 1e-6
+        ends.add(round(end / grid_s))
+    # so 2,000 waits end at a few dozen moments a cycle, not 2,000
+    assert len(ends) <= (2000 * 0.0073 + 1.1 * interval_s) / grid_s + 1
