@@ -186,11 +186,13 @@ class ControlLoop:
         Resting keeps that decision's policy state (its smoothed acceptance, evidence and switch
         credit move with time, as at every decision), learns the measurement as a tick would (the
         sample, the load it pairs with, the slowdown guard: a slowdown to count ends the rest), and
-        skips the model's solve, probes, status and metrics: about a fifth of a tick. A cheaper test of "within its noise" (a batch
-        within 10 %) rested through the turn past break-even, where 10 % of batch is the whole
-        hysteresis band; an old state decided again counted the rest's time as evidence; and with
-        learning paused at rest the fit lost most samples (a sample needs the load held over the
-        window, which only the batches of recent decisions tell)."""
+        skips the model's solve, probes, status and metrics: about a tenth of a tick.
+
+        Three cheaper designs lost quality in the policy worlds: resting while the batch stayed
+        within 10 % (it rested through the turn past break-even, where 10 % of batch is the whole
+        hysteresis band); deciding again from the last full tick's state (the rest's time counted
+        as evidence); pausing learning at rest (a sample needs the load held over the window, which
+        only recent decisions' batches show, so the fit lost most samples)."""
         key = _key(resource)
         remembered = self._memory.get(key)
         if remembered is None or remembered.rest is None:

@@ -60,7 +60,7 @@ now, its token latency no slower, no canary, retraining round or first-draft che
 resource and pods unchanged: ControlLoop.rest) is decided in full at least every max(interval,
 active resources / SETTLED_DECISIONS_PER_S): every interval up to 450 resources at the default 15 s,
 every fifth (75 s) at 2,000. A tick at rest costs one policy decision and the learning of its
-sample (about a fifth of a tick) instead of the model's solve, probes, the status diff and the
+sample (about a tenth of a tick) instead of the model's solve, probes, the status diff and the
 metrics; anything that would decide differently decides at once. What rest delays, by at most
 the rest: a probe, the solve on the rest's samples, status refreshes and per-resource gauges, the
 route check of a resource with no canary, and the setting of a pod whose server restarted."""
