@@ -1,9 +1,10 @@
-"""Resources at rest: in a large fleet a settled resource is not decided again every interval.
+"""Resources at rest: in a large fleet a settled resource is not decided in full every interval.
 
-A tick may rest (decide nothing, write nothing) only while the last decision was steady, the
-measurement has not moved beyond its noise, the same pods serve and the resource is unchanged; and
-only as many ticks in a row as SETTLED_DECISIONS_PER_S allows for the fleet's size. Anything that
-moves is decided at once. Small fleets never rest: the operator then behaves as it always did.
+A tick may rest (write nothing, solve nothing) only while the last decision was steady, the policy
+decides the same on the measurement now, the token latency reads no slower, the same pods serve,
+the resource is unchanged and its last status write landed; and only as many ticks in a row as
+SETTLED_DECISIONS_PER_S allows for the fleet's size. Anything that would decide differently is
+decided at once. Small fleets never rest: the operator then behaves as it always did.
 """
 
 from __future__ import annotations
