@@ -215,8 +215,7 @@ class ControlLoop:
             return False
         # learning goes on: the sample and the batch the load test pairs it with, and the guard
         learn = rest.learn
-        tpot = measurement.tpot_mean_s if measurement.tpot_mean_s is not None else measurement.tpot_p50_s
-        seen = learning.Observed(observation.batch, tpot, observation.alpha)
+        seen = _seen(measurement, observation)
         knowledge = learning.track_load(remembered.knowledge, seen.batch, learn, now)
         knowledge = learning.observe(knowledge, seen, rest.config.setup, learn, now)
         if rest.fitted is not None:
@@ -296,8 +295,7 @@ class ControlLoop:
             split = _split_from_status(current.calibration, knowledge)
             last_split = current.calibration.last_split
         observation = cs.observation_from(measurement)
-        tpot = measurement.tpot_mean_s if measurement.tpot_mean_s is not None else measurement.tpot_p50_s
-        seen = learning.Observed(observation.batch, tpot, observation.alpha)
+        seen = _seen(measurement, observation)
         knowledge = learning.track_load(knowledge, seen.batch, learn, now)
         if split is None:
             knowledge = learning.observe(knowledge, seen, config.setup, learn, now)
@@ -759,6 +757,13 @@ def _hold_length(
     state = replace(decision.state, draft_length=length)
     shown = reason or "BestModelledSpeedup"
     return Decision(state, length, shown, message, decision.predicted_speedup, changed=False)
+
+
+def _seen(measurement: Measurement, observation: Observation) -> learning.Observed:
+    """What learning and the slowdown guard take from a measurement: the mean token latency where
+    the engine reports one, else the median."""
+    tpot = measurement.tpot_mean_s if measurement.tpot_mean_s is not None else measurement.tpot_p50_s
+    return learning.Observed(observation.batch, tpot, observation.alpha)
 
 
 def _sentence(text: str) -> str:
