@@ -1,7 +1,8 @@
 """Resources at rest: in a large fleet a settled resource is not decided in full every interval.
 
 A tick may rest (write nothing, solve nothing) only while the last decision was steady, the policy
-decides the same on the measurement now, the token latency reads no slower, the same pods serve,
+decides the same on the measurement now, the slowdown guard counts no slow reading (where it is
+blind, the token latency reads no slower), the same pods serve,
 the resource is unchanged and its last status write landed; and only as many ticks in a row as
 SETTLED_DECISIONS_PER_S allows for the fleet's size. Anything that would decide differently is
 decided at once. Small fleets never rest: the operator then behaves as it always did.
@@ -15,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from specops.domain import learning
 from specops.domain.discovery import PodEndpoint, ready_endpoints
 from specops.domain.metrics import Measurement
 from specops.ports import KubeApiError
@@ -162,20 +164,44 @@ async def test_a_measurement_that_moves_the_decision_is_decided_at_once(
     )
 
 
-async def test_a_slower_token_latency_is_decided_at_once(
-    cluster: EmulatedCluster, operator_env: None, large_fleet: None
+@pytest.mark.parametrize(
+    ("blind", "decided"), [(True, True), (False, False)], ids=["guard-blind", "guard-sees"]
+)
+async def test_a_slower_token_latency_is_decided_at_once_only_where_the_slowdown_guard_is_blind(
+    cluster: EmulatedCluster,
+    operator_env: None,
+    large_fleet: None,
+    monkeypatch: pytest.MonkeyPatch,
+    blind: bool,
+    decided: bool,
 ) -> None:
-    # Given a settled resource at rest
+    # Given a settled resource at rest, whose slowdown guard is blind at its batch (plain speed never
+    # measured near it) or sees and finds speculation still faster than plain
     services, _, metrics, ticker = await _settled(cluster)
+    verdicts: list[learning.GuardVerdict] = []
+
+    def guard(state: learning.LearningState, *args: Any) -> learning.GuardVerdict:
+        verdicts.append(learning.GuardVerdict(replace(state, slowdown_streak=0), blind=blind))
+        return verdicts[-1]
+
+    monkeypatch.setattr(learning, "guard", guard)
     try:
-        # When its median token latency reads 20 % slower at the same batch (the slowdown guard's input)
+        # When its median token latency reads 20 % slower at the same batch
         metrics.tpot_s = 0.012
         slower = await ticker.ticks(1)
+        # and then the guard counts a reading toward a slowdown
+        monkeypatch.setattr(
+            learning, "guard", lambda state, *args: learning.GuardVerdict(replace(state, slowdown_streak=1))
+        )
+        counted = await ticker.ticks(1)
     finally:
         await services.close()
 
-    # Then the next tick decides (and the guard looks), though the policy alone would decide the same
-    assert _decided(slower) == [True]
+    # Then a blind guard's slower reading decides in full (a new solve of the model is what could see
+    # it), though the policy alone would decide the same; one the guard judged keeps the rest
+    assert verdicts and _decided(slower) == [decided]
+    # and a reading the guard counts toward a slowdown decides at once
+    assert _decided(counted) == [True]
 
 
 async def test_a_pod_that_leaves_or_a_spec_that_changes_is_decided_at_once(

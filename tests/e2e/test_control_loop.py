@@ -117,7 +117,7 @@ async def test_speculation_follows_load_through_break_even_without_flapping(
     assert body["status"]["speculation"]["predictedSpeedup"] > 1.0
 
 
-async def test_draft_length_follows_acceptance_one_step_at_a_time(
+async def test_draft_length_follows_acceptance_up_and_never_back_on_the_way(
     cluster: Any,
     kube: KubeClient,
     operator: Operator,
@@ -130,7 +130,8 @@ async def test_draft_length_follows_acceptance_one_step_at_a_time(
     await in_dynamic(kube)
     await all_pods_at(serving, lambda n: 0 < n <= 3, 30, "short drafts at low acceptance")
 
-    # When acceptance drifts up to 0.9 (best length 8), then the length climbs one step per decision
+    # When acceptance drifts up to 0.9 (best length 8), then the length climbs: straight to the
+    # modelled best for a clear gain, one confirmed step for a small one, never back on the way
     serving.set_load(LoadPoint(batch=16, alpha=0.9))
     seen: list[int] = []
 
@@ -140,10 +141,10 @@ async def test_draft_length_follows_acceptance_one_step_at_a_time(
             seen.append(length)
         return length >= 7
 
-    # each step waits until the current length is measured (one rate window): ~12 s a step here
+    # each change waits until the current length is measured (one rate window): ~12 s a change here
     await eventually(climbed, timeout_s=90, interval_s=0.05, what="draft length follows acceptance")
     steps = [b - a for a, b in itertools.pairwise(seen)]
-    assert steps and all(step == 1 for step in steps), seen
+    assert steps and all(step > 0 for step in steps), seen
     body = await resource(kube, NAME)
     assert body["status"]["speculation"]["reason"] in ("DraftLengthIncreased", "BestModelledSpeedup")
     assert body["status"]["observed"]["alpha"] > 0.8

@@ -139,12 +139,14 @@ def test_the_guard_does_not_act_without_plain_measurements_near_the_load_or_when
     for second in range(112, 120):
         verdict = learning.guard(state, fitted, slow, 4, CONFIG, at(second))
         assert not verdict.fired
+        assert verdict.blind  # a slowdown there is one it cannot see: a resting tick looks in full
         state = verdict.state
     state = learned_plain(64)
     fast = learning.Observed(batch=64, tpot_s=plain_s(64) / 1.5, alpha=0.8)
     for second in range(112, 120):
         verdict = learning.guard(state, learning.model(SETUP, state, CONFIG), fast, 4, CONFIG, at(second))
         assert not verdict.fired
+        assert not verdict.blind  # it compared the reading with plain speed and found it faster
         state = verdict.state
 
 

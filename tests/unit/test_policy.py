@@ -123,18 +123,18 @@ DYNAMIC_CASES = [
         False,
     ),
     Case(
-        "a clear gain steps at once",
+        "a clear gain goes to the modelled best at once, not one step",
         dynamic(length=1),
         Observation(batch=32, alpha=0.8),
-        2,
+        6,
         "DraftLengthIncreased",
         True,
     ),
     Case(
-        "shrinks one step at a time when the batch grows",
+        "shrinks to the modelled best at once when the batch grows (a clear gain)",
         dynamic(length=4),
         Observation(batch=128, alpha=0.8),
-        3,
+        1,
         "DraftLengthDecreased",
         True,
     ),
@@ -505,21 +505,25 @@ def toggles(decisions: list[Decision], start_on: bool = True) -> int:
     return sum(1 for a, b in itertools.pairwise(on) if a != b)
 
 
-def test_the_length_moves_one_step_per_decision() -> None:
+def test_a_clear_gain_reaches_the_best_length_in_one_change() -> None:
+    # Walked one length at a time, 1 -> 6 was five changes (five Events, status writes and
+    # reloads of every pod) through lengths the model already ranked worse
     exact = replace(CONFIG, length_margin=0.0)
     decisions = run(exact, dynamic(length=1), [32.0] * 7, step_s=15)
-    assert [d.num_draft_tokens for d in decisions] == [2, 3, 4, 5, 6, 6, 6]
+    assert [d.num_draft_tokens for d in decisions] == [6] * 7
+    assert [d.changed for d in decisions] == [True] + [False] * 6
     down = run(exact, dynamic(length=6), [128.0] * 6, step_s=15)
-    assert [d.num_draft_tokens for d in down] == [5, 4, 3, 2, 1, 1]
+    assert [d.num_draft_tokens for d in down] == [1] * 6
+    assert down[0].reason == "DraftLengthDecreased"
 
 
 def test_a_length_within_the_margin_of_the_modelled_best_is_kept_through_noisy_acceptance() -> None:
     # Given a deployment at batch 32, where lengths 5 and 6 model within 1 % of each other
     setup = CONFIG.setup
     assert speedup(setup, 0.8, 32.0, 6) / speedup(setup, 0.8, 32.0, 5) < 1.0 + CONFIG.length_margin
-    # Then the climb stops at the first length within the margin of the best
-    decisions = run(CONFIG, dynamic(length=1), [32.0] * 7, step_s=15)
-    assert [d.num_draft_tokens for d in decisions] == [2, 3, 4, 5, 5, 5, 5]
+    # Then a climb by small confirmed steps stops at the first length within the margin of the best
+    decisions = run(CONFIG, dynamic(length=4, vote=1), [32.0] * 7, step_s=15)
+    assert [d.num_draft_tokens for d in decisions] == [5, 5, 5, 5, 5, 5, 5]
 
     # And when acceptance reads 0.80 +- 0.03 from one interval to the next (an hour of them)
     def changes(config: PolicyConfig) -> int:
@@ -558,8 +562,9 @@ def test_a_load_that_moved_costs_one_decision_of_delay() -> None:
     # Given batch 48, where length 5 is the best and 3 -> 4 gains little
     at_once = run(replace(CONFIG, clear_length_gain=0.0), dynamic(length=3), [48.0] * 4, step_s=15)
     confirmed = run(CONFIG, dynamic(length=3), [48.0] * 4, step_s=15)
-    # Then the climb starts one decision later and then steps every decision
-    assert [d.num_draft_tokens for d in at_once] == [4, 5, 5, 5]
+    # Then the climb starts one decision later and then steps every decision (every gain counted
+    # clear goes to the best at once)
+    assert [d.num_draft_tokens for d in at_once] == [5, 5, 5, 5]
     assert [d.num_draft_tokens for d in confirmed] == [3, 4, 5, 5]
     assert "must win the next decision too" in confirmed[0].message
 

@@ -183,6 +183,10 @@ class GuardVerdict:
     state: LearningState
     fired: bool = False
     evidence: str = ""
+    blind: bool = False
+    """Speculation ran settled at a held load, but plain speed near this batch rests on too few
+    samples to compare with: a slowdown here is one the guard cannot see (only a new solve of the
+    model, with this sample, might)."""
 
 
 def guard(
@@ -217,7 +221,7 @@ def guard(
         return GuardVerdict(state)
     off_samples = fitted.confidence(seen.batch).off
     if off_samples < GUARD_MIN_OFF_SAMPLES:
-        return GuardVerdict(replace(state, slowdown_streak=0))
+        return GuardVerdict(replace(state, slowdown_streak=0), blind=True)
     plain_s = fitted.step_s(0, seen.batch, seen.context_tokens)
     measured = plain_s / seen.tpot_s
     if measured >= 1.0 - GUARD_MARGIN:
