@@ -33,6 +33,7 @@ vote, which live in the operator's memory (a restart starts them afresh).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Literal, Protocol
@@ -609,10 +610,17 @@ def _off_reason(config: PolicyConfig, obs: Observation, alpha: float, lo: int, h
 def _best_length(
     config: PolicyConfig, obs: Observation, alpha: float, batch: float, lo: int, hi: int
 ) -> tuple[int, float]:
-    """The length in [lo, hi] with the highest modelled speedup (ties to the shorter), and that speedup."""
-    best_g, best_s = lo, _speedup(config, obs, alpha, batch, lo)
-    for g in range(lo + 1, hi + 1):
-        s = _speedup(config, obs, alpha, batch, g)
+    """The length in [lo, hi] with the highest modelled speedup (ties to the shorter), and that speedup.
+
+    A model that tabulates (`CalibratedModel.speedup_table`) is asked for its table once, not once
+    per length: this is most of a decision's cost, and a decision is most of a resting tick's."""
+    table = getattr(config.model, "speedup_table", None)
+    if table is not None and (lo, hi) == _length_bounds(config):
+        speedups: Sequence[float] = table(alpha, batch, lo, hi, obs.context_tokens)
+    else:
+        speedups = [_speedup(config, obs, alpha, batch, g) for g in range(lo, hi + 1)]
+    best_g, best_s = lo, speedups[0]
+    for g, s in enumerate(speedups[1:], start=lo + 1):
         if s > best_s:
             best_g, best_s = g, s
     return best_g, best_s
