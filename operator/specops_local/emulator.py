@@ -57,6 +57,8 @@ ALL_VERBS: Final = ("create", "delete", "deletecollection", "get", "list", "patc
 CRD_RESOURCE: Final = kmock.resource("apiextensions.k8s.io", "v1", "customresourcedefinitions")
 NAMESPACES: Final = kmock.resource("", "v1", "namespaces")
 _NAME_SUFFIX_ALPHABET: Final = "bcdfghjklmnpqrstvwxz2456789"
+GENERATE_NAME_TRIES: Final = 8
+"""Names kube-apiserver generates for one create with generateName before it answers 409 (KEP-4420)."""
 OPENAPI_V2_PROTOBUF: Final = "application/com.github.proto-openapi.spec.v2"
 FIELD_VALIDATIONS: Final = ("Ignore", "Warn", "Strict")
 # Warnings of the request being served (one list per request task), sent as `Warning: 299 - "..."` headers.
@@ -943,7 +945,12 @@ class FidelityEmulator(kmock.KubernetesEmulator):
                         )
                     ],
                 )
-            meta["name"] = meta["generateName"] + "".join(random.choices(_NAME_SUFFIX_ALPHABET, k=5))
+            # as kube-apiserver since 1.32 (KEP-4420, RetryGenerateName): a generated name that is
+            # taken is generated again, up to GENERATE_NAME_TRIES in all, before a 409
+            for _ in range(GENERATE_NAME_TRIES):
+                meta["name"] = meta["generateName"] + "".join(random.choices(_NAME_SUFFIX_ALPHABET, k=5))
+                if self._find(resource, meta.get("namespace"), meta["name"]) is None:
+                    break
         if self._find(resource, meta.get("namespace"), meta["name"]) is not None:
             raise ApiError(
                 409,

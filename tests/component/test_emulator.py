@@ -17,6 +17,7 @@ import kubernetes
 import pytest
 import yaml
 
+from specops_local import emulator
 from specops_local.cluster import WIDGET_CRD, EmulatedCluster, emulated_cluster
 from specops_local.kopf_runner import run_kopf
 
@@ -181,6 +182,29 @@ async def test_generate_name_makes_a_unique_name_and_events_are_creatable(api: h
 
     assert all(name.startswith("widget-") and len(name) == len("widget-") + 5 for name in names)
     assert names[0] != names[1]
+
+
+@pytest.mark.parametrize(("taken_draws", "status"), [(7, 201), (8, 409)])
+async def test_a_generated_name_that_is_taken_is_generated_again_before_a_conflict(
+    api: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch, taken_draws: int, status: int
+) -> None:
+    # Given an event named as the generator's next draws would name another (kube-apiserver since
+    # 1.32 generates again up to 8 names in all: with 27^5 suffixes, thousands of Events in an hour
+    # would otherwise collide now and then, and Kopf drops an Event that gets a 409)
+    event = {"metadata": {"generateName": "widget-"}, "reason": "Ready", "message": "ok", "type": "Normal"}
+    await api.post("/api/v1/namespaces/default/events", json={**event, "metadata": {"name": "widget-bbbbb"}})
+    draws = iter(["bbbbb"] * taken_draws + ["ccccc"])
+    monkeypatch.setattr(emulator.random, "choices", lambda alphabet, k: list(next(draws)))
+
+    # When one more is created by generateName
+    response = await api.post("/api/v1/namespaces/default/events", json=event)
+
+    # Then a taken name is drawn again, up to 8 draws; only then the create conflicts
+    assert response.status_code == status, response.text
+    if status == 201:
+        assert response.json()["metadata"]["name"] == "widget-ccccc"
+    else:
+        assert response.json()["reason"] == "AlreadyExists"
 
 
 async def test_generation_moves_only_with_spec_changes(api: httpx.AsyncClient) -> None:

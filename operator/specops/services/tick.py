@@ -56,14 +56,16 @@ WRITE_ATTEMPTS = 5
 
 SETTLED_DECISIONS_PER_S = 30.0
 """A resource at rest (its last decision steady and the policy deciding the same on the measurement
-now, its token latency no slower, no canary, retraining round or first-draft check under way, its
+now, no slowdown the guard counts, no canary, retraining round or first-draft check under way, its
 resource and pods unchanged: ControlLoop.rest) is decided in full at least every max(interval,
 active resources / SETTLED_DECISIONS_PER_S): every interval up to 450 resources at the default 15 s,
 every fifth (75 s) at 2,000. A tick at rest costs one policy decision and the learning of its
 sample (about a tenth of a tick) instead of the model's solve, probes, the status diff and the
 metrics; anything that would decide differently decides at once. What rest delays, by at most
 the rest: a probe, the solve on the rest's samples, status refreshes and per-resource gauges, the
-route check of a resource with no canary, and the setting of a pod whose server restarted."""
+route check of a resource with no canary, and the setting of a pod whose server restarted.
+Measured and left: 15 (every ninth interval at 2,000) took the policy worlds' worst seed from
+0.946 to 0.903 of the oracle."""
 
 # Status blocks each part owns: the tick writes these and only these (plus conditions and phase).
 CONTROL_BLOCKS = ("speculation", "baseline", "observed")
