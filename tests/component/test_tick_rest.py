@@ -39,7 +39,7 @@ class MovableMetrics(SteadyMetrics):
     def __init__(self) -> None:
         super().__init__()
         self.batch = 4.0
-        self.tpot_s = 0.01
+        self.tpot_s: float | None = 0.01
         self.outage = False
 
     def lookup(self, *args: Any, **kwargs: Any) -> Measurement:
@@ -165,7 +165,9 @@ async def test_a_measurement_that_moves_the_decision_is_decided_at_once(
 
 
 @pytest.mark.parametrize(
-    ("blind", "decided"), [(True, True), (False, False)], ids=["guard-blind", "guard-sees"]
+    ("blind", "tpot_s", "decided"),
+    [(True, 0.012, True), (False, 0.012, False), (False, None, True)],
+    ids=["guard-blind", "guard-sees", "latency-gone"],
 )
 async def test_a_slower_token_latency_is_decided_at_once_only_where_the_slowdown_guard_is_blind(
     cluster: EmulatedCluster,
@@ -173,6 +175,7 @@ async def test_a_slower_token_latency_is_decided_at_once_only_where_the_slowdown
     large_fleet: None,
     monkeypatch: pytest.MonkeyPatch,
     blind: bool,
+    tpot_s: float | None,
     decided: bool,
 ) -> None:
     # Given a settled resource at rest, whose slowdown guard is blind at its batch (plain speed never
@@ -186,8 +189,8 @@ async def test_a_slower_token_latency_is_decided_at_once_only_where_the_slowdown
 
     monkeypatch.setattr(learning, "guard", guard)
     try:
-        # When its median token latency reads 20 % slower at the same batch
-        metrics.tpot_s = 0.012
+        # When its median token latency reads 20 % slower at the same batch (or is gone)
+        metrics.tpot_s = tpot_s
         slower = await ticker.ticks(1)
         # and then the guard counts a reading toward a slowdown
         monkeypatch.setattr(
@@ -198,7 +201,8 @@ async def test_a_slower_token_latency_is_decided_at_once_only_where_the_slowdown
         await services.close()
 
     # Then a blind guard's slower reading decides in full (a new solve of the model is what could see
-    # it), though the policy alone would decide the same; one the guard judged keeps the rest
+    # it), as does a latency gone, though the policy alone would decide the same; a slower reading
+    # the guard judged keeps the rest
     assert verdicts and _decided(slower) == [decided]
     # and a reading the guard counts toward a slowdown decides at once
     assert _decided(counted) == [True]

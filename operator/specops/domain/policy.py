@@ -10,9 +10,9 @@ The rollout follows three phases:
   (`PolicyConfig.model`: in the operator the roofline calibrated by the deployment's own
   measurements, domain.learning; else `perf.speedup`) at the smoothed alpha and the
   observed batch, and moves to it for a gain of `clear_length_gain` or more, else one step
-  toward it when the previous decision wanted the same way too. Speculation goes off when even the best length is predicted to gain
-  less than `margin`, and back on only above `margin + hysteresis`, never toggling twice
-  within `min_dwell_s`.
+  toward it when the previous decision wanted the same way too. Speculation goes off when even
+  the best length is predicted to gain less than `margin`, and back on only above
+  `margin + hysteresis`, never toggling twice within `min_dwell_s`.
 
 Switching back on also needs evidence: while off, each decision adds (predicted best
 speedup - on threshold) x seconds since the previous decision to a running sum floored at

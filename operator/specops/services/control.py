@@ -182,7 +182,8 @@ class ControlLoop:
         same pods serve, the policy decides the same on the measurement now (same length and reason,
         still steady), and the slowdown guard counts no slow reading; where speculation runs and the
         guard is blind (no plain speed measured near the batch, or no guard), the token latency
-        reads no slower (``policy.slower``). False, and nothing changed, otherwise.
+        reads no slower (``policy.slower``); and a latency reading that appeared or vanished is
+        looked at in full. False, and nothing changed, otherwise.
 
         Elsewhere a slower reading changes nothing a full tick would do: the guard judged it, or
         could not pair it with its load (the tick's guard could not either), or speculation is off.
@@ -229,8 +230,9 @@ class ControlLoop:
             if verdict.fired or verdict.state.slowdown_streak:
                 return False  # a slowdown to count: the tick does, from the state before this look
             knowledge, blind = verdict.state, verdict.blind
-        if blind and slower(rest.observation, observation):
-            return False  # a slowdown the guard cannot see: the model is solved again on it in full
+        latency_came_or_went = None in (rest.observation.tpot_p50_s, observation.tpot_p50_s)
+        if (blind or latency_came_or_went) and slower(rest.observation, observation):
+            return False  # a slowdown the guard cannot see, or no latency to see it: looked at in full
         self._memory[key] = replace(remembered, state=again.state, knowledge=knowledge)
         return True
 
