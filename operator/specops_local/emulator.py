@@ -1273,6 +1273,10 @@ class FidelityEmulator(kmock.KubernetesEmulator):
         try:
             as_table = openapi.wants_table(request.headers.get("Accept", ""))
             await self._stream_events(response, res, since_text, deadline, visible, params, as_table)
+        except ConnectionResetError:
+            # the watcher's connection is gone (its client stopped, or the server is stopping): the
+            # watch ends, as kube-apiserver's does, instead of an error for every open stream
+            return response
         finally:
             self._watchers[res] -= 1
         await response.write_eof()

@@ -10,6 +10,8 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import aiohttp
+import aiohttp.web
 import httpx
 import kmock
 import kopf
@@ -490,6 +492,37 @@ async def test_watch_streams_live_changes_matching_the_selector(api: httpx.Async
         ("ADDED", "web"),
         ("DELETED", "web"),
     ]
+
+
+async def test_a_watch_whose_connection_is_gone_ends_without_an_error(
+    api: httpx.AsyncClient,
+    cluster: EmulatedCluster,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Given a watch whose connection goes away after its first event (the client stopped, or the
+    # server is closing its connections while the stream writes)
+    write = aiohttp.web.StreamResponse.write
+    writes = collections.Counter[int]()
+
+    async def write_until_gone(self: aiohttp.web.StreamResponse, data: bytes) -> None:
+        writes[id(self)] += 1
+        if writes[id(self)] > 1:
+            raise aiohttp.ClientConnectionResetError("Cannot write to closing transport")
+        await write(self, data)
+
+    monkeypatch.setattr(aiohttp.web.StreamResponse, "write", write_until_gone)
+    with caplog.at_level(logging.ERROR):
+        async with api.stream("GET", CONFIGMAPS, params={"watch": "true", "timeoutSeconds": "2"}) as stream:
+            lines = stream.aiter_lines()
+            await create_configmap(api, "first")
+            assert json.loads(await anext(lines))["object"]["metadata"]["name"] == "first"
+            # When the next event has to be written
+            await create_configmap(api, "second")
+            await cluster.wait_for(lambda: sum(cluster.emulator._watchers.values()) == 0, timeout_s=2)
+
+    # Then the watch ended, and the server logged no error for it
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text
 
 
 async def test_watch_from_a_compacted_resource_version_is_410_gone(
