@@ -214,6 +214,8 @@ class ControlLoop:
         if not measurement.ok:
             return False
         observation = cs.observation_from(measurement)
+        if (rest.observation.tpot_p50_s is None) != (observation.tpot_p50_s is None):
+            return False  # a latency reading appeared or vanished: looked at in full
         again = decide(rest.config, remembered.state, observation, now)
         if not (
             steady(again) and again.num_draft_tokens == rest.draft_length and again.reason == rest.reason
@@ -230,9 +232,8 @@ class ControlLoop:
             if verdict.fired or verdict.state.slowdown_streak:
                 return False  # a slowdown to count: the tick does, from the state before this look
             knowledge, blind = verdict.state, verdict.blind
-        latency_came_or_went = None in (rest.observation.tpot_p50_s, observation.tpot_p50_s)
-        if (blind or latency_came_or_went) and slower(rest.observation, observation):
-            return False  # a slowdown the guard cannot see, or no latency to see it: looked at in full
+        if blind and slower(rest.observation, observation):
+            return False  # a slowdown the guard cannot see: the model is solved again on it in full
         self._memory[key] = replace(remembered, state=again.state, knowledge=knowledge)
         return True
 
