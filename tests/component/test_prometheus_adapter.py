@@ -462,6 +462,36 @@ async def test_any_other_query_failing_still_fails_the_whole_cycle() -> None:
     assert snapshot.phase == "Error" and "boom" in (snapshot.error or "")
 
 
+async def test_one_cycles_quotients_come_from_one_evaluation_instant() -> None:
+    # A Prometheus left to its own clock evaluates each query when it arrives; a scrape landing
+    # between two of them gives drafted tokens and verification steps different samples, and the
+    # mean draft length (their quotient) is read wrong. This fake advances its clock a second per
+    # query, as if a scrape landed between each, unless the query names its evaluation time.
+    answered: list[float] = []
+    clock = iter(range(1_000_000, 2_000_000))
+
+    async def scraped_between_queries(request: web.Request) -> web.Response:
+        evaluated_at = float(request.query.get("time", next(clock)))
+        answered.append(evaluated_at)
+        steps_per_s = 100.0 + evaluated_at % 7  # a rate that moves with the samples in the window
+        query = request.query["query"]
+        if "draft_tokens" in query:
+            return web.json_response(_vector(4 * steps_per_s))
+        if "accepted_tokens" in query:
+            return web.json_response(_vector(2.5 * steps_per_s))
+        if "steps_total" in query:
+            return web.json_response(_vector(steps_per_s))
+        return web.json_response(_vector(0.02))
+
+    snapshot, poller = await one_cycle(scraped_between_queries)
+    assert snapshot.phase == "Ok", snapshot.error
+    measured = snapshot.lookup("ns", "chat", "stable", now(), 60)
+    assert measured.mean_draft_length == pytest.approx(4.0)
+    assert measured.acceptance_rate == pytest.approx(2.5 / 4)
+    assert len(answered) == poller.queries_last_cycle and len(set(answered)) == 1
+    assert answered[0] == pytest.approx(now().timestamp(), abs=30)
+
+
 async def test_non_json_gateway_error_becomes_an_error_snapshot() -> None:
     async def gateway_error(request: web.Request) -> web.Response:
         return web.Response(status=502, text="<html>bad gateway</html>")
