@@ -35,6 +35,7 @@ from specops.domain.perf import (
     GPUS,
     ModelSetup,
     best_length_break_even_batch,
+    expected_tokens,
     speculative_step_time,
     speedup,
     target_step_time,
@@ -365,8 +366,18 @@ def test_a_table_of_every_length_is_exactly_each_lengths_own_prediction() -> Non
                 table = model.speedup_table(0.73, batch, 1, 8, context)
                 # Then each entry is, to the last bit, what asking for that length alone gives
                 assert table == tuple(model.predict_speedup(0.73, g, batch, context) for g in range(1, 9))
-                shared = model._roof.round_features(range(1, 9), batch, context)
-                assert shared == [model._roof.features(g, batch, context) for g in range(1, 9)]
+                # and each is E x plain step / round step of the model's own step times, to the last bit
+                plain = model.step_s(0, batch, context)
+                capped = model.unmeasured_octaves()[bucket_of(batch)]
+                for g, entry in enumerate(table, start=1):
+                    tokens = expected_tokens(0.73, g)
+                    wanted = tokens * plain / model.step_s(g, batch, context)
+                    if capped:
+                        x_plain, x_round = (model._roof.features(n, batch, context)[0] for n in (0, g))
+                        wanted = min(wanted, tokens * x_plain / x_round)
+                    assert entry == wanted
+                shared = list(model._roof.round_costs(range(1, 9), batch, context))
+                assert shared == [model._roof.features(g, batch, context)[0] for g in range(1, 9)]
 
 
 @pytest.mark.parametrize("context_tokens", [None, 0.0, 512.0, 32768.0])

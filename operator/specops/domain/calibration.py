@@ -404,8 +404,9 @@ class CalibratedModel:
         """E(alpha, g) x plain(B) / round(g, B) under the calibrated model; 1.0 when g = 0."""
         if draft_length <= 0:
             return 1.0
-        lengths = ((draft_length, expected_tokens(alpha, draft_length)),)
-        return next(self._speedups(lengths, batch, context_tokens))[1]
+        return self._speedup_list(
+            (draft_length,), (expected_tokens(alpha, draft_length),), batch, context_tokens
+        )[0]
 
     def speedup_table(
         self, alpha: float, batch: float, lo: int, hi: int, context_tokens: float | None = None
@@ -417,28 +418,53 @@ class CalibratedModel:
         key = (alpha, batch, lo, hi, context_tokens)
         table = self._tables.get(key)
         if table is None:
-            lengths = [(g, expected_tokens(alpha, g)) for g in range(lo, hi + 1)]
-            table = tuple(s for _, s in self._speedups(lengths, batch, context_tokens))
+            lengths = range(lo, hi + 1)
+            tokens = [expected_tokens(alpha, g) for g in lengths]
+            table = tuple(self._speedup_list(lengths, tokens, batch, context_tokens))
             if len(self._tables) >= TABLES_KEPT:
                 self._tables.clear()
             self._tables[key] = table
         return table
 
-    def _speedups(
-        self, lengths: Sequence[tuple[int, float]], batch: float, context_tokens: float | None = None
-    ) -> Iterator[tuple[int, float]]:
-        """(g, predicted speedup) for each (g, expected tokens per round) of `lengths`, at one batch.
+    def _speedup_list(
+        self,
+        lengths: Sequence[int],
+        tokens: Sequence[float],
+        batch: float,
+        context_tokens: float | None = None,
+        *,
+        first_paying: bool = False,
+    ) -> list[float]:
+        """The predicted speedup of each length (>= 1) at one batch, given its expected tokens per
+        round; with ``first_paying``, only up to the first that beats plain (a break-even search
+        asks only whether one does).
 
         Where rounds near the batch are unmeasured (`_unmeasured`) a speedup is capped at the
-        roofline's: E x plain / round of the prior, which the roofline features give directly."""
+        roofline's: E x plain / round of the prior, which the roofline features give directly.
+
+        `_step_from(features(g, batch))` written out per length: the same products and sums in the
+        same order (the features' constant 1.0s multiply exactly), so the same values to the last
+        bit, without a feature tuple and two calls per point. A decision evaluates a few dozen
+        points, a break-even search about a hundred: this was a fifth of a tick's CPU."""
         roof = self._roof
         x = roof.features(0, batch, context_tokens)
         plain = self._step_from(x)
         capped = self._unmeasured(batch)
-        rounds = roof.round_features([g for g, _ in lengths], batch, context_tokens)
-        for (g, tokens), xg in zip(lengths, rounds, strict=True):
-            speedup = tokens * plain / self._step_from(xg)
-            yield g, min(speedup, tokens * x[0] / xg[0]) if capped else speedup
+        b = x[2]
+        t0, t1, t2, t3, t4, t5 = self.theta
+        scale = roof.scale
+        t2b = t2 * b
+        found: list[float] = []
+        for g, e, x0 in zip(lengths, tokens, roof.round_costs(lengths, batch, context_tokens), strict=True):
+            gf = float(g)
+            step = max((t0 * x0 + t1 + t2b + t3 + t4 * gf + t5 * (gf * b)) * scale, 0.1 * x0 * scale)
+            speedup = e * plain / step
+            if capped:
+                speedup = min(speedup, e * x[0] / x0)
+            found.append(speedup)
+            if first_paying and speedup > 1.0:
+                break
+        return found
 
     def _unmeasured(self, batch: float) -> bool:
         """Whether rounds near this batch count as unmeasured: there the fit promises no more than
@@ -503,10 +529,11 @@ class CalibratedModel:
         search that asks at a dozen batches: the expected tokens per round are worked out once,
         and the first length that pays ends the look (the search only asks whether one does)."""
         lo, hi = max(1, bounds[0]), max(1, bounds[1])
-        lengths = [(g, expected_tokens(alpha, g)) for g in range(lo, hi + 1)]
+        lengths = range(lo, hi + 1)
+        tokens = [expected_tokens(alpha, g) for g in lengths]
 
         def pays(batch: int) -> bool:
-            return any(speedup > 1.0 for _, speedup in self._speedups(lengths, batch))
+            return self._speedup_list(lengths, tokens, batch, first_paying=True)[-1] > 1.0
 
         return pays
 
@@ -742,13 +769,13 @@ class _Roofline:
         )
         return (rounds / self.scale, 1.0, b, 1.0, g, g * b)
 
-    def round_features(
+    def round_costs(
         self, lengths: Sequence[int], batch: float, context_tokens: float | None = None
-    ) -> list[tuple[float, ...]]:
-        """`features(g, batch)` of each length (all >= 1) at one batch, the parts every length
+    ) -> Iterator[float]:
+        """`features(g, batch)[0]` of each length (all >= 1) at one batch, the parts every length
         shares worked out once: the draft's step, and the target's memory time and compute per
-        token. The same operations in the same order as `features`, so the same values to the
-        last bit; a decision asks for every length at its batch, a break-even search at a dozen."""
+        token. The same operations in the same order as `features`, so the same values to the last
+        bit; yielded one length at a time (a break-even search stops at the first length that pays)."""
         context = self.context_tokens if context_tokens is None else context_tokens
         b = max(1.0, batch)
         draft_step = self._step(self.draft_params, self.draft_weight_bytes, b, 1.0, context)
@@ -757,13 +784,9 @@ class _Roofline:
         memory_s = (self.target_weight_bytes + kv_bytes) / self.bandwidth
         per_token = 2.0 * params * b
         flops, overhead, scale = self.flops, self.overhead_s, self.scale
-        found: list[tuple[float, ...]] = []
         for draft_length in lengths:
-            g = float(draft_length)
             target_step = max(memory_s, per_token * (draft_length + 1.0) / flops)
-            rounds = draft_length * draft_step + target_step + overhead
-            found.append((rounds / scale, 1.0, b, 1.0, g, g * b))
-        return found
+            yield (draft_length * draft_step + target_step + overhead) / scale
 
 
 @functools.lru_cache(maxsize=256)
