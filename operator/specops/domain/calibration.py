@@ -37,9 +37,10 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import InitVar, dataclass, field, replace
+from dataclasses import InitVar, dataclass, field
 
 from specops.domain.perf import ModelSetup, expected_tokens, target_step_time
+from specops.domain.records import replace
 
 PARAMETERS = ("s", "p0", "p1", "q0", "q1", "q2")
 N_PARAMS = len(PARAMETERS)

@@ -20,7 +20,7 @@ Pure: times come in as datetimes (seconds since the Unix epoch inside the calibr
 from __future__ import annotations
 
 from collections import OrderedDict
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import datetime
 
 from specops.api.status import CalibrationStatistics, CalibrationStatus, ProbeLedgerStatus
@@ -40,6 +40,7 @@ from specops.domain.calibration import (
     update,
 )
 from specops.domain.perf import ModelSetup
+from specops.domain.records import replace
 
 BREAK_EVEN_CHANGE = 0.25  # an Event when calibration moves the break-even by more than this share
 NO_BREAK_EVEN = 2048  # "none up to 1024" counts as this in that comparison

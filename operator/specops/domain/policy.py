@@ -34,11 +34,12 @@ vote, which live in the operator's memory (a restart starts them afresh).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Literal, Protocol
 
 from specops.domain.perf import ModelSetup, speedup
+from specops.domain.records import replace
 
 Mode = Literal["auto", "on", "off"]
 

@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import datetime
 
 from specops.domain.calibration import StepSample
 from specops.domain.metrics import PodMeasurement
 from specops.domain.perf import expected_tokens
+from specops.domain.records import replace
 
 SPLIT_MIN_PODS = 2  # ready pods needed for a split; below, probes run on the fleet in time
 SPLIT_MIN_COMPARISONS = 2  # settled intervals a verdict needs

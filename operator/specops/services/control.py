@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import datetime
 
 from specops.api import conditions as cond
@@ -45,6 +45,7 @@ from specops.domain.policy import (
     switch_allowed,
 )
 from specops.domain.profile import ProfileError, ServingProfile
+from specops.domain.records import replace
 from specops.ports import FleetResult, KubeApiError, KubePort, MetricsSource, ModelControl
 
 PROFILE_REFRESH_S = 60.0  # a calibration profile's ConfigMap is read again at most this often
