@@ -52,7 +52,22 @@ def test_a_plain_record_is_the_same_as_dataclasses_replace_and_the_original_is_u
     assert replace(ledger, probe_s=2.0) == dataclasses.replace(ledger, probe_s=2.0)
 
 
+@dataclasses.dataclass(frozen=True, init=False)
+class _OwnInit:
+    a: int
+
+    def __init__(self, a: int) -> None:
+        object.__setattr__(self, "a", abs(a))
+
+
+class _Overriding(_Plain):
+    def __init__(self, a: int, b: tuple[int, ...] = ()) -> None:
+        super().__init__(a, tuple(sorted(b)))
+
+
 def test_a_record_whose_init_does_more_than_store_goes_through_its_init() -> None:
+    assert replace(_OwnInit(1), a=-3).a == 3
+    assert replace(_Overriding(1), b=(3, 2)).b == (2, 3)
     with pytest.raises(ValueError, match="a must be >= 0"):
         replace(_Checked(1), a=-1)
     cached = _Cached(2)

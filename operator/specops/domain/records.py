@@ -3,9 +3,10 @@
 A tick replaces a few dozen records (the policy's state, the learning state, the probe ledger):
 `dataclasses.replace` walks the class's fields, calls `__init__` with every field as a keyword,
 and a frozen `__init__` sets each one through `object.__setattr__`. That was a tenth of a tick's
-CPU. A record that `__init__` only stores (no `__post_init__`, every field an `__init__`
-argument, no `__slots__`, nothing cached in its `__dict__`) is copied here as its `__dict__`
-with the changes laid on: the same object `dataclasses.replace` builds. Any other class goes
+CPU. A record that `__init__` only stores (the `__init__` `@dataclass` wrote, no
+`__post_init__`, every field an `__init__` argument, no `__slots__`, nothing cached in its
+`__dict__`) is copied here as its `__dict__` with the changes laid on: the same object
+`dataclasses.replace` builds. Any other class goes
 through `dataclasses.replace` itself; a name that is not a field is refused the same way.
 """
 
@@ -26,7 +27,8 @@ def _fields_if_plain(cls: type) -> frozenset[str] | None:
         return _plain[cls]
     fields = dataclasses.fields(cls)
     plain = (
-        not hasattr(cls, "__post_init__")
+        _generated_init(cls)
+        and not hasattr(cls, "__post_init__")
         and not hasattr(cls, "__slots__")
         and all(f.init for f in fields)
         and not any(
@@ -37,6 +39,14 @@ def _fields_if_plain(cls: type) -> frozenset[str] | None:
     )
     found = _plain[cls] = frozenset(f.name for f in fields) if plain else None
     return found
+
+
+def _generated_init(cls: type) -> bool:
+    """Whether the ``__init__`` an instance is built by is the one ``@dataclass`` wrote (a class
+    with ``init=False`` and its own ``__init__``, or a subclass overriding it, may do more than store)."""
+    owner = next(klass for klass in cls.__mro__ if "__init__" in vars(klass))
+    params = vars(owner).get("__dataclass_params__")
+    return params is not None and bool(params.init)
 
 
 def replace(obj: T, /, **changes: Any) -> T:
