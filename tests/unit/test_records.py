@@ -60,6 +60,14 @@ class _OwnInit:
         object.__setattr__(self, "a", abs(a))
 
 
+@dataclasses.dataclass(frozen=True)
+class _BodyInit:
+    a: int
+
+    def __init__(self, a: int) -> None:  # kept by @dataclass in place of the one it would write
+        object.__setattr__(self, "a", abs(a))
+
+
 class _Overriding(_Plain):
     def __init__(self, a: int, b: tuple[int, ...] = ()) -> None:
         super().__init__(a, tuple(sorted(b)))
@@ -68,6 +76,7 @@ class _Overriding(_Plain):
 def test_a_record_whose_init_does_more_than_store_goes_through_its_init() -> None:
     assert replace(_OwnInit(1), a=-3).a == 3
     assert replace(_Overriding(1), b=(3, 2)).b == (2, 3)
+    assert replace(_BodyInit(1), a=-3).a == 3
     with pytest.raises(ValueError, match="a must be >= 0"):
         replace(_Checked(1), a=-1)
     cached = _Cached(2)
