@@ -23,6 +23,7 @@ from specops.ports import KubeApiError
 from specops.services import tick as tick_module
 from specops.services.control import ControlLoop
 from specops_local.cluster import EmulatedCluster
+from tests.component import test_tick_requests as tick_requests
 from tests.component.test_tick_requests import (
     NAME,
     NAMESPACE,
@@ -284,3 +285,57 @@ async def test_a_status_write_that_failed_never_leaves_a_resource_at_rest(
     assert stored is not None
     unavailable = next(c for c in stored["status"]["conditions"] if c["type"] == "MetricsUnavailable")
     assert unavailable["status"] == "False", unavailable
+
+
+async def test_a_setting_that_has_not_settled_rests_and_its_first_settled_tick_decides_in_full(
+    cluster: EmulatedCluster, operator_env: None, large_fleet: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a calibrating resource (no probes) whose soak length is the one the policy keeps, so
+    # that it enters Dynamic steady while its setting is still within the settle window (a rate
+    # window and two intervals: 12 s) and later steps its length once it learned from settled samples
+    plain = tick_requests._resource
+
+    def calibrating() -> dict[str, Any]:
+        body = plain()
+        body["spec"]["speculation"].update(
+            {
+                "calibration": {"enabled": True},
+                "exploration": {"maxProbeFraction": 0},
+                "draftLength": {"initial": 5, "min": 1, "max": 8},
+            }
+        )
+        return body
+
+    monkeypatch.setattr(tick_requests, "_resource", calibrating)
+    services, _ = await counted_services(cluster)
+    metrics = MovableMetrics()
+    for service in _walk(services):
+        if hasattr(service, "metrics"):
+            service.metrics = metrics
+    settle_s = services.control.rate_window_s + 2 * 1.0
+    await tick_requests.serve(cluster, services)
+    ticker = Ticker(services, cluster, tick_requests.T0)
+    seen: list[tuple[datetime, bool, datetime | None, str | None]] = []
+    try:
+        # When it ticks 30 times, one interval apart
+        for _ in range(30):
+            outcome = (await ticker.ticks(1))[0]
+            speculation = (outcome.body or {}).get("status", {}).get("speculation", {})
+            applied = (speculation.get("calibration") or {}).get("appliedSince")
+            since = datetime.fromisoformat(applied.replace("Z", "+00:00")) if applied else None
+            seen.append((ticker.now, outcome.rested, since, speculation.get("controlPhase")))
+    finally:
+        await services.close()
+
+    # Then ticks in Dynamic whose setting has not yet held the settle window rest too (within the
+    # budget), and the first tick that finds a setting settled is decided in full
+    unsettled = [
+        rested
+        for now, rested, since, phase in seen
+        if phase == "Dynamic" and since and now - since < timedelta(seconds=settle_s)
+    ]
+    assert unsettled.count(True) >= 3, seen
+    firsts = [
+        rested for now, rested, since, _ in seen if since and now == since + timedelta(seconds=settle_s)
+    ]
+    assert len(firsts) >= 2 and not any(firsts), seen

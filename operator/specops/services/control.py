@@ -184,7 +184,8 @@ class ControlLoop:
         still steady), and the slowdown guard counts no slow reading; where speculation runs and the
         guard is blind (no plain speed measured near the batch, or no guard), the token latency
         reads no slower (``policy.slower``); and a latency reading that appeared or vanished is
-        looked at in full. False, and nothing changed, otherwise.
+        looked at in full. A rest begun while the setting had not yet settled (``_Rest.settling``)
+        ends at the first tick that finds it settled. False, and nothing changed, otherwise.
 
         Elsewhere a slower reading changes nothing a full tick would do: the guard judged it, or
         could not pair it with its load (the tick's guard could not either), or speculation is off.
@@ -226,6 +227,8 @@ class ControlLoop:
         learn = rest.learn
         seen = _seen(measurement, observation)
         knowledge = learning.track_load(remembered.knowledge, seen.batch, learn, now)
+        if rest.settling and learning.settled(knowledge, learn, now):
+            return False  # the new setting now measures itself: the first settled look is in full
         knowledge = learning.observe(knowledge, seen, rest.config.setup, learn, now)
         blind = rest.fitted is None and rest.draft_length > 0  # speculating with no guard at all
         if rest.fitted is not None:
@@ -514,7 +517,6 @@ class ControlLoop:
             and knowledge.probe_length is None
             and knowledge.ledger.probing_until_s is None
             and knowledge.slowdown_streak == 0
-            and (not learn.enabled or learning.settled(knowledge, learn, now))
             and fleet.applied == fleet.desired
             and not fleet.errors
         )
@@ -527,6 +529,7 @@ class ControlLoop:
                 decision.reason,
                 learn,
                 fitted if learns else None,
+                settling=learn.enabled and not learning.settled(knowledge, learn, now),
             )
             if at_rest
             else None
@@ -617,6 +620,9 @@ class _Rest:
     learn: learning.LearningConfig
     fitted: CalibratedModel | None
     """The calibrated model the slowdown guard compares with; None where the guard does not run."""
+    settling: bool = False
+    """The setting in force had not yet held a rate window (`learning.settled`): the rest ends at
+    the first tick that finds it settled, which is then decided in full."""
 
 
 @dataclass(frozen=True)
