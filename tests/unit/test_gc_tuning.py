@@ -81,3 +81,30 @@ def test_a_paused_block_runs_without_the_collector_and_leaves_it_as_it_was() -> 
         assert not gc.isenabled()
     finally:
         gc.enable()
+
+
+def test_young_passes_are_timed_one_in_sixteen_and_counted_for_all_older_ones_each() -> None:
+    # Given the pause clock on a CPU clock where every pass takes 1 ms (young) or 40 ms (older)
+    clock = [0.0]
+    reads = 0
+
+    def counting_clock() -> float:
+        nonlocal reads
+        reads += 1
+        return clock[0]
+
+    pauses = gc_tuning.PauseClock(clock=counting_clock)
+    young, middle = _counted(0), _counted(1)
+
+    # When 64 young passes and 2 middle ones run
+    for generation, spent, passes in ((0, 0.001, 64), (1, 0.040, 2)):
+        for _ in range(passes):
+            pauses("start", {"generation": generation})
+            clock[0] += spent
+            pauses("stop", {"generation": generation, "collected": 0, "uncollectable": 0})
+
+    # Then the young passes' time is counted in full from 4 of them (8 clock reads, not 128), and
+    # each middle pass's time as it was
+    assert _counted(0) - young == pytest.approx(0.064)
+    assert _counted(1) - middle == pytest.approx(0.080)
+    assert reads == 2 * (64 // gc_tuning.YOUNG_SAMPLE) + 2 * 2
