@@ -379,3 +379,20 @@ def test_several_seeds_give_each_pair_its_mean_and_its_worst_draw(capsys: pytest
 def test_seeds_that_are_not_numbers_are_refused() -> None:
     with pytest.raises(SystemExit):
         bench.main(["policy-worlds", "--seeds", "one,two"])
+
+
+def test_resting_as_a_large_fleet_does_costs_no_speedup_where_samples_move_the_decision() -> None:
+    # Given a world whose truth the operator does not know (Qwen3-32B with an EAGLE-3 head on
+    # 2 x H200), at a low steady load near where speculation stops paying, with the noise of seed 0
+    world = next(w for w in worlds_from(["qwen3-32b-eagle3-2xh200"], SETUP))
+    trace = load_trace(shipped_traces()["steady_low"])
+
+    # When the operator decides every interval, and when it rests up to 8 intervals in a row (as
+    # at 2,000 resources), learning from the samples meanwhile
+    every = replay_lengths(trace, SETUP, seed=0, world=world).result
+    resting = replay_lengths(trace, SETUP, seed=0, world=world, rest_limit=8).result
+
+    # Then resting gives up no speedup: a rest decides on the model solved for what it learned
+    # (deciding on the last full tick's model, it fell from 0.96 to 0.90 of the oracle here)
+    assert resting["rested_fraction"] > 0.4
+    assert resting["ratio_to_oracle"] >= every["ratio_to_oracle"] - 0.01

@@ -218,27 +218,38 @@ class ControlLoop:
         observation = cs.observation_from(measurement)
         if (rest.observation.tpot_p50_s is None) != (observation.tpot_p50_s is None):
             return False  # a latency reading appeared or vanished: looked at in full
-        again = decide(rest.config, remembered.state, observation, now)
-        if not (
-            steady(again) and again.num_draft_tokens == rest.draft_length and again.reason == rest.reason
-        ):
-            return False
-        # learning goes on: the sample and the batch the load test pairs it with, and the guard
+        # learning goes on, as in a full tick: the sample and the batch the load test pairs it
+        # with, the model on the newest statistics (solved again when they hold news), the guard
         learn = rest.learn
         seen = _seen(measurement, observation)
         knowledge = learning.track_load(remembered.knowledge, seen.batch, learn, now)
         if rest.settling and learning.settled(knowledge, learn, now):
             return False  # the new setting now measures itself: the first settled look is in full
         knowledge = learning.observe(knowledge, seen, rest.config.setup, learn, now)
-        blind = rest.fitted is None and rest.draft_length > 0  # speculating with no guard at all
-        if rest.fitted is not None:
-            verdict = learning.guard(knowledge, rest.fitted, seen, again.num_draft_tokens, learn, now)
+        config, fitted, fit = rest.config, rest.fitted, remembered.fit
+        if rest.model is not None and knowledge.calibration is not remembered.knowledge.calibration:
+            model = profile_prior.model(
+                config.setup, knowledge.calibration, learn.calibration, remembered.fit_prior, fit
+            )
+            config = replace(config, model=model, assured_model=model.assured())
+            fitted = model if fitted is not None else None
+            fit = model.fit
+        again = decide(config, remembered.state, observation, now)
+        if not (
+            steady(again) and again.num_draft_tokens == rest.draft_length and again.reason == rest.reason
+        ):
+            return False
+        blind = fitted is None and rest.draft_length > 0  # speculating with no guard at all
+        if fitted is not None:
+            verdict = learning.guard(knowledge, fitted, seen, again.num_draft_tokens, learn, now)
             if verdict.fired or verdict.state.slowdown_streak:
                 return False  # a slowdown to count: the tick does, from the state before this look
             knowledge, blind = verdict.state, verdict.blind
         if blind and slower(rest.observation, observation):
             return False  # a slowdown the guard cannot see: the model is solved again on it in full
-        self._memory[key] = replace(remembered, state=again.state, knowledge=knowledge)
+        if config is not rest.config:
+            rest = replace(rest, config=config, fitted=fitted)
+        self._memory[key] = replace(remembered, state=again.state, knowledge=knowledge, fit=fit, rest=rest)
         return True
 
     def _measure(self, resource: SpeculativeDeployment, draft_length: int, now: datetime) -> Measurement:
@@ -530,6 +541,7 @@ class ControlLoop:
                 learn,
                 fitted if learns else None,
                 settling=learn.enabled and not learning.settled(knowledge, learn, now),
+                model=fitted if learn.enabled else None,
             )
             if at_rest
             else None
@@ -621,6 +633,9 @@ class _Rest:
     fitted: CalibratedModel | None
     """The calibrated model the slowdown guard compares with; None where the guard does not run."""
     settling: bool = False
+    model: CalibratedModel | None = None
+    """The calibrated model the decision was made on (None without learning): a rest decides on it
+    solved for the newest statistics, as the full tick would."""
     """The setting in force had not yet held a rate window (`learning.settled`): the rest ends at
     the first tick that finds it settled, which is then decided in full."""
 
