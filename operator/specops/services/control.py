@@ -227,7 +227,8 @@ class ControlLoop:
             return False  # the new setting now measures itself: the first settled look is in full
         knowledge = learning.observe(knowledge, seen, rest.config.setup, learn, now)
         config, fitted, fit = rest.config, rest.fitted, remembered.fit
-        if rest.model is not None and knowledge.calibration is not remembered.knowledge.calibration:
+        if learn.enabled and knowledge.calibration is not remembered.knowledge.calibration:
+            # with learning the decision's model is the fit (``tick``): solved for the new sample
             model = profile_prior.model(
                 config.setup, knowledge.calibration, learn.calibration, remembered.fit_prior, fit
             )
@@ -541,7 +542,6 @@ class ControlLoop:
                 learn,
                 fitted if learns else None,
                 settling=learn.enabled and not learning.settled(knowledge, learn, now),
-                model=fitted if learn.enabled else None,
             )
             if at_rest
             else None
@@ -633,9 +633,6 @@ class _Rest:
     fitted: CalibratedModel | None
     """The calibrated model the slowdown guard compares with; None where the guard does not run."""
     settling: bool = False
-    model: CalibratedModel | None = None
-    """The calibrated model the decision was made on (None without learning): a rest decides on it
-    solved for the newest statistics, as the full tick would."""
     """The setting in force had not yet held a rate window (`learning.settled`): the rest ends at
     the first tick that finds it settled, which is then decided in full."""
 
