@@ -23,6 +23,7 @@ from specops.ports import KubeApiError
 from specops.services import tick as tick_module
 from specops.services.control import ControlLoop
 from specops_local.cluster import EmulatedCluster
+from specops_local.model_control import AcceptingModelControl
 from tests.component import test_tick_requests as tick_requests
 from tests.component.test_tick_requests import (
     NAME,
@@ -233,6 +234,35 @@ async def test_a_pod_that_leaves_or_a_spec_that_changes_is_decided_at_once(
     # Then each is decided at the next tick
     assert _decided(after_pod) == [True]
     assert _decided(after_change) == [True]
+
+
+async def test_a_pod_whose_serving_container_restarted_is_decided_and_set_again_at_once(
+    cluster: EmulatedCluster, operator_env: None, large_fleet: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a settled resource at rest, whose pods' settings the model control records
+    services, _, _, ticker = await _settled(cluster)
+    applied: list[tuple[tuple[str, str], ...]] = []
+    apply_to_all = AcceptingModelControl.apply_to_all
+
+    async def recording(self: AcceptingModelControl, endpoints: Any, **kwargs: Any) -> Any:
+        applied.append(tuple((e.name, e.incarnation) for e in endpoints))
+        return await apply_to_all(self, endpoints, **kwargs)
+
+    monkeypatch.setattr(AcceptingModelControl, "apply_to_all", recording)
+    try:
+        # When its first pod's serving container restarts between two ticks (same pod, same name:
+        # it read its model configuration from the repository again)
+        first = ticker.serving[0]
+        restarted = replace(first, incarnation=f"{first.incarnation.split('/')[0]}/1")
+        assert restarted.incarnation != first.incarnation
+        ticker.serving = [restarted, *ticker.serving[1:]]
+        after_restart = await ticker.ticks(1)
+    finally:
+        await services.close()
+
+    # Then the next tick is decided in full and sets the restarted container again
+    assert _decided(after_restart) == [True]
+    assert applied and (restarted.name, restarted.incarnation) in applied[-1], applied
 
 
 async def test_a_small_fleet_never_rests(

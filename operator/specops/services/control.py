@@ -208,10 +208,8 @@ class ControlLoop:
         if remembered is None or remembered.rest is None:
             return False
         rest = remembered.rest
-        if remembered.uid != str(resource.metadata.get("uid", "")) or rest.pods != tuple(
-            e.name for e in endpoints
-        ):
-            return False
+        if remembered.uid != str(resource.metadata.get("uid", "")) or rest.pods != _serving(endpoints):
+            return False  # another pod, or a restarted container (which reads its settings afresh)
         measurement = self._measure(resource, rest.draft_length, now)
         if not measurement.ok:
             return False
@@ -535,7 +533,7 @@ class ControlLoop:
         rest = (
             _Rest(
                 observation,
-                tuple(names),
+                _serving(endpoints),
                 tokens_shown,
                 config,
                 decision.reason,
@@ -624,7 +622,8 @@ class _Rest:
     """A steady decision's inputs: while they hold, the decision need not be made again."""
 
     observation: Observation
-    pods: tuple[str, ...]
+    pods: tuple[tuple[str, str], ...]
+    """Each serving pod's name and incarnation (`_serving`)."""
     draft_length: int
     config: PolicyConfig
     """The policy's configuration with the model the decision was made on."""
@@ -808,6 +807,14 @@ def _merge(results: Sequence[FleetResult]) -> FleetResult:
         errors={pod: message for r in results for pod, message in r.errors.items()},
         results=tuple(x for r in results for x in r.results),
     )
+
+
+def _serving(endpoints: Sequence[PodEndpoint]) -> tuple[tuple[str, str], ...]:
+    """The pods a decision was made for, each with its incarnation (`PodEndpoint.incarnation`): a
+    serving container that restarted loads its model configuration from the repository again, and
+    only a full tick sets it back to the decided length. Its readiness flaps while it restarts,
+    but a restart within one interval can fall between two ticks: the incarnation still tells."""
+    return tuple((e.name, e.incarnation) for e in endpoints)
 
 
 def _key(resource: SpeculativeDeployment) -> tuple[str, str]:

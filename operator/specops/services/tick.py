@@ -62,8 +62,9 @@ active resources / SETTLED_DECISIONS_PER_S): every interval up to 224 resources 
 every ninth (135 s) at 2,000. A tick at rest costs one policy decision on the model solved for
 the newest statistics, and the learning of its sample (a fraction of a tick), instead of probes,
 the status diff and the metrics; anything that would decide differently decides at once. What
-rest delays, by at most the rest: a probe, status refreshes and per-resource gauges, the route
-check of a resource with no canary, and the setting of a pod whose server restarted.
+rest delays, by at most the rest: a probe, status refreshes and per-resource gauges, and the route
+check of a resource with no canary (a pod whose serving container restarted ends the rest at once:
+ControlLoop.rest compares each pod's incarnation).
 
 Measured in the policy worlds (`specops bench policy-worlds --rest-limit N`, N the rests in a
 row this allows at 2,000): while a rest decided on the model of the last full tick, 15 (N = 8)
