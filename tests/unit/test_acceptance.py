@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from specops.domain.acceptance import (
     acceptance_rate_from_alpha,
@@ -62,3 +64,29 @@ def test_a_draft_length_of_zero_has_no_acceptance(call: object) -> None:
     assert callable(call)
     with pytest.raises(ValueError):
         call()
+
+
+def _plain_bisection(rate: float, length: float) -> float:
+    """The inversion as first written: 60 halvings of [0, 1] through the forward conversion."""
+    if rate <= 0.0:
+        return 0.0
+    if rate >= 1.0:
+        return 1.0
+    lo, hi = 0.0, 1.0
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        if acceptance_rate_from_alpha(mid, length) < rate:
+            lo = mid
+        else:
+            hi = mid
+    return (lo + hi) / 2
+
+
+@given(
+    rate=st.floats(min_value=-0.1, max_value=1.1, allow_nan=False),
+    length=st.floats(min_value=0.05, max_value=16.0, allow_nan=False),
+)
+def test_the_fast_inversion_of_an_acceptance_rate_is_the_plain_bisection_to_the_last_bit(
+    rate: float, length: float
+) -> None:
+    assert alpha_from_acceptance_rate(rate, length) == _plain_bisection(rate, length)

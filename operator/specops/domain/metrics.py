@@ -18,6 +18,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any, Literal
 
+from specops.domain import records
 from specops.domain.acceptance import alpha_from_acceptance_rate
 
 DRAFT_LABEL = "specops_draft"
@@ -322,23 +323,31 @@ def _finite(raw: Any) -> float | None:
     return value if math.isfinite(value) else None
 
 
-def _by_key(vector: RawVector) -> dict[DraftKey, float | None]:
-    """Index a vector by its group labels; NaN/Inf (e.g. a quantile with no observations) become None."""
-    indexed: dict[DraftKey, float | None] = {}
-    for sample in vector:
-        labels = sample.get("metric") or {}
-        deployment = labels.get("specops_deployment")
-        if not deployment:
-            continue
-        key = (
-            str(labels.get("namespace", "")),
-            str(deployment),
-            str(labels.get("variant", "")),
-            str(labels.get(DRAFT_LABEL, "")),
-        )
-        value = sample.get("value")
-        indexed[key] = _finite(value[1]) if isinstance(value, list | tuple) and len(value) == 2 else None
-    return indexed
+def _grouped(results: Mapping[str, RawVector]) -> dict[Key, dict[str, dict[str, float | None]]]:
+    """Every vector's values by resource key, then draft identity, then quantity (the group labels
+    of each sample); NaN/Inf (e.g. a quantile with no observations) become None.
+
+    One pass over every sample of the cycle (about 26,000 at 2,000 resources): indexing each
+    vector first and regrouping after walked them twice."""
+    values: dict[Key, dict[str, dict[str, float | None]]] = {}
+    for quantity, vector in results.items():
+        for sample in vector:
+            labels = sample.get("metric") or {}
+            deployment = labels.get("specops_deployment")
+            if not deployment:
+                continue
+            key = (str(labels.get("namespace", "")), str(deployment), str(labels.get("variant", "")))
+            draft = str(labels.get(DRAFT_LABEL, ""))
+            value = sample.get("value")
+            number = _finite(value[1]) if isinstance(value, list | tuple) and len(value) == 2 else None
+            drafts = values.get(key)
+            if drafts is None:
+                drafts = values[key] = {}
+            found = drafts.get(draft)
+            if found is None:
+                found = drafts[draft] = {}
+            found[quantity] = number
+    return values
 
 
 def _acceptance(
@@ -460,11 +469,7 @@ def build_snapshot(
     """
     pods = _per_pod(results)
     results = {q: vector for q, vector in results.items() if q not in POD_QUANTITIES}
-    indexed = {quantity: _by_key(vector) for quantity, vector in results.items()}
-    values: dict[Key, dict[str, dict[str, float | None]]] = {}
-    for quantity, per_key in indexed.items():
-        for (namespace, deployment, variant, draft), value in per_key.items():
-            values.setdefault((namespace, deployment, variant), {}).setdefault(draft, {})[quantity] = value
+    values = _grouped(results)
     by_draft = {
         key: {
             draft: measurement_from_values(profile, found, at, latency_error)
@@ -480,6 +485,6 @@ def build_snapshot(
         elif drafts:
             whole = measurement_from_values(profile, merge_drafts(list(drafts.values())), at, latency_error)
         else:  # only the per-pod series mention it
-            whole = measurement_from_values(profile, dict.fromkeys(indexed), at, latency_error)
-        measurements[key] = replace(whole, per_pod=pods.get(key, {}))
+            whole = measurement_from_values(profile, dict.fromkeys(results), at, latency_error)
+        measurements[key] = records.replace(whole, per_pod=pods.get(key, {}))
     return Snapshot(at=at, phase="Ok", measurements=measurements, by_draft=by_draft)
