@@ -7,6 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from specops.domain.acceptance import (
+    _invert,
     acceptance_rate_from_alpha,
     alpha_from_acceptance_rate,
     alpha_from_mean_accepted_length,
@@ -66,22 +67,6 @@ def test_a_draft_length_of_zero_has_no_acceptance(call: object) -> None:
         call()
 
 
-def _plain_bisection(rate: float, length: float) -> float:
-    """The inversion as first written: 60 halvings of [0, 1] through the forward conversion."""
-    if rate <= 0.0:
-        return 0.0
-    if rate >= 1.0:
-        return 1.0
-    lo, hi = 0.0, 1.0
-    for _ in range(60):
-        mid = (lo + hi) / 2
-        if acceptance_rate_from_alpha(mid, length) < rate:
-            lo = mid
-        else:
-            hi = mid
-    return (lo + hi) / 2
-
-
 @given(
     rate=st.floats(min_value=-0.1, max_value=1.1, allow_nan=False),
     length=st.floats(min_value=0.05, max_value=16.0, allow_nan=False),
@@ -89,4 +74,6 @@ def _plain_bisection(rate: float, length: float) -> float:
 def test_the_fast_inversion_of_an_acceptance_rate_is_the_plain_bisection_to_the_last_bit(
     rate: float, length: float
 ) -> None:
-    assert alpha_from_acceptance_rate(rate, length) == _plain_bisection(rate, length)
+    # the generic bisection (which the mean accepted length still uses) through the forward conversion
+    plain = _invert(lambda alpha: acceptance_rate_from_alpha(alpha, length), rate, 0.0, 1.0)
+    assert alpha_from_acceptance_rate(rate, length) == plain
