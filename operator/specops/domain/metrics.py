@@ -56,8 +56,6 @@ REASON_PENDING = "MetricsPending"  # the first poll after start-up has not compl
 
 Key = tuple[str, str, str]
 """(namespace, deployment, variant)."""
-DraftKey = tuple[str, str, str, str]
-"""(namespace, deployment, variant, draft identity); the draft is "" for series without the label."""
 
 # Quantities that add up across the pods of two drafts, and those that are per-pod averages.
 _ADDITIVE = (Q_DRAFTED, Q_ACCEPTED, Q_DRAFT_STEPS, Q_REQUESTS, Q_TOKENS, Q_PODS)
@@ -324,8 +322,9 @@ def _finite(raw: Any) -> float | None:
 
 
 def _grouped(results: Mapping[str, RawVector]) -> dict[Key, dict[str, dict[str, float | None]]]:
-    """Every vector's values by resource key, then draft identity, then quantity (the group labels
-    of each sample); NaN/Inf (e.g. a quantile with no observations) become None.
+    """Every vector's values by resource key, then draft identity ("" for series without the
+    label), then quantity, from each sample's group labels; NaN/Inf (e.g. a quantile with no
+    observations) become None.
 
     One pass over every sample of the cycle (about 26,000 at 2,000 resources): indexing each
     vector first and regrouping after walked them twice."""
