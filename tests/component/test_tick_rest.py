@@ -369,3 +369,65 @@ async def test_a_setting_that_has_not_settled_rests_and_its_first_settled_tick_d
         rested for now, rested, since, _ in seen if since and now == since + timedelta(seconds=settle_s)
     ]
     assert len(firsts) >= 2 and not any(firsts), seen
+
+
+async def test_a_look_from_the_rest_pass_rests_as_a_tick_would_and_hands_what_moved_to_one_full_tick(
+    cluster: EmulatedCluster, operator_env: None, large_fleet: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a settled resource at rest, looked at by the daemons' rest pass instead of a tick
+    services, counts, metrics, ticker = await _settled(cluster)
+    looks: list[datetime] = []
+    control_rest = ControlLoop.rest
+
+    def counting(self: ControlLoop, resource: Any, endpoints: Any, now: datetime) -> Any:
+        looks.append(now)
+        return control_rest(self, resource, endpoints, now)
+
+    monkeypatch.setattr(ControlLoop, "rest", counting)
+
+    def look() -> Any:
+        ticker.now += timedelta(seconds=1)
+        return services.rest(NAMESPACE, NAME, lambda: ticker.now, ticker.watched, ticker.serving)
+
+    try:
+        counts.clear()
+        # When a look finds the measurement as it was, and the next one finds it past break-even
+        steady = look()
+        metrics.batch = 400.0
+        moved = look()
+        requests_while_looking = dict(counts)
+        # and the daemon, woken by that look, ticks
+        after = await ticker.ticks(1)
+    finally:
+        await services.close()
+
+    # Then the first look rests (on the measurement it read, for the operator's gauges) and the
+    # second ends the rest, with no API request between them
+    assert steady is not None and steady.batch == 4.0 and moved is None
+    assert not requests_while_looking, requests_while_looking
+    # and the tick it wakes decides in full at once (speculation held off only by the dwell), without
+    # looking at the rest again: the look that ended it was the one
+    assert _decided(after) == [True]
+    assert after[0].status["speculation"]["reason"] == "HeldMinDwell"
+    assert len(looks) == 2, looks
+
+
+async def test_a_look_at_a_resource_being_deleted_ends_its_rest(
+    cluster: EmulatedCluster, operator_env: None, large_fleet: None
+) -> None:
+    # Given a settled resource at rest
+    services, _, _, ticker = await _settled(cluster)
+    try:
+        # When the rest pass looks at it once its deletion began
+        deleting = dict(ticker.watched)
+        deleting["metadata"] = {**deleting["metadata"], "deletionTimestamp": "2026-12-01T00:00:00Z"}
+        ticker.now += timedelta(seconds=1)
+        looked = services.rest(NAMESPACE, NAME, lambda: ticker.now, deleting, ticker.serving)
+        ticker.watched = deleting
+        after = await ticker.ticks(1)
+    finally:
+        await services.close()
+
+    # Then the look ends the rest, and the tick it wakes finds the resource gone: its daemon ends
+    assert looked is None
+    assert after[0].gone and not after[0].at_rest

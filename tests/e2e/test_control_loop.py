@@ -246,3 +246,37 @@ async def test_ticks_read_serving_pods_from_the_watch_and_a_new_pod_gets_the_set
 
     await eventually(three_pods, timeout_s=20, what="a third pod")
     await all_pods_at(serving, lambda n: n > 0, 20, "speculation on in the new pod too")
+
+
+async def test_a_resource_at_rest_is_looked_at_by_the_rest_pass_and_a_load_surge_still_switches_at_once(
+    cluster: Any,
+    kube: KubeClient,
+    operator: Operator,
+    serving: ServingController,
+    prometheus: PrometheusProcess,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Given a resource speculating at low load with the rest budget of a large fleet (20 rests in a
+    # row at 1 s intervals), so that its daemon hands it to the operator's shared rest pass
+    from specops.services import tick as tick_module
+
+    monkeypatch.setattr(tick_module, "SETTLED_DECISIONS_PER_S", 1 / 20)
+    await kube.create(fast_resource(prometheus))
+    await in_dynamic(kube)
+    await all_pods_at(serving, lambda n: n > 0, 20, "speculation on at low load")
+    assert operator.run is not None
+    rests = operator.run.memo.services.rests
+
+    async def looked_at() -> int | None:
+        return rests.looks if rests.looks >= 3 else None
+
+    await eventually(looked_at, timeout_s=30, interval_s=0.25, what="the rest pass looking at the resource")
+    ended_before = rests.ended
+
+    # When the load rises far past break-even
+    serving.set_load(HIGH)
+
+    # Then a look ends the rest and the woken daemon switches every pod off, as fast as a tick would
+    # have (the 20-rest budget would otherwise hold it for 20 s)
+    await all_pods_at(serving, lambda n: n == 0, 12, "speculation off at high load")
+    assert rests.ended > ended_before

@@ -20,9 +20,11 @@ class _Node:
 def collector_settings() -> Iterator[None]:
     """Put back the interpreter's callbacks and frozen set after the test."""
     callbacks = list(gc.callbacks)
+    thresholds = gc.get_threshold()
     try:
         yield
     finally:
+        gc.set_threshold(*thresholds)
         gc.unfreeze()
         gc.callbacks[:] = callbacks
         gc_tuning._configured = False
@@ -47,6 +49,8 @@ def test_start_up_objects_leave_the_collector_and_later_garbage_is_still_reclaim
     assert frozen > 0
     gc_tuning.configure()  # once per process
     assert gc.get_freeze_count() == frozen
+    # and full passes spaced out: one after every FULL_PASS_AFTER_MIDDLE middle passes, not 10
+    assert gc.get_threshold()[2] == gc_tuning.FULL_PASS_AFTER_MIDDLE > 10
 
     # When it is dropped, and so is a cycle made later (a deleted resource's structures)
     later = _Node()

@@ -279,3 +279,28 @@ def test_ticks_are_counted_by_whether_they_decided_or_rested(metrics: OperatorMe
     sample = metrics.registry.get_sample_value
     assert sample("specops_control_ticks_total", {"outcome": "decided"}) == 1.0
     assert sample("specops_control_ticks_total", {"outcome": "rested"}) == 2.0
+
+
+def test_a_rest_moves_the_measured_gauges_the_slo_alerts_read_and_only_of_resources_shown(
+    metrics: OperatorMetrics,
+) -> None:
+    # Given a resource whose status was shown, and whose rests then measure a p99 past its SLO
+    metrics.observe_status("ml", "chat", STATUS, SPEC)
+    measured = {"alpha": 0.41, "acceptance_rate": 0.5, "batch": 12.0, "request_rate": 3.0, "tpot_p99_s": 0.09}
+    metrics.observe_measurement("ml", "chat", **measured)
+    # and a rest's measurement arriving for a resource already forgotten (its daemon stopped)
+    metrics.observe_measurement("ml", "gone", **measured)
+
+    # Then the alerts' inputs carry the rest's figures at once, not the last written status's
+    assert value(metrics, "specops_acceptance_alpha") == 0.41
+    assert value(metrics, "specops_per_token_latency_p99_seconds") == 0.09
+    assert value(metrics, "specops_running_requests_per_pod") == 12.0
+    assert value(metrics, "specops_slo_per_token_latency_p99_seconds") == 0.045  # the SLO it is held to
+    # and a figure the rest lacks is removed rather than left stale
+    metrics.observe_measurement("ml", "chat", **{**measured, "tpot_p99_s": None})
+    assert value(metrics, "specops_per_token_latency_p99_seconds") is None
+    # and a resource never shown gets no series
+    assert (
+        metrics.registry.get_sample_value("specops_acceptance_alpha", {"namespace": "ml", "name": "gone"})
+        is None
+    )

@@ -396,6 +396,30 @@ class OperatorMetrics:
             seen["speculation"] = {field: speculation.get(field) for field in _REMEMBERED}
             seen["lastCanary"] = status.get("lastCanary") or None
 
+    def observe_measurement(
+        self,
+        namespace: str,
+        name: str,
+        *,
+        alpha: float | None,
+        acceptance_rate: float | None,
+        batch: float | None,
+        request_rate: float | None,
+        tpot_p99_s: float | None,
+    ) -> None:
+        """Set the measured gauges of a resource at rest, whose status is not written every interval:
+        the SLO alerts compare them (acceptance, p99 token latency) and must not wait for the next
+        full tick. Only a resource whose status was observed once is set (a forgotten one stays so)."""
+        key = (namespace, name)
+        with self._lock:
+            if key not in self._seen:
+                return
+            self._set(self.alpha, key, alpha)
+            self._set(self.acceptance_rate, key, acceptance_rate)
+            self._set(self.batch, key, batch)
+            self._set(self.request_rate, key, request_rate)
+            self._set(self.tpot_p99, key, tpot_p99_s)
+
     def observe_decision(self, namespace: str, name: str, action: str, reason: str) -> None:
         """Count one control-loop decision."""
         with self._lock:
@@ -573,6 +597,7 @@ METRICS = OperatorMetrics(REGISTRY)
 """The operator's metrics, in the process-wide registry (so process_* metrics are served too)."""
 
 observe_status = METRICS.observe_status
+observe_measurement = METRICS.observe_measurement
 observe_decision = METRICS.observe_decision
 forget = METRICS.forget
 time_reconcile = METRICS.time_reconcile

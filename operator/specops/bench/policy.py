@@ -436,7 +436,7 @@ async def _replay(
     for i in range(1, len(trace)):
         now = EPOCH + timedelta(seconds=trace[i].t_seconds)
         pods.measurement = measured(i - 1, policy_lengths[-1], now)  # one scrape late
-        if rested < rest_limit and loop.rest(resource, endpoints, now):
+        if rested < rest_limit and loop.rest(resource, endpoints, now) is not None:
             rested += 1  # at rest, as a fleet's tick is (services.tick.SETTLED_DECISIONS_PER_S)
             reason = ""
             rests.append(True)

@@ -22,9 +22,11 @@ import kopf
 from specops.adapters import operator_metrics
 from specops.api.models import GROUP, PLURAL, VERSION
 from specops.domain.discovery import PodEndpoint, ready_endpoint
+from specops.domain.metrics import Measurement
 from specops.domain.names import COMPONENT_SERVING, LABEL_COMPONENT, LABEL_DEPLOYMENT, label_value
 from specops.handlers.lifecycle import live_bodies, now, post_events
 from specops.services.container import Services
+from specops.services.rest_pass import Look
 from specops.services.tick import interval_of
 
 TICK_JITTER = 0.05
@@ -142,8 +144,9 @@ async def tick_once(
     name: str,
     body: kopf.Body,
     pods: kopf.Index[tuple[str, str], PodEndpoint] | None,
-) -> tuple[float, bool]:
-    """One tick, its Events and metrics; (when to come back, whether the resource is gone).
+) -> tuple[float, bool, bool]:
+    """One tick, its Events and metrics; (when to come back, whether the resource is gone, whether
+    the tick left it at rest).
 
     Its own function so that nothing the tick made (the status it computed, about 10 KiB) stays
     referenced from the daemon's frame while it sleeps: at 2,000 resources that was 20 MiB."""
@@ -152,17 +155,74 @@ async def tick_once(
         # Kopf's live body and pod index: no GET, no LIST
         outcome = await services.tick(namespace, name, now, body, serving)
     operator_metrics.count_tick(outcome.rested)
+    if outcome.measured is not None:
+        show_measured(namespace, name, outcome.measured)
     if outcome.events:
         post_events(outcome.body or body, outcome.events)
     if outcome.body is not None and not outcome.rested:  # at rest: the metrics shown still hold
         shown = outcome.status if outcome.status is not None else outcome.body.get("status")
         operator_metrics.observe_status(namespace, name, shown or {}, outcome.body.get("spec"))
-    return outcome.interval_s, outcome.gone
+    return outcome.interval_s, outcome.gone, outcome.at_rest
+
+
+def show_measured(namespace: str, name: str, measured: Measurement) -> None:
+    """A rest's measurement on the operator's gauges: the alerts on acceptance and p99 latency read
+    them, and a resource at rest writes its status only every few minutes."""
+    operator_metrics.observe_measurement(
+        namespace,
+        name,
+        alpha=measured.alpha,
+        acceptance_rate=measured.acceptance_rate,
+        batch=measured.batch,
+        request_rate=measured.request_rate,
+        tpot_p99_s=measured.tpot_p99_s,
+    )
+
+
+def rest_look(
+    services: Services,
+    dog: TickWatchdog,
+    namespace: str,
+    name: str,
+    body: kopf.Body,
+    pods: kopf.Index[tuple[str, str], PodEndpoint] | None,
+    interval_s: float,
+) -> Look:
+    """The rest pass's look at one resource (services/rest_pass.py): what a tick that rests does,
+    without waking the daemon. The wait until the next look while it rests, None when it must
+    tick in full now."""
+    key, label = (namespace, name), (namespace, label_value(name))
+    loop = asyncio.get_running_loop()
+
+    def look() -> float | None:
+        serving = None if pods is None else list(pods.get(label, ()))
+        measured = services.rest(namespace, name, now, body, serving)
+        if measured is None:
+            return None
+        operator_metrics.count_tick(True)
+        show_measured(namespace, name, measured)
+        wait_s = on_grid(loop.time(), jittered(interval_s), interval_s)
+        dog.expect(key, wait_s, interval_s)
+        return wait_s
+
+    return look
+
+
+async def rest_unless_stopped(stopped: kopf.DaemonStopped, woken: asyncio.Future[None]) -> bool:
+    """Wait while the rest pass looks at the resource, until a look ends the rest; False when Kopf
+    stopped the daemon meanwhile (quietly, as in ``pause``)."""
+    try:
+        await woken
+    except asyncio.CancelledError:
+        if stopped:
+            return False
+        raise
+    return True
 
 
 async def tick_unless_stopped(
-    stopped: kopf.DaemonStopped, tick: Awaitable[tuple[float, bool]]
-) -> tuple[float, bool] | None:
+    stopped: kopf.DaemonStopped, tick: Awaitable[tuple[float, bool, bool]]
+) -> tuple[float, bool, bool] | None:
     """``tick``'s result, or None when Kopf stopped the daemon while it ran (a shutdown, a deletion):
     as in ``pause``, the stop's cancellation ends the daemon quietly instead of a Warning Event
     "is cancelled" on the resource at every rolling upgrade of the operator. What the tick had not
@@ -189,6 +249,7 @@ async def speculation_control(
     dog, key = watchdog(memo), (namespace, name)
     pods: kopf.Index[tuple[str, str], PodEndpoint] | None = kwargs.get("serving_pods")  # the index above
     live_bodies(memo)[key] = body
+    woken: asyncio.Future[None] | None = None
     try:
         interval_s = interval_of(dict(body), services.config.default_interval_s)
         loop = asyncio.get_running_loop()
@@ -200,14 +261,21 @@ async def speculation_control(
             ticked = await tick_unless_stopped(stopped, tick_once(services, namespace, name, body, pods))
             if ticked is None:
                 return
-            interval_s, gone = ticked
+            interval_s, gone, at_rest = ticked
             if gone:
                 return
             wait_s = on_grid(loop.time(), jittered(interval_s), interval_s)
             dog.expect(key, wait_s, interval_s)
-            if not await pause(stopped, wait_s):
+            if at_rest:  # the rest pass looks at it until the rest ends: then it ticks in full
+                look = rest_look(services, dog, namespace, name, body, pods, interval_s)
+                woken = services.rests.hold(key, look, wait_s)
+                if not await rest_unless_stopped(stopped, woken):
+                    return
+            elif not await pause(stopped, wait_s):
                 return
     finally:
+        if woken is not None:
+            services.rests.release(key, woken)
         if live_bodies(memo).get(key) is body:
             del live_bodies(memo)[key]
         dog.forget(key)

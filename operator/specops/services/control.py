@@ -178,14 +178,17 @@ class ControlLoop:
         self._configs[(namespace, name)] = _Configs(spec, (draft_stale, draft_unchecked), policy, learn)
         return policy, learn
 
-    def rest(self, resource: SpeculativeDeployment, endpoints: Sequence[PodEndpoint], now: datetime) -> bool:
+    def rest(
+        self, resource: SpeculativeDeployment, endpoints: Sequence[PodEndpoint], now: datetime
+    ) -> Measurement | None:
         """Rest instead of a tick when the last decision still holds: it was steady (see ``tick``), the
         same pods serve, the policy decides the same on the measurement now (same length and reason,
         still steady), and the slowdown guard counts no slow reading; where speculation runs and the
         guard is blind (no plain speed measured near the batch, or no guard), the token latency
         reads no slower (``policy.slower``); and a latency reading that appeared or vanished is
         looked at in full. A rest begun while the setting had not yet settled (``_Rest.settling``)
-        ends at the first tick that finds it settled. False, and nothing changed, otherwise.
+        ends at the first tick that finds it settled. The measurement it rested on (for the
+        operator's gauges); None, and nothing changed, otherwise.
 
         Elsewhere a slower reading changes nothing a full tick would do: the guard judged it, or
         could not pair it with its load (the tick's guard could not either), or speculation is off.
@@ -206,23 +209,23 @@ class ControlLoop:
         key = _key(resource)
         remembered = self._memory.get(key)
         if remembered is None or remembered.rest is None:
-            return False
+            return None
         rest = remembered.rest
         if remembered.uid != str(resource.metadata.get("uid", "")) or rest.pods != _serving(endpoints):
-            return False  # another pod, or a restarted container (which reads its settings afresh)
+            return None  # another pod, or a restarted container (which reads its settings afresh)
         measurement = self._measure(resource, rest.draft_length, now)
         if not measurement.ok:
-            return False
+            return None
         observation = cs.observation_from(measurement)
         if (rest.observation.tpot_p50_s is None) != (observation.tpot_p50_s is None):
-            return False  # a latency reading appeared or vanished: looked at in full
+            return None  # a latency reading appeared or vanished: looked at in full
         # learning goes on, as in a full tick: the sample and the batch the load test pairs it
         # with, the model on the newest statistics (solved again when they hold news), the guard
         learn = rest.learn
         seen = _seen(measurement, observation)
         knowledge = learning.track_load(remembered.knowledge, seen.batch, learn, now)
         if rest.settling and learning.settled(knowledge, learn, now):
-            return False  # the new setting now measures itself: the first settled look is in full
+            return None  # the new setting now measures itself: the first settled look is in full
         knowledge = learning.observe(knowledge, seen, rest.config.setup, learn, now)
         config, fitted, fit = rest.config, rest.fitted, remembered.fit
         if learn.enabled and knowledge.calibration is not remembered.knowledge.calibration:
@@ -237,19 +240,19 @@ class ControlLoop:
         if not (
             steady(again) and again.num_draft_tokens == rest.draft_length and again.reason == rest.reason
         ):
-            return False
+            return None
         blind = fitted is None and rest.draft_length > 0  # speculating with no guard at all
         if fitted is not None:
             verdict = learning.guard(knowledge, fitted, seen, again.num_draft_tokens, learn, now)
             if verdict.fired or verdict.state.slowdown_streak:
-                return False  # a slowdown to count: the tick does, from the state before this look
+                return None  # a slowdown to count: the tick does, from the state before this look
             knowledge, blind = verdict.state, verdict.blind
         if blind and slower(rest.observation, observation):
-            return False  # a slowdown the guard cannot see: the model is solved again on it in full
+            return None  # a slowdown the guard cannot see: the model is solved again on it in full
         if config is not rest.config:
             rest = replace(rest, config=config, fitted=fitted)
         self._memory[key] = replace(remembered, state=again.state, knowledge=knowledge, fit=fit, rest=rest)
-        return True
+        return measurement
 
     def _measure(self, resource: SpeculativeDeployment, draft_length: int, now: datetime) -> Measurement:
         """The stable variant's latest measurement, from the metrics hub's memory."""

@@ -33,6 +33,7 @@ from specops.api.units import parse_duration
 from specops.domain import drafts, lifecycle, phases
 from specops.domain.discovery import PodEndpoint, ready_endpoints, sorted_endpoints
 from specops.domain.lifecycle import EventRecord
+from specops.domain.metrics import Measurement
 from specops.domain.names import shared_selector_labels
 from specops.domain.status_patch import merge_patch, only_volatile
 from specops.ports import KubeApiError, KubePort
@@ -122,13 +123,19 @@ class TickOutcome:
     status_stored: bool = False
     """What the tick computed is in the resource's status (written, or nothing to write but
     measurements not yet due): a status write that failed never leaves a resource at rest."""
+    at_rest: bool = False
+    """The tick left the resource at rest: its next looks may be rests (``ResourceTick.rest``)."""
+    measured: Measurement | None = None
+    """What a tick at rest measured (the operator's measurement gauges follow it)."""
 
 
 @dataclass
 class _AtRest:
-    """A resource whose last tick left it at rest: the resourceVersion it ended on, ticks rested since."""
+    """A resource whose last tick left it at rest: the resourceVersion it ended on, its interval
+    then (the spec's, which moves only with the resourceVersion), ticks rested since."""
 
     version: Any
+    interval_s: float
     rested: int = 0
 
 
@@ -269,30 +276,58 @@ class ResourceTick:
         self._resources.pop((namespace, name), None)
         self._at_rest.pop((namespace, name), None)
 
+    def rest(
+        self,
+        namespace: str,
+        name: str,
+        watched: Mapping[str, Any],
+        serving: Sequence[PodEndpoint] | None,
+        now: datetime,
+    ) -> Measurement | None:
+        """A tick at rest on its own (the daemons' shared rest pass, services/rest_pass.py): the
+        measurement the resource rested on (counted as a rested tick, as in ``run``); None when it
+        must be decided in full now, by a tick through ``run``.
+
+        The checks of a tick's start without its cost: ``watched`` (Kopf's live body) is not
+        copied, its interval not parsed again (the one the rest began with: the spec moves only
+        with the resourceVersion, which ends the rest), nothing is read or written."""
+        key = (namespace, name)
+        at_rest = self._at_rest.get(key)
+        if at_rest is None:
+            return None
+        metadata = watched.get("metadata") or {}
+        if not metadata.get("deletionTimestamp"):
+            body = self._caught_up(namespace, name, watched)
+            measured = self._rests(key, body, serving, at_rest.interval_s, now)
+            if measured is not None:
+                return measured
+        del self._at_rest[key]  # the tick that follows decides in full, without looking again
+        return None
+
     def _rests(
         self,
         key: tuple[str, str],
-        body: dict[str, Any],
+        body: Mapping[str, Any],
         serving: Sequence[PodEndpoint] | None,
         interval_s: float,
         now: datetime,
-    ) -> bool:
-        """Whether this tick may rest (see SETTLED_DECISIONS_PER_S): the last tick left the resource at
-        rest, nothing about it changed since (resourceVersion, serving pods, measurement), and it has
-        not rested as many ticks in a row as the fleet's size allows."""
+    ) -> Measurement | None:
+        """The measurement this tick rests on, if it may rest (see SETTLED_DECISIONS_PER_S): the last
+        tick left the resource at rest, nothing about it changed since (resourceVersion, serving
+        pods, measurement), and it has not rested as many ticks in a row as the fleet's size allows."""
         at_rest = self._at_rest.get(key)
         if at_rest is None or serving is None:
-            return False
+            return None
         if at_rest.rested + 1 > len(self._resources) / (SETTLED_DECISIONS_PER_S * interval_s):
-            return False
+            return None
         cached = self._resources.get(key)
         version = (body.get("metadata") or {}).get("resourceVersion")
         if cached is None or version != at_rest.version or cached.version != version:
-            return False
-        if not self.control.rest(cached.resource, sorted_endpoints(serving), now):
-            return False
-        at_rest.rested += 1
-        return True
+            return None
+        measured = self.control.rest(cached.resource, sorted_endpoints(serving), now)
+        if measured is not None:
+            at_rest.rested += 1
+        return measured
 
     def _validated(
         self, namespace: str, name: str, body: dict[str, Any]
@@ -343,7 +378,7 @@ class ResourceTick:
             superseded = (*superseded, *previous.superseded)[:SUPERSEDED_KEPT]
         self._resources[(namespace, name)] = _Validated(version, typed, status_wire, superseded=superseded)
 
-    def _caught_up(self, namespace: str, name: str, body: dict[str, Any]) -> dict[str, Any]:
+    def _caught_up(self, namespace: str, name: str, body: Mapping[str, Any]) -> Mapping[str, Any]:
         """``body``, or what the last tick wrote when the watch has not delivered that write yet.
 
         Under load the watch can lag a whole interval behind the API server: a tick starting from
@@ -390,11 +425,13 @@ class ResourceTick:
         if body is None or body["metadata"].get("deletionTimestamp"):
             outcome.gone = True
             return outcome
-        body = self._caught_up(namespace, name, body)
+        caught_up = self._caught_up(namespace, name, body)
+        body = caught_up if isinstance(caught_up, dict) else dict(caught_up)
         outcome.interval_s = interval_of(body, self.default_interval_s)
         outcome.body = body
-        if self._rests((namespace, name), body, serving, outcome.interval_s, now):
-            outcome.rested = True
+        outcome.measured = self._rests((namespace, name), body, serving, outcome.interval_s, now)
+        if outcome.measured is not None:
+            outcome.rested = outcome.at_rest = True
             return outcome
         self._at_rest.pop((namespace, name), None)
         try:
@@ -489,7 +526,8 @@ class ResourceTick:
         ):
             # nothing under way but the control loop's decision, whose own rest ControlLoop.rest tells
             ended_on = (outcome.body.get("metadata") or {}).get("resourceVersion")
-            self._at_rest[(namespace, name)] = _AtRest(ended_on)
+            self._at_rest[(namespace, name)] = _AtRest(ended_on, outcome.interval_s)
+        outcome.at_rest = (namespace, name) in self._at_rest
         return outcome
 
     async def _write(
