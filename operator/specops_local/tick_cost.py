@@ -301,14 +301,23 @@ def _refresh_budget_of(fleet: int, resources: int) -> Iterator[None]:
     """Measurement refreshes and settled decisions paced as in a fleet of `fleet` resources (the tick
     spaces them by active resources / REFRESH_WRITES_PER_S and / SETTLED_DECISIONS_PER_S): N
     resources then write and rest as N of that fleet do."""
-    kept = tick_module.REFRESH_WRITES_PER_S, tick_module.SETTLED_DECISIONS_PER_S
+    kept = (
+        tick_module.REFRESH_WRITES_PER_S,
+        tick_module.SETTLED_DECISIONS_PER_S,
+        tick_module.ROUTE_CHECKS_PER_S,
+    )
     share = resources / max(resources, fleet)
     tick_module.REFRESH_WRITES_PER_S = kept[0] * share
     tick_module.SETTLED_DECISIONS_PER_S = kept[1] * share
+    tick_module.ROUTE_CHECKS_PER_S = kept[2] * share
     try:
         yield
     finally:
-        tick_module.REFRESH_WRITES_PER_S, tick_module.SETTLED_DECISIONS_PER_S = kept
+        (
+            tick_module.REFRESH_WRITES_PER_S,
+            tick_module.SETTLED_DECISIONS_PER_S,
+            tick_module.ROUTE_CHECKS_PER_S,
+        ) = kept
 
 
 async def measure(

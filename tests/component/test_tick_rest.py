@@ -265,6 +265,35 @@ async def test_a_pod_whose_serving_container_restarted_is_decided_and_set_again_
     assert applied and (restarted.name, restarted.incarnation) in applied[-1], applied
 
 
+@pytest.mark.parametrize("routed", [False, True], ids=["replica-ratio", "gateway-api"])
+async def test_a_resource_whose_route_is_checked_at_every_full_tick_is_decided_in_full_at_the_route_checks_pace(
+    cluster: EmulatedCluster, operator_env: None, monkeypatch: pytest.MonkeyPatch, routed: bool
+) -> None:
+    # Given a settled resource in a fleet whose budget allows 7 rests in a row, and 3 to a resource
+    # routed through Gateway API (its full tick checks the user's route points at no canary Service)
+    monkeypatch.setattr(tick_module, "SETTLED_DECISIONS_PER_S", 1 / 7.5)
+    monkeypatch.setattr(tick_module, "ROUTE_CHECKS_PER_S", 1 / 3.5)
+    plain_resource = tick_requests._resource
+
+    def resource() -> dict[str, Any]:
+        body = plain_resource()
+        if routed:
+            body["spec"]["canary"] = {"trafficRouting": {"gatewayAPI": {"httpRoute": "chat"}}}
+        return body
+
+    monkeypatch.setattr(tick_requests, "_resource", resource)
+    services, _, _, ticker = await _settled(cluster)
+    try:
+        # When it ticks 16 more times on a measurement that does not move
+        decided = _decided(await ticker.ticks(16))
+    finally:
+        await services.close()
+
+    # Then it rests at most 3 ticks in a row when routed, 7 otherwise, between full decisions
+    longest = max(len(run) for run in "".join("d" if d else "r" for d in decided).split("d"))
+    assert longest == (3 if routed else 7), decided
+
+
 async def test_a_small_fleet_never_rests(
     cluster: EmulatedCluster, operator_env: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
