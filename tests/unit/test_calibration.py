@@ -8,10 +8,13 @@ import math
 import random
 from dataclasses import replace
 
+import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from specops import profiles
-from specops.domain import learning
+from specops.domain import calibration, learning
 from specops.domain.calibration import (
     REFIT_AFTER_SAMPLES,
     CalibratedModel,
@@ -454,3 +457,23 @@ def test_the_break_even_shown_is_the_one_at_alpha_to_two_decimals() -> None:
     model = CalibratedModel(PRIOR, sample_world(profiles.load_builtin("qwen3-32b-eagle3-2xh200"), 60, seed=6))
     for alpha in (0.6049, 0.6051, 0.7234, 0.8):
         assert learning.break_even(model, alpha, (1, 8)) == model.break_even_batch(round(alpha, 2), (1, 8))
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    size=st.integers(min_value=1, max_value=6),
+    seed=st.integers(min_value=0, max_value=2**32 - 1),
+    magnitude=st.floats(min_value=-6.0, max_value=6.0),
+)
+def test_the_posterior_solve_solves_the_system_it_is_given(size: int, seed: int, magnitude: float) -> None:
+    # Given a symmetric positive definite system as the posterior's (X'WX plus a prior's diagonal)
+    rng = np.random.default_rng(seed)
+    features = rng.normal(0.0, 10.0**magnitude, size=(size, size))
+    a = features.T @ features + np.eye(size)
+    b = rng.normal(0.0, 1e3, size=size)
+    # When the calibration's Cholesky solve takes it
+    solved = calibration._solve_spd(a.tolist(), b.tolist())
+    # Then it solves it as well as floating point allows (a backward-stable residual)
+    x = np.array(solved)
+    residual = float(np.abs(a @ x - b).max())
+    assert residual <= 1e-9 * (float(np.abs(a).max()) * float(np.abs(x).max()) + float(np.abs(b).max()))
