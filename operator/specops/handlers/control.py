@@ -4,8 +4,13 @@ Ticks are spread out: the first comes after a random share of the interval (so t
 resources found at start-up do not all tick at once, nor during their own first reconcile), and
 every wait is jittered by a few percent, so that ticks that happen to line up drift apart again.
 
-The liveness probe fails when a resource's tick is long overdue: an operator whose watches keep
-running while its ticks are stuck (a jammed client, a livelock) is restarted, not called healthy.
+While a resource is at rest its daemon does not wake each interval: it hands the resource to the
+operator's rest pass (services/rest_pass.py), one task that looks at every resting resource on its
+own schedule, and waits until a look ends the rest; then it ticks in full at once.
+
+The liveness probe fails when a resource's tick (or a look at its rest) is long overdue: an
+operator whose watches keep running while its ticks are stuck (a jammed client, a livelock, a
+stalled rest pass) is restarted, not called healthy.
 """
 
 from __future__ import annotations
