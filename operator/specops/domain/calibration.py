@@ -189,7 +189,7 @@ def update(
         for j in range(i, N_PARAMS):
             xtx[index] += w * x[i] * x[j]
             index += 1
-    xty = tuple(c + w * xi * y_scaled for c, xi in zip(state.xty, x, strict=True))
+    xty = tuple([c + w * xi * y_scaled for c, xi in zip(state.xty, x, strict=True)])
     bucket = bucket_of(sample.batch)
     on = list(state.on_counts)
     off = list(state.off_counts)
@@ -212,13 +212,15 @@ def decay(state: CalibrationState, now_s: float, config: CalibrationConfig | Non
     if state.updated_at_s is None or now_s <= state.updated_at_s:
         return replace(state, updated_at_s=now_s if state.updated_at_s is None else state.updated_at_s)
     factor = 0.5 ** ((now_s - state.updated_at_s) / config.half_life_s)
+    # list comprehensions, not generators: the same products, without a generator each (every
+    # sample decays the statistics first, at every rest of every resource)
     return CalibrationState(
-        xtx=tuple(v * factor for v in state.xtx),
-        xty=tuple(v * factor for v in state.xty),
+        xtx=tuple([v * factor for v in state.xtx]),
+        xty=tuple([v * factor for v in state.xty]),
         yty=state.yty * factor,
         weight=state.weight * factor,
-        on_counts=tuple(v * factor for v in state.on_counts),
-        off_counts=tuple(v * factor for v in state.off_counts),
+        on_counts=tuple([v * factor for v in state.on_counts]),
+        off_counts=tuple([v * factor for v in state.off_counts]),
         samples=state.samples,
         updated_at_s=now_s,
     )

@@ -137,7 +137,8 @@ def settled(state: LearningState, config: LearningConfig, now: datetime) -> bool
 def track_load(state: LearningState, batch: float, config: LearningConfig, now: datetime) -> LearningState:
     """Remember the batch of this decision among those of the last settle window."""
     now_s = now.timestamp()
-    kept = tuple(p for p in state.recent_batches if now_s - p[0] <= config.settle_s and p[0] < now_s)
+    settle_s = config.settle_s
+    kept = [p for p in state.recent_batches if now_s - p[0] <= settle_s and p[0] < now_s]
     return replace(state, recent_batches=(*kept, (now_s, batch)))
 
 
