@@ -267,11 +267,16 @@ async def test_a_resource_at_rest_is_looked_at_by_the_rest_pass_and_a_load_surge
     assert operator.run is not None
     rests = operator.run.memo.services.rests
 
-    async def looked_at() -> int | None:
-        return rests.looks if rests.looks >= 3 else None
+    async def held_and_looked_at() -> int | None:
+        return rests.looks if rests.looks >= 3 and rests.holding == 1 else None
 
-    await eventually(looked_at, timeout_s=30, interval_s=0.25, what="the rest pass looking at the resource")
-    ended_before = rests.ended
+    await eventually(
+        held_and_looked_at,
+        timeout_s=30,
+        interval_s=0.05,
+        what="the rest pass holding and looking at the resource",
+    )
+    ended_before = rests.ended  # the daemon waits on its hold: only a look can end it
 
     # When the load rises far past break-even
     serving.set_load(HIGH)
