@@ -259,6 +259,8 @@ class _Fleet:
             self.events += len(outcome.events)
             self.reasons.update(event.reason for event in outcome.events)
             self.rested += outcome.rested
+            if outcome.measured is not None:  # as handlers.control.tick_once
+                operator_metrics.observe_measurement(self.cluster.namespace, name, outcome.measured)
             if outcome.body is not None and not outcome.rested:  # as handlers.control.tick_once
                 if body is None or outcome.body.get("metadata", {}).get("resourceVersion") != body.get(
                     "metadata", {}

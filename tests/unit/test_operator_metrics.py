@@ -6,6 +6,8 @@ from __future__ import annotations
 import copy
 import json
 import socket
+from dataclasses import replace
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -17,12 +19,14 @@ from prometheus_client.parser import text_string_to_metric_families
 from specops.adapters import operator_metrics
 from specops.adapters.kube import ConnectionSettings, KubeApiError, KubeClient
 from specops.adapters.operator_metrics import OperatorMetrics, decision_action
+from specops.domain.metrics import Measurement
 
 STATUS: dict[str, Any] = json.loads(
     (Path(__file__).resolve().parents[1] / "data" / "status" / "canary-in-progress.json").read_text()
 )
 SPEC = {"slo": {"minAcceptance": 0.6, "perTokenLatencyP99": "45ms"}}
 CHAT = {"namespace": "ml", "name": "chat"}
+NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
 
 
 @pytest.fixture
@@ -286,10 +290,12 @@ def test_a_rest_moves_the_measured_gauges_the_slo_alerts_read_and_only_of_resour
 ) -> None:
     # Given a resource whose status was shown, and whose rests then measure a p99 past its SLO
     metrics.observe_status("ml", "chat", STATUS, SPEC)
-    measured = {"alpha": 0.41, "acceptance_rate": 0.5, "batch": 12.0, "request_rate": 3.0, "tpot_p99_s": 0.09}
-    metrics.observe_measurement("ml", "chat", **measured)
+    measured = Measurement(
+        phase="Ok", at=NOW, alpha=0.41, acceptance_rate=0.5, batch=12.0, request_rate=3.0, tpot_p99_s=0.09
+    )
+    metrics.observe_measurement("ml", "chat", measured)
     # and a rest's measurement arriving for a resource already forgotten (its daemon stopped)
-    metrics.observe_measurement("ml", "gone", **measured)
+    metrics.observe_measurement("ml", "gone", measured)
 
     # Then the alerts' inputs carry the rest's figures at once, not the last written status's
     assert value(metrics, "specops_acceptance_alpha") == 0.41
@@ -297,7 +303,7 @@ def test_a_rest_moves_the_measured_gauges_the_slo_alerts_read_and_only_of_resour
     assert value(metrics, "specops_running_requests_per_pod") == 12.0
     assert value(metrics, "specops_slo_per_token_latency_p99_seconds") == 0.045  # the SLO it is held to
     # and a figure the rest lacks is removed rather than left stale
-    metrics.observe_measurement("ml", "chat", **{**measured, "tpot_p99_s": None})
+    metrics.observe_measurement("ml", "chat", replace(measured, tpot_p99_s=None))
     assert value(metrics, "specops_per_token_latency_p99_seconds") is None
     # and a resource never shown gets no series
     assert (

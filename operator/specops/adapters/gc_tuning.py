@@ -68,8 +68,9 @@ class PauseClock:
 
 FULL_PASS_AFTER_MIDDLE = 100
 """CPython's third threshold: a full pass after this many middle-generation passes (its default,
-10, ran one every 15 s at 2,000 resources). Measured at 2,000: the collector from 12 % of the
-operator's CPU to 7-8 %, the peak about 8 MiB higher (cyclic garbage waiting longer)."""
+10, ran one every 15 s at 2,000 resources). Measured at 2,000 over 12-cycle windows: the
+collector from 12 % of the operator's CPU to 7-8 % in one round, from 15 % to 5-10 % in another
+(the same day each way), the peak 8-15 MiB higher (cyclic garbage waiting longer)."""
 
 _configured = False
 

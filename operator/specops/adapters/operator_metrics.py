@@ -35,6 +35,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 from specops.api.models import SpeculativeDeploymentStatus
 from specops.api.units import parse_duration
+from specops.domain.metrics import Measurement
 
 DEFAULT_PORT = 8081
 PHASES: tuple[str, ...] = tuple(
@@ -396,17 +397,7 @@ class OperatorMetrics:
             seen["speculation"] = {field: speculation.get(field) for field in _REMEMBERED}
             seen["lastCanary"] = status.get("lastCanary") or None
 
-    def observe_measurement(
-        self,
-        namespace: str,
-        name: str,
-        *,
-        alpha: float | None,
-        acceptance_rate: float | None,
-        batch: float | None,
-        request_rate: float | None,
-        tpot_p99_s: float | None,
-    ) -> None:
+    def observe_measurement(self, namespace: str, name: str, measured: Measurement) -> None:
         """Set the measured gauges of a resource at rest, whose status is not written every interval:
         the SLO alerts compare them (acceptance, p99 token latency) and must not wait for the next
         full tick. Only a resource whose status was observed once is set (a forgotten one stays so)."""
@@ -414,11 +405,11 @@ class OperatorMetrics:
         with self._lock:
             if key not in self._seen:
                 return
-            self._set(self.alpha, key, alpha)
-            self._set(self.acceptance_rate, key, acceptance_rate)
-            self._set(self.batch, key, batch)
-            self._set(self.request_rate, key, request_rate)
-            self._set(self.tpot_p99, key, tpot_p99_s)
+            self._set(self.alpha, key, measured.alpha)
+            self._set(self.acceptance_rate, key, measured.acceptance_rate)
+            self._set(self.batch, key, measured.batch)
+            self._set(self.request_rate, key, measured.request_rate)
+            self._set(self.tpot_p99, key, measured.tpot_p99_s)
 
     def observe_decision(self, namespace: str, name: str, action: str, reason: str) -> None:
         """Count one control-loop decision."""

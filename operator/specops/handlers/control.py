@@ -27,7 +27,6 @@ import kopf
 from specops.adapters import operator_metrics
 from specops.api.models import GROUP, PLURAL, VERSION
 from specops.domain.discovery import PodEndpoint, ready_endpoint
-from specops.domain.metrics import Measurement
 from specops.domain.names import COMPONENT_SERVING, LABEL_COMPONENT, LABEL_DEPLOYMENT, label_value
 from specops.handlers.lifecycle import live_bodies, now, post_events
 from specops.services.container import Services
@@ -161,27 +160,13 @@ async def tick_once(
         outcome = await services.tick(namespace, name, now, body, serving)
     operator_metrics.count_tick(outcome.rested)
     if outcome.measured is not None:
-        show_measured(namespace, name, outcome.measured)
+        operator_metrics.observe_measurement(namespace, name, outcome.measured)
     if outcome.events:
         post_events(outcome.body or body, outcome.events)
     if outcome.body is not None and not outcome.rested:  # at rest: the metrics shown still hold
         shown = outcome.status if outcome.status is not None else outcome.body.get("status")
         operator_metrics.observe_status(namespace, name, shown or {}, outcome.body.get("spec"))
     return outcome.interval_s, outcome.gone, outcome.at_rest
-
-
-def show_measured(namespace: str, name: str, measured: Measurement) -> None:
-    """A rest's measurement on the operator's gauges: the alerts on acceptance and p99 latency read
-    them, and a resource at rest writes its status only every few minutes."""
-    operator_metrics.observe_measurement(
-        namespace,
-        name,
-        alpha=measured.alpha,
-        acceptance_rate=measured.acceptance_rate,
-        batch=measured.batch,
-        request_rate=measured.request_rate,
-        tpot_p99_s=measured.tpot_p99_s,
-    )
 
 
 def rest_look(
@@ -205,7 +190,7 @@ def rest_look(
         if measured is None:
             return None
         operator_metrics.count_tick(True)
-        show_measured(namespace, name, measured)
+        operator_metrics.observe_measurement(namespace, name, measured)
         wait_s = on_grid(loop.time(), jittered(interval_s), interval_s)
         dog.expect(key, wait_s, interval_s)
         return wait_s

@@ -130,8 +130,6 @@ class TickOutcome:
     # The status as this tick computed it (wire form), written or not: a change of measurements
     # only is written once per refresh period, but the operator's metrics show it every tick.
     status: dict[str, Any] | None = None
-    rested: bool = False
-    """The tick found the resource at rest and decided nothing (SETTLED_DECISIONS_PER_S)."""
     status_stored: bool = False
     """What the tick computed is in the resource's status (written, or nothing to write but
     measurements not yet due): a status write that failed never leaves a resource at rest."""
@@ -139,6 +137,11 @@ class TickOutcome:
     """The tick left the resource at rest: its next looks may be rests (``ResourceTick.rest``)."""
     measured: Measurement | None = None
     """What a tick at rest measured (the operator's measurement gauges follow it)."""
+
+    @property
+    def rested(self) -> bool:
+        """The tick found the resource at rest and decided nothing (SETTLED_DECISIONS_PER_S)."""
+        return self.measured is not None
 
 
 @dataclass
@@ -445,7 +448,7 @@ class ResourceTick:
         outcome.body = body
         outcome.measured = self._rests((namespace, name), body, serving, outcome.interval_s, now)
         if outcome.measured is not None:
-            outcome.rested = outcome.at_rest = True
+            outcome.at_rest = True
             return outcome
         self._at_rest.pop((namespace, name), None)
         try:
