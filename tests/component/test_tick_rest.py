@@ -460,3 +460,39 @@ async def test_a_look_at_a_resource_being_deleted_ends_its_rest(
     # Then the look ends the rest, and the tick it wakes finds the resource gone: its daemon ends
     assert looked is None
     assert after[0].gone and not after[0].at_rest
+
+
+async def test_a_reading_that_casts_a_length_vote_rests_and_the_confirming_reading_steps_at_once(
+    cluster: EmulatedCluster, operator_env: None, large_fleet: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a settled resource at rest, speculating at draft length 5 at batch 4
+    services, _, metrics, ticker = await _settled(cluster)
+    loop = next(service for service in _walk(services) if isinstance(service, ControlLoop))
+    decisions: list[datetime] = []
+    control_tick = ControlLoop.tick
+
+    async def counting(self: ControlLoop, *args: Any, **kwargs: Any) -> Any:
+        decisions.append(args[3])
+        return await control_tick(self, *args, **kwargs)
+
+    monkeypatch.setattr(ControlLoop, "tick", counting)
+    try:
+        assert loop._memory[(NAMESPACE, NAME)].state.draft_length == 5
+        # When its batch reads 52, where the modelled best is a shorter length by more than the
+        # length margin but not by a clear gain: a step needs a second decision that wants it too
+        metrics.batch = 52.0
+        voted = await ticker.ticks(1)
+        vote = loop._memory[(NAMESPACE, NAME)].state.length_vote
+        decided_first = len(decisions)
+        # and the next reading wants the same
+        confirmed = await ticker.ticks(1)
+    finally:
+        await services.close()
+
+    # Then the first reading costs no full decision: the rest keeps the vote it cast
+    assert _decided(voted) == [False] and vote == -1 and decided_first == 0
+    # and the second steps the length at once, with its Event, though the budget allowed a rest
+    assert _decided(confirmed) == [True] and len(decisions) == 1
+    speculation = confirmed[0].status["speculation"]
+    assert (speculation["reason"], speculation["draftLength"]) == ("DraftLengthDecreased", 4)
+    assert [event.reason for event in confirmed[0].events] == ["DraftLengthDecreased"]

@@ -760,6 +760,41 @@ def test_only_decisions_that_wait_on_nothing_are_steady(decision: Decision, expe
 
 
 @pytest.mark.parametrize(
+    ("decision", "expected"),
+    [
+        (_decision("BestModelledSpeedup", vote=1), True),  # the next decision confirms or drops it
+        (_decision("BestModelledSpeedup", vote=-1), True),
+        (_decision("BestModelledSpeedup"), True),
+        (_decision("DraftLengthDecreased", changed=True, vote=-1), False),  # the confirmation: news
+        (_decision("SpeculationDisabledHighBatch", evidence=3.0), False),  # still on a clock
+        (_decision("HeldSwitchBudget", vote=1), False),
+    ],
+)
+def test_a_rest_may_keep_a_pending_length_vote_and_nothing_else_that_waits(
+    decision: Decision, expected: bool
+) -> None:
+    assert steady(decision, voting=True) is expected
+
+
+def test_a_pending_vote_decided_again_on_the_same_measurement_steps_or_stays_a_vote() -> None:
+    # Given every Dynamic state and measurement on a grid whose decision casts a length vote
+    votes = 0
+    for batch, alpha, length in itertools.product(
+        (1, 2, 4, 8, 16, 32, 64, 100, 128, 200), (0.5, 0.65, 0.8, 0.9), (1, 2, 4, 6, 8)
+    ):
+        observation = Observation(batch=float(batch), alpha=alpha)
+        first = decide(CONFIG, dynamic(enabled=True, length=length, alpha=alpha), observation, at(NOW))
+        if not (steady(first, voting=True) and first.state.length_vote):
+            continue
+        votes += 1
+        # When the same measurement is decided on again an interval later
+        again = decide(CONFIG, first.state, observation, at(NOW + 15.0))
+        # Then the vote is confirmed by a length change (news, which a rest hands to a full tick)
+        assert again.changed and not steady(again, voting=True), (batch, alpha, length, again.message)
+    assert votes > 5
+
+
+@pytest.mark.parametrize(
     ("decided_s", "now_s", "expected"),
     [
         (0.0100, 0.0109, False),  # within its noise

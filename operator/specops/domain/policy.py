@@ -202,15 +202,19 @@ REST_LATENCY_TOLERANCE = 0.10
 """A median token latency up to this much slower than at a steady decision is noise (see ``slower``)."""
 
 
-def steady(decision: Decision) -> bool:
+def steady(decision: Decision, *, voting: bool = False) -> bool:
     """Whether a Dynamic decision would come out the same for the same inputs at any later moment:
-    it changed nothing, is one of STEADY_REASONS, and holds no pending length vote or evidence."""
+    it changed nothing, is one of STEADY_REASONS, and holds no pending length vote or evidence.
+
+    `voting`: a pending length vote is allowed too. Such a decision is a rest's to keep: the next
+    decision either confirms the vote (a length change, which a look hands to a full tick) or
+    drops it, and until then a full tick writes and applies nothing a rest does not."""
     state = decision.state
     return (
         not decision.changed
         and state.phase == "Dynamic"
         and decision.reason in STEADY_REASONS
-        and state.length_vote == 0
+        and (voting or state.length_vote == 0)
         and state.enable_evidence == 0.0
     )
 

@@ -183,7 +183,7 @@ class ControlLoop:
     ) -> Measurement | None:
         """Rest instead of a tick when the last decision still holds: it was steady (see ``tick``), the
         same pods serve, the policy decides the same on the measurement now (same length and reason,
-        still steady), and the slowdown guard counts no slow reading; where speculation runs and the
+        still steady, a pending length vote allowed: its confirmation is a change, decided in full), and the slowdown guard counts no slow reading; where speculation runs and the
         guard is blind (no plain speed measured near the batch, or no guard), the token latency
         reads no slower (``policy.slower``); and a latency reading that appeared or vanished is
         looked at in full. A rest begun while the setting had not yet settled (``_Rest.settling``)
@@ -238,7 +238,9 @@ class ControlLoop:
             fit = model.fit
         again = decide(config, remembered.state, observation, now)
         if not (
-            steady(again) and again.num_draft_tokens == rest.draft_length and again.reason == rest.reason
+            steady(again, voting=True)
+            and again.num_draft_tokens == rest.draft_length
+            and again.reason == rest.reason
         ):
             return None
         blind = fitted is None and rest.draft_length > 0  # speculating with no guard at all
@@ -522,7 +524,7 @@ class ControlLoop:
                 )
         knowledge = replace(knowledge, decided_at=now)
         at_rest = (
-            steady(decision)
+            steady(decision, voting=True)
             and not events
             and split is None
             and split_verdict is None
