@@ -1,7 +1,7 @@
 """Resources at rest: in a large fleet a settled resource is not decided in full every interval.
 
-A tick may rest (write nothing, solve nothing) only while the last decision changed nothing, the
-policy decides the same on the measurement now, the slowdown guard counts no slow reading (where it is
+A tick may rest (write nothing, solve nothing) only while the last decision was steady, the policy
+decides the same on the measurement now, the slowdown guard counts no slow reading (where it is
 blind, the token latency reads no slower), the same pods serve,
 the resource is unchanged and its last status write landed; and only as many ticks in a row as
 SETTLED_DECISIONS_PER_S allows for the fleet's size. Anything that would decide differently is

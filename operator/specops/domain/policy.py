@@ -191,19 +191,32 @@ def measured_speedup(baseline: Baseline | None, observation: Observation) -> flo
     return baseline.p50_s / observation.tpot_p50_s
 
 
+STEADY_REASONS = frozenset(
+    {"BestModelledSpeedup", "SpeculationDisabledHighBatch", "SpeculationDisabledNoMeasuredGain"}
+)
+"""Decisions that hold by themselves while their inputs hold: on at the modelled best length, or off
+because the batch is past break-even. Every other reason waits on a clock (a dwell, a budget's
+credit, evidence accruing, a re-probe, a phase) or on a second vote."""
+
 REST_LATENCY_TOLERANCE = 0.10
-"""A median token latency up to this much slower than at a decision kept at rest is noise (see ``slower``)."""
+"""A median token latency up to this much slower than at a steady decision is noise (see ``slower``)."""
 
 
-def restable(decision: Decision) -> bool:
-    """Whether a rest may keep this decision: a Dynamic one that changed nothing.
+def steady(decision: Decision, *, voting: bool = False) -> bool:
+    """Whether a Dynamic decision would come out the same for the same inputs at any later moment:
+    it changed nothing, is one of STEADY_REASONS, and holds no pending length vote or evidence.
 
-    Not only ``steady`` ones: a look decides again every interval on the newest measurement with
-    the clock moved on, so what waits on a clock (the minimum dwell, switch credit, evidence
-    accruing) or on a second vote is decided when it comes due, and what it then decides is a
-    change (a switch, a length step) or another reason, either of which ends the rest and is
-    decided in full at once."""
-    return not decision.changed and decision.state.phase == "Dynamic"
+    `voting`: a pending length vote is allowed too. Such a decision is a rest's to keep: the next
+    decision either confirms the vote (a length change, which a look hands to a full tick) or
+    drops it, and until then a full tick writes and applies nothing a rest does not."""
+    state = decision.state
+    return (
+        not decision.changed
+        and state.phase == "Dynamic"
+        and decision.reason in STEADY_REASONS
+        and (voting or state.length_vote == 0)
+        and state.enable_evidence == 0.0
+    )
 
 
 def slower(decided: Observation, now: Observation) -> bool:

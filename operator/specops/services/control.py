@@ -39,9 +39,9 @@ from specops.domain.policy import (
     PolicyConfig,
     PolicyState,
     decide,
-    restable,
     slower,
     spend_switch,
+    steady,
     switch_allowed,
 )
 from specops.domain.profile import ProfileError, ServingProfile
@@ -181,11 +181,9 @@ class ControlLoop:
     def rest(
         self, resource: SpeculativeDeployment, endpoints: Sequence[PodEndpoint], now: datetime
     ) -> Measurement | None:
-        """Rest instead of a tick when the last decision still holds: it changed nothing
-        (``policy.restable``; see ``tick``), the same pods serve, the policy decides the same on the
-        measurement now (same length and reason, no change: what waits on a clock or a second vote
-        is decided at every look, and comes out a change when due, which ends the rest), and the
-        slowdown guard counts no slow reading; where speculation runs and the
+        """Rest instead of a tick when the last decision still holds: it was steady (see ``tick``), the
+        same pods serve, the policy decides the same on the measurement now (same length and reason,
+        still steady, a pending length vote allowed: its confirmation is a change, decided in full), and the slowdown guard counts no slow reading; where speculation runs and the
         guard is blind (no plain speed measured near the batch, or no guard), the token latency
         reads no slower (``policy.slower``); and a latency reading that appeared or vanished is
         looked at in full. A rest begun while the setting had not yet settled (``_Rest.settling``)
@@ -240,7 +238,9 @@ class ControlLoop:
             fit = model.fit
         again = decide(config, remembered.state, observation, now)
         if not (
-            restable(again) and again.num_draft_tokens == rest.draft_length and again.reason == rest.reason
+            steady(again, voting=True)
+            and again.num_draft_tokens == rest.draft_length
+            and again.reason == rest.reason
         ):
             return None
         blind = fitted is None and rest.draft_length > 0  # speculating with no guard at all
@@ -524,7 +524,7 @@ class ControlLoop:
                 )
         knowledge = replace(knowledge, decided_at=now)
         at_rest = (
-            restable(decision)
+            steady(decision, voting=True)
             and not events
             and split is None
             and split_verdict is None
@@ -624,8 +624,7 @@ class _Configs:
 
 @dataclass(frozen=True)
 class _Rest:
-    """A restable decision's inputs (``policy.restable``): while they hold, and the policy decides
-    the same on each new measurement, the decision need not be made again in full."""
+    """A steady decision's inputs: while they hold, the decision need not be made again."""
 
     observation: Observation
     pods: tuple[tuple[str, str], ...]

@@ -55,12 +55,12 @@ which comes back to every watcher as an event) to show numbers the operator's ow
 fresh every tick. Decisions, probes and conditions are written at once whatever the fleet size."""
 WRITE_ATTEMPTS = 5
 
-SETTLED_DECISIONS_PER_S = 2.5
-"""A resource at rest (its last decision unchanged, policy.restable, and the policy deciding the same
-on the measurement now, no slowdown the guard counts, no canary, retraining round or first-draft check under way, its
+SETTLED_DECISIONS_PER_S = 5.0
+"""A resource at rest (its last decision steady and the policy deciding the same on the measurement
+now, no slowdown the guard counts, no canary, retraining round or first-draft check under way, its
 resource and pods unchanged: ControlLoop.rest) is decided in full at least every max(interval,
-active resources / SETTLED_DECISIONS_PER_S): every interval up to 37 resources at the default 15 s,
-every 53rd (800 s) at 2,000. A tick at rest costs one policy decision on the model solved for
+active resources / SETTLED_DECISIONS_PER_S): every interval up to 75 resources at the default 15 s,
+every 27th (405 s) at 2,000. A tick at rest costs one policy decision on the model solved for
 the newest statistics, and the learning of its sample (a fraction of a tick), instead of probes,
 the status diff and the metrics; anything that would decide differently decides at once. What
 rest delays, by at most the rest: a probe's start and status refreshes (themselves spaced by
@@ -75,14 +75,8 @@ row this allows at 2,000): while a rest decided on the model of the last full ti
 took the worst seed from 0.946 to 0.903 of the oracle, and 30 (N = 4) was kept; since a rest
 decides on the newest fit, every figure holds at N = 4, 8, 9, 14, 17, 19 and 26 (worst seed
 0.946, worst pair 0.954-0.957, mean 0.983, slower than plain 2.4-2.5 % of the time, 8.8 length
-steps an hour), at rest 65, 73, 74, 76, 78, 78 and 79 % of the intervals; and, with pending
-length votes at rest too, at N = 26, 40 and 53 (worst seed 0.946, worst pair 0.955-0.956, mean
-0.983, 8.9-9.1 length steps an hour), at rest 81, 82 and 83 %; with every unchanged decision at
-rest, at N = 26 and 53 the same (worst pair 0.955-0.956), at rest 84 and 86 %. 15 was the rule until rests were
-looked at by one task (services/rest_pass.py) and set the measured gauges, 5 (N = 26) until
-votes rested; 2.5 is N = 53. What the longer rest costs is status: the measurements a resource
-at rest shows in status are refreshed at its full ticks, 800 s apart at 2,000 (the operator's
-measured gauges follow every rest)."""
+steps an hour), at rest 65, 73, 74, 76, 78, 78 and 79 % of the intervals. 15 was the rule until
+rests were looked at by one task (services/rest_pass.py) and set the measured gauges; 5 is N = 26."""
 
 ROUTE_CHECKS_PER_S = 15.0
 """The full-decision pace of a resource at rest whose canaries route through Gateway API
