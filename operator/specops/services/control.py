@@ -183,7 +183,8 @@ class ControlLoop:
     ) -> Measurement | None:
         """Rest instead of a tick when the last decision still holds: it was steady (see ``tick``), the
         same pods serve, the policy decides the same on the measurement now (same length and reason,
-        still steady, a pending length vote allowed: its confirmation is a change, decided in full), and the slowdown guard counts no slow reading; where speculation runs and the
+        still steady, a pending length vote allowed: its confirmation is a change, decided in
+        full), and the slowdown guard counts no slow reading; where speculation runs and the
         guard is blind (no plain speed measured near the batch, or no guard), the token latency
         reads no slower (``policy.slower``); and a latency reading that appeared or vanished is
         looked at in full. A rest begun while the setting had not yet settled (``_Rest.settling``)
