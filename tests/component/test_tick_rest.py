@@ -107,11 +107,8 @@ def _decided(outcomes: list[Any]) -> list[bool]:
     return [not outcome.rested for outcome in outcomes]
 
 
-async def test_a_settled_resource_in_a_large_fleet_rests_between_decisions_and_writes_nothing(
-    cluster: EmulatedCluster, operator_env: None, large_fleet: None, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # Given a settled resource whose measurement does not move, in a fleet whose budget allows 3 rests
-    services, counts, _, ticker = await _settled(cluster)
+def _full_decisions(monkeypatch: pytest.MonkeyPatch) -> list[datetime]:
+    """The moments of every full decision (`ControlLoop.tick`) from now on, as they happen."""
     decisions: list[datetime] = []
     control_tick = ControlLoop.tick
 
@@ -120,6 +117,15 @@ async def test_a_settled_resource_in_a_large_fleet_rests_between_decisions_and_w
         return await control_tick(self, *args, **kwargs)
 
     monkeypatch.setattr(ControlLoop, "tick", counting)
+    return decisions
+
+
+async def test_a_settled_resource_in_a_large_fleet_rests_between_decisions_and_writes_nothing(
+    cluster: EmulatedCluster, operator_env: None, large_fleet: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a settled resource whose measurement does not move, in a fleet whose budget allows 3 rests
+    services, counts, _, ticker = await _settled(cluster)
+    decisions = _full_decisions(monkeypatch)
     before = cluster.get("speculativedeployments", NAME)
     try:
         # When it ticks 12 more times
@@ -468,14 +474,7 @@ async def test_a_reading_that_casts_a_length_vote_rests_and_the_confirming_readi
     # Given a settled resource at rest, speculating at draft length 5 at batch 4
     services, _, metrics, ticker = await _settled(cluster)
     loop = next(service for service in _walk(services) if isinstance(service, ControlLoop))
-    decisions: list[datetime] = []
-    control_tick = ControlLoop.tick
-
-    async def counting(self: ControlLoop, *args: Any, **kwargs: Any) -> Any:
-        decisions.append(args[3])
-        return await control_tick(self, *args, **kwargs)
-
-    monkeypatch.setattr(ControlLoop, "tick", counting)
+    decisions = _full_decisions(monkeypatch)
     try:
         assert loop._memory[(NAMESPACE, NAME)].state.draft_length == 5
         # When its batch reads 52, where the modelled best is a shorter length by more than the

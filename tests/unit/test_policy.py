@@ -776,7 +776,7 @@ def test_a_rest_may_keep_a_pending_length_vote_and_nothing_else_that_waits(
     assert steady(decision, voting=True) is expected
 
 
-def test_a_pending_vote_decided_again_on_the_same_measurement_steps_or_stays_a_vote() -> None:
+def test_a_pending_vote_decided_again_on_the_same_measurement_is_confirmed_by_a_length_change() -> None:
     # Given every Dynamic state and measurement on a grid whose decision casts a length vote
     votes = 0
     for batch, alpha, length in itertools.product(
