@@ -60,6 +60,10 @@ SERVING_POLL_S = 2.0
 READY_POLL_S = 2.0
 T = TypeVar("T")
 """How often the benchmark looks whether every resource is reconciled (a scan of every resource)."""
+RSS_EVERY_S = 10.0
+"""How often the operator's memory is noted while the resources come up."""
+MEMORY_EVERY_S = 60.0
+"""How often the operator's memory is noted over the whole run: whether it levels off or keeps growing."""
 OPERATOR_START_TIMEOUT_S = 60.0
 FARM_START_TIMEOUT_S = 60.0
 STOP_GRACE_S = 20.0
@@ -114,11 +118,45 @@ def _cpu_seconds(pid: int) -> float:
     return ticks / os.sysconf("SC_CLK_TCK")
 
 
-def _peak_rss_mib(pid: int) -> float:
+def _memory_mib(pid: int, field: str = "VmHWM") -> float:
+    """A process's resident memory from /proc: its peak (VmHWM) or its current size (VmRSS)."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
+        if line.startswith(f"{field}:"):
             return int(line.split()[1]) / 1024.0
     return 0.0
+
+
+def _peak_rss_mib(pid: int) -> float:
+    return _memory_mib(pid, "VmHWM")
+
+
+def _memory_note(pid: int) -> str:
+    """Where the operator's memory stands at a step of the run: the peak can come from any of them."""
+    return f"the operator's RSS {_memory_mib(pid, 'VmRSS'):.1f} MiB, its peak so far {_peak_rss_mib(pid):.1f} MiB"
+
+
+@dataclass
+class MemorySamples:
+    samples: list[float]
+
+
+@contextlib.asynccontextmanager
+async def _sample_memory(pid: int, every_s: float) -> AsyncIterator[MemorySamples]:
+    """The operator's RSS every ``every_s`` seconds while the run lasts."""
+    found = MemorySamples([])
+
+    async def sample() -> None:
+        while True:
+            with contextlib.suppress(OSError):
+                found.samples.append(_memory_mib(pid, "VmRSS"))
+            await asyncio.sleep(every_s)
+
+    task = asyncio.create_task(sample())
+    try:
+        yield found
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
 
 
 @dataclass(frozen=True)
@@ -531,6 +569,7 @@ async def run_scale(
         )
         pid = operator.pid
         say(f"operator running (pid {pid}); creating {resources} resources")
+        memory = await exits.enter_async_context(_sample_memory(pid, MEMORY_EVERY_S))
 
         names: set[str] = set()
         requests_at_start = len(cluster.emulator.requests)
@@ -545,7 +584,10 @@ async def run_scale(
             names.add(body["metadata"]["name"])
             if index % 100 == 99:
                 await asyncio.sleep(0)  # let the API server answer the watch meanwhile
+        climb: list[str] = []  # the operator's RSS as resources come up: where the peak is made
         while (ready := _serving(cluster, names)) < resources:
+            if len(climb) < (time.monotonic() - started) / RSS_EVERY_S:
+                climb.append(f"{ready}: {_memory_mib(pid, 'VmRSS'):.0f}")
             if time.monotonic() - started > reconcile_timeout_s:
                 raise TimeoutError(
                     f"{ready} of {resources} serving after {reconcile_timeout_s:g} s; "
@@ -553,7 +595,8 @@ async def run_scale(
                 )
             await asyncio.sleep(READY_POLL_S)
         initial_reconcile_s = time.monotonic() - started
-        say(f"all serving after {initial_reconcile_s:.1f} s")
+        say(f"all serving after {initial_reconcile_s:.1f} s; {_memory_note(pid)}")
+        say(f"the operator's RSS (MiB) every {RSS_EVERY_S:g} s by resources serving: {', '.join(climb)}")
         used = {part: sum(map(_cpu_seconds, pids)) - stack_cpu_at_start[part] for part, pids in stack.items()}
         say(
             f"CPU during it ({sum(used.values()):.1f} CPU-s, {sum(used.values()) / initial_reconcile_s:.2f} cores): "
@@ -571,7 +614,7 @@ async def run_scale(
             lambda: _metrics_pending(cluster, names), SETTLE_INTERVALS * interval_s + METRICS_SETTLE_S
         )
         say(
-            f"metrics flowing for every resource after {time.monotonic() - started:.1f} s"
+            f"metrics flowing for every resource after {time.monotonic() - started:.1f} s; {_memory_note(pid)}"
             if not waiting
             else f"{waiting} resources still without metrics ({_metrics_example(cluster, names)}); measuring anyway"
         )
@@ -582,7 +625,7 @@ async def run_scale(
             2.0 * rollout_s + SETTLE_INTERVALS * interval_s + METRICS_SETTLE_S,
         )
         say(
-            f"every resource in the Dynamic phase after {time.monotonic() - started:.1f} s"
+            f"every resource in the Dynamic phase after {time.monotonic() - started:.1f} s; {_memory_note(pid)}"
             if not behind
             else f"not every resource in Dynamic ({dict(behind)}); measuring anyway"
         )
@@ -592,7 +635,7 @@ async def run_scale(
         say(
             f"draft lengths settled after {time.monotonic() - started:.1f} s "
             f"({stepping} resources still stepping theirs; {step_rate:.3f} length steps per resource "
-            f"and cycle over the last {STEP_LOOKBACK_INTERVALS} intervals)"
+            f"and cycle over the last {STEP_LOOKBACK_INTERVALS} intervals); {_memory_note(pid)}"
         )
         window_s = cycles * interval_s
         before = await _operator_counters(
@@ -609,6 +652,11 @@ async def run_scale(
             await asyncio.get_running_loop().run_in_executor(None, profiler.wait)
             say(f"profile of the measured cycles: {profile}")
         elapsed = time.monotonic() - measured_from
+        say(f"measured; {_memory_note(pid)}")
+        say(
+            f"the operator's RSS (MiB) every {MEMORY_EVERY_S:g} s from the start: "
+            + ", ".join(f"{rss:.0f}" for rss in memory.samples)
+        )
         measured_cycles = elapsed / interval_s
         cpu = _cpu_seconds(pid) - cpu_before
         own_cpu = _cpu_seconds(os.getpid()) - own_cpu_before

@@ -471,15 +471,15 @@ async def test_a_look_at_a_resource_being_deleted_ends_its_rest(
 async def test_a_reading_that_casts_a_length_vote_rests_and_the_confirming_reading_steps_at_once(
     cluster: EmulatedCluster, operator_env: None, large_fleet: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # Given a settled resource at rest, speculating at draft length 5 at batch 4
+    # Given a settled resource at rest, speculating at draft length 4 at batch 4
     services, _, metrics, ticker = await _settled(cluster)
     loop = next(service for service in _walk(services) if isinstance(service, ControlLoop))
     decisions = _full_decisions(monkeypatch)
     try:
-        assert loop._memory[(NAMESPACE, NAME)].state.draft_length == 5
-        # When its batch reads 52, where the modelled best is a shorter length by more than the
+        assert loop._memory[(NAMESPACE, NAME)].state.draft_length == 4
+        # When its batch reads 70, where the modelled best is a shorter length by more than the
         # length margin but not by a clear gain: a step needs a second decision that wants it too
-        metrics.batch = 52.0
+        metrics.batch = 70.0
         voted = await ticker.ticks(1)
         vote = loop._memory[(NAMESPACE, NAME)].state.length_vote
         decided_first = len(decisions)
@@ -493,5 +493,5 @@ async def test_a_reading_that_casts_a_length_vote_rests_and_the_confirming_readi
     # and the second steps the length at once, with its Event, though the budget allowed a rest
     assert _decided(confirmed) == [True] and len(decisions) == 1
     speculation = confirmed[0].status["speculation"]
-    assert (speculation["reason"], speculation["draftLength"]) == ("DraftLengthDecreased", 4)
+    assert (speculation["reason"], speculation["draftLength"]) == ("DraftLengthDecreased", 3)
     assert [event.reason for event in confirmed[0].events] == ["DraftLengthDecreased"]

@@ -47,6 +47,10 @@ CONFIG = PolicyConfig(
     baseline_duration_s=600.0,
     soak_duration_s=300.0,
     setup=SETUP,
+    # the cases below step between lengths whose modelled gains are a few per cent (at batch 32:
+    # 2.40x at 4, 2.47x at 6): they test the stepping at a 1 % margin; the default's own test
+    # is test_the_default_length_margin_keeps_a_gain_under_three_per_cent
+    length_margin=0.01,
 )
 T0 = datetime(2024, 5, 1, 12, 0, tzinfo=UTC)
 BASELINE = Baseline(p50_s=0.042, p95_s=0.05, p99_s=0.06, tokens_per_s=800.0, samples=20)
@@ -538,6 +542,24 @@ def test_a_length_within_the_margin_of_the_modelled_best_is_kept_through_noisy_a
     # Then the length stays put where, chasing the exact best, noise moved it back and forth
     assert changes(replace(CONFIG, length_margin=0.0)) >= 10
     assert changes(CONFIG) <= 2
+
+
+def test_the_default_length_margin_keeps_a_gain_under_three_per_cent() -> None:
+    # Given the default margin, and a deployment at length 4 at batch 32, where the modelled best
+    # (6) is 2.9 % faster, and one at length 3, where it is 8.8 % faster (a small gain, not clear)
+    default = replace(CONFIG, length_margin=PolicyConfig.length_margin)
+    assert default.length_margin == 0.03
+    setup = CONFIG.setup
+    assert 1.01 < speedup(setup, 0.8, 32.0, 6) / speedup(setup, 0.8, 32.0, 4) < 1.03
+    # Then a length 2.9 % from the best is kept, decision after decision (no vote is cast either)
+    kept = run(default, dynamic(length=4, vote=1), [32.0] * 4, step_s=15)
+    assert [(d.num_draft_tokens, d.reason) for d in kept] == [(4, "BestModelledSpeedup")] * 4
+    assert all(d.state.length_vote == 0 for d in kept)
+    # while a 1 % margin would have stepped it
+    assert run(CONFIG, dynamic(length=4, vote=1), [32.0], step_s=15)[0].num_draft_tokens == 5
+    # And a gain of 8.8 % still climbs, one step per decision that confirms the one before
+    climbed = [d.num_draft_tokens for d in run(default, dynamic(length=3), [32.0] * 4, step_s=15)]
+    assert climbed == [3, 4, 4, 4]
 
 
 @pytest.mark.parametrize("centre", [64.0, 128.0])

@@ -112,11 +112,14 @@ def ticks_on_time(memo: kopf.Memo, **_: Any) -> int:
 
 
 @kopf.index("", "v1", "pods", labels={LABEL_COMPONENT: COMPONENT_SERVING, LABEL_DEPLOYMENT: kopf.PRESENT})
-def serving_pods(
+async def serving_pods(
     namespace: str | None, labels: kopf.Labels, body: kopf.Body, **_: Any
 ) -> dict[tuple[str, str], PodEndpoint] | None:
     """Ready serving pods by (namespace, specops.dev/deployment): each tick reads its pods here, not
-    with a LIST (the watch replaces one LIST per resource per interval). Pods not ready are left out."""
+    with a LIST (the watch replaces one LIST per resource per interval). Pods not ready are left out.
+
+    A coroutine although it awaits nothing: Kopf runs a plain function in its thread pool, a
+    hand-off to another thread (and back) for every event of every serving pod."""
     endpoint = ready_endpoint(body)
     if endpoint is None or namespace is None:
         return None
