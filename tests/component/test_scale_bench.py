@@ -8,6 +8,7 @@ figure is there and plausible, and that the farm closed its pods' ports when the
 from __future__ import annotations
 
 import json
+import re
 import socket
 import subprocess
 import sys
@@ -66,6 +67,10 @@ def test_scale_bench_writes_every_figure_for_a_small_fleet(tmp_path: Path) -> No
     # and its liveness probe sees every resource's control loop ticking (a probe that saw none
     # would call a stalled operator healthy)
     assert "the operator's liveness probe: 3 resources ticking on time" in finished.stderr, finished.stderr
+    # and it noted the operator's memory over the run, from before the first resource on
+    series = re.search(r"the operator's RSS \(MiB\) every 60 s from the start: ([0-9, ]+)", finished.stderr)
+    assert series is not None, finished.stderr[-3000:]
+    assert all(30 < float(rss) <= figures["peak_rss_mib"] + 1 for rss in series.group(1).split(", "))
 
     # The pods ran in the pod farm (the default), which published them to Prometheus from its own
     # targets file, and stopped with the run: none of their metrics ports still listens.
