@@ -118,7 +118,7 @@ def _cpu_seconds(pid: int) -> float:
     return ticks / os.sysconf("SC_CLK_TCK")
 
 
-def _memory_mib(pid: int, field: str = "VmHWM") -> float:
+def _memory_mib(pid: int, field: str) -> float:
     """A process's resident memory from /proc: its peak (VmHWM) or its current size (VmRSS)."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith(f"{field}:"):
@@ -135,20 +135,15 @@ def _memory_note(pid: int) -> str:
     return f"the operator's RSS {_memory_mib(pid, 'VmRSS'):.1f} MiB, its peak so far {_peak_rss_mib(pid):.1f} MiB"
 
 
-@dataclass
-class MemorySamples:
-    samples: list[float]
-
-
 @contextlib.asynccontextmanager
-async def _sample_memory(pid: int, every_s: float) -> AsyncIterator[MemorySamples]:
-    """The operator's RSS every ``every_s`` seconds while the run lasts."""
-    found = MemorySamples([])
+async def _sample_memory(pid: int, every_s: float) -> AsyncIterator[list[float]]:
+    """The operator's RSS every ``every_s`` seconds while the run lasts (the list grows meanwhile)."""
+    found: list[float] = []
 
     async def sample() -> None:
         while True:
             with contextlib.suppress(OSError):
-                found.samples.append(_memory_mib(pid, "VmRSS"))
+                found.append(_memory_mib(pid, "VmRSS"))
             await asyncio.sleep(every_s)
 
     task = asyncio.create_task(sample())
@@ -655,7 +650,7 @@ async def run_scale(
         say(f"measured; {_memory_note(pid)}")
         say(
             f"the operator's RSS (MiB) every {MEMORY_EVERY_S:g} s from the start: "
-            + ", ".join(f"{rss:.0f}" for rss in memory.samples)
+            + ", ".join(f"{rss:.0f}" for rss in memory)
         )
         measured_cycles = elapsed / interval_s
         cpu = _cpu_seconds(pid) - cpu_before
