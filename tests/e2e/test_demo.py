@@ -92,11 +92,11 @@ async def test_demo_switches_speculation_off_past_break_even_and_back_on(tmp_pat
     assert all(s.break_even_batch for s in in_load if s.alpha) and timeline.slo_p99_ms == 45.0
     assert any(s.tpot_p50_ms and s.tpot_p99_ms and s.tpot_p50_ms <= s.tpot_p99_ms for s in in_load)
     # And the MoE's sub-millisecond tokens are resolved: its speedup is measured, not stuck at 1.0
-    # (what bucket rounding gave). Alone it reads about 1.9x; beside two other test workers the
-    # simulated pods' scheduling noise swamps 0.5 ms tokens and it has read 1.08x, so the bound is
-    # what tells a measured gain from rounding, not the gain's size
+    # (what bucket rounding gave). It reads about 2x once the setting settled; the 1.04-1.08x once
+    # seen here were the look entering Dynamic, whose window still held the baseline's samples,
+    # printed before the settled look (the demo now waits out the settle time)
     moe = next(line for line in printed.splitlines() if "qwen3-moe: measured speedup" in line)
-    assert float(moe.split("measured speedup ")[1].split("x")[0]) > 1.04, moe
+    assert float(moe.split("measured speedup ")[1].split("x")[0]) > 1.2, moe
 
     # And everything it started is stopped, and the environment is as it was
     (stack,) = stacks
