@@ -118,6 +118,25 @@ def _cpu_seconds(pid: int) -> float:
     return ticks / os.sysconf("SC_CLK_TCK")
 
 
+def _cpu_split(pid: int) -> tuple[float, float]:
+    """A process's own user and system CPU seconds, from /proc (system time is the kernel's work for
+    it: its sockets' sends and receives, its polls)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    ticks = os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / ticks, int(fields[12]) / ticks
+
+
+def _context_switches(pid: int) -> int:
+    """A process's voluntary context switches so far, over all its threads: each is a wait that
+    blocked (for an event loop, mostly a poll that found nothing ready yet)."""
+    total = 0
+    for status in Path(f"/proc/{pid}/task").glob("*/status"):
+        for line in status.read_text().splitlines():
+            if line.startswith("voluntary_ctxt_switches:"):
+                total += int(line.split()[1])
+    return total
+
+
 def _memory_mib(pid: int, field: str) -> float:
     """A process's resident memory from /proc: its peak (VmHWM) or its current size (VmRSS)."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
@@ -637,6 +656,7 @@ async def run_scale(
             operator.metrics_url
         )  # a scrape of every series: outside the window
         cpu_before, requests_before = _cpu_seconds(pid), len(cluster.emulator.requests)
+        split_before, switches_before = _cpu_split(pid), _context_switches(pid)
         own_cpu_before = _cpu_seconds(os.getpid())
         farm_cpu_before = [_cpu_seconds(farm) for farm in farm_pids]
         queries_before, measured_from = await _prometheus_queries(prometheus), time.monotonic()
@@ -654,6 +674,13 @@ async def run_scale(
         )
         measured_cycles = elapsed / interval_s
         cpu = _cpu_seconds(pid) - cpu_before
+        user_s, system_s = (
+            after - before for after, before in zip(_cpu_split(pid), split_before, strict=True)
+        )
+        say(
+            f"the operator's CPU in the window: user {user_s:.1f} s, system {system_s:.1f} s; "
+            f"{(_context_switches(pid) - switches_before) / elapsed:.0f} blocking waits a second"
+        )
         own_cpu = _cpu_seconds(os.getpid()) - own_cpu_before
         farm_cpu = [
             _cpu_seconds(farm) - before for farm, before in zip(farm_pids, farm_cpu_before, strict=True)
