@@ -243,6 +243,51 @@ async def test_merge_patch_deletes_nulls_and_replaces_lists(api: httpx.AsyncClie
     assert response.json()["spec"]["extra"] == {"y": 2}
 
 
+@pytest.mark.parametrize(
+    ("target", "patch", "expected"),
+    [  # RFC 7386's appendix A, and an object merged onto a scalar
+        ({"a": "b"}, {"a": "c"}, {"a": "c"}),
+        ({"a": "b"}, {"b": "c"}, {"a": "b", "b": "c"}),
+        ({"a": "b"}, {"a": None}, {}),
+        ({"a": "b", "b": "c"}, {"a": None}, {"b": "c"}),
+        ({"a": ["b"]}, {"a": "c"}, {"a": "c"}),
+        ({"a": "c"}, {"a": ["b"]}, {"a": ["b"]}),
+        ({"a": {"b": "c"}}, {"a": {"b": "d", "c": None}}, {"a": {"b": "d"}}),
+        ({"a": [{"b": "c"}]}, {"a": [1]}, {"a": [1]}),
+        ({"e": None}, {"a": 1}, {"e": None, "a": 1}),
+        ({}, {"a": {"bb": {"ccc": None}}}, {"a": {"bb": {}}}),
+        ({"a": 1}, {"a": {"b": {"c": 2, "d": None}}}, {"a": {"b": {"c": 2}}}),
+    ],
+)
+def test_merge_patch_follows_rfc_7386_and_shares_nothing_with_its_arguments(
+    target: dict[str, Any], patch: dict[str, Any], expected: dict[str, Any]
+) -> None:
+    target_before, patch_before = json.loads(json.dumps(target)), json.loads(json.dumps(patch))
+
+    merged = emulator.merge_patch(target, patch)
+
+    assert merged == expected
+    assert target == target_before and patch == patch_before
+    for value in merged.values():  # a change to the result reaches neither argument
+        if isinstance(value, dict):
+            value["added"] = 1
+        elif isinstance(value, list):
+            value.append("added")
+    assert target == target_before and patch == patch_before
+
+
+async def test_nan_and_infinity_are_not_json_and_are_refused(api: httpx.AsyncClient) -> None:
+    await create_configmap(api, "a")
+
+    for constant in ("NaN", "Infinity", "-Infinity"):
+        response = await api.patch(
+            f"{CONFIGMAPS}/a", content=f'{{"metadata": {{"labels": {{"x": {constant}}}}}}}', headers=MERGE
+        )
+
+        assert response.status_code == 400, constant
+    assert "labels" not in (await api.get(f"{CONFIGMAPS}/a")).json()["metadata"]
+
+
 async def test_strategic_merge_patch_is_treated_as_a_merge_patch(api: httpx.AsyncClient) -> None:
     await create_configmap(api, "a")
 

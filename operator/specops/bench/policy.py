@@ -586,7 +586,7 @@ def _add_rest_limit(parser: argparse.ArgumentParser) -> None:
         default=0,
         metavar="N",
         help="rest up to N ticks in a row while the last decision is steady and the policy decides the "
-        "same, as the operator does at fleet scale (services.tick.SETTLED_DECISIONS_PER_S: 26 at 2,000 "
+        "same, as the operator does at fleet scale (services.tick.SETTLED_DECISIONS_PER_S: 53 at 2,000 "
         "resources and 15 s); default 0, a decision every interval",
     )
 
