@@ -1,4 +1,4 @@
-"""Kopf's last-handled configuration is the same whether built from the whole body or the slim one."""
+"""Kopf's last-handled configuration is the same whether Kopf builds it or we do."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 import kopf
 import pytest
 
-from specops.handlers.essence import StatuslessDiffBaseStorage
+from specops.handlers.essence import FastCopyProgressStorage, StatuslessDiffBaseStorage
 
 
 def _resource() -> dict[str, Any]:
@@ -37,7 +37,7 @@ def _resource() -> dict[str, Any]:
     }
 
 
-def _pod_of_a_deployment() -> dict[str, Any]:
+def _owned_replica_set() -> dict[str, Any]:
     body = _resource()
     body["kind"] = "ReplicaSet"
     body["metadata"]["ownerReferences"] = [{"kind": "Deployment", "name": "llama", "uid": "1"}]
@@ -48,33 +48,36 @@ def _bare() -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "x"}, "data": {"a": "b"}}
 
 
-@pytest.mark.parametrize("raw", [_resource(), _pod_of_a_deployment(), _bare()], ids=["sdep", "owned", "bare"])
-def test_the_essence_and_what_is_stored_match_kopfs_own(raw: dict[str, Any]) -> None:
-    # Given Kopf's storage and ours, under the same prefix
-    ours, kopfs = (
-        StatuslessDiffBaseStorage(prefix="specops.dev"),
-        kopf.AnnotationsDiffBaseStorage(prefix="specops.dev"),
+def _storages() -> tuple[StatuslessDiffBaseStorage, kopf.AnnotationsDiffBaseStorage]:
+    return StatuslessDiffBaseStorage(prefix="specops.dev"), kopf.AnnotationsDiffBaseStorage(
+        prefix="specops.dev"
     )
+
+
+@pytest.mark.parametrize("raw", [_resource(), _owned_replica_set(), _bare()], ids=["sdep", "owned", "bare"])
+def test_the_essence_matches_kopfs_own(raw: dict[str, Any]) -> None:
+    # Given Kopf's storage and ours, under the same prefix
+    ours, kopfs = _storages()
     untouched = copy.deepcopy(raw)
 
     # When each builds the essence of the same body
     built = ours.build(body=kopf.Body(raw))
 
-    # Then they are equal, the body is left as it was, and the essence shares nothing with it
-    assert built == kopfs.build(body=kopf.Body(raw))
+    # Then they are equal, key order included (Kopf stores it as JSON), the body is left as it
+    # was, and the essence shares nothing with it
+    expected = kopfs.build(body=kopf.Body(raw))
+    assert built == expected and json.dumps(built) == json.dumps(expected)
     assert raw == untouched
-    if "spec" in built:
-        built["spec"]["serving"] = "changed"
-        assert raw["spec"]["serving"] == untouched["spec"]["serving"]
+    for value in built.values():
+        if isinstance(value, dict):
+            value["added"] = 1
+    assert raw == untouched
 
 
 def test_extra_fields_reach_into_the_status_as_kopfs_own() -> None:
     # Given a handler that asks for a status field to be part of the essence
     raw = _resource()
-    ours, kopfs = (
-        StatuslessDiffBaseStorage(prefix="specops.dev"),
-        kopf.AnnotationsDiffBaseStorage(prefix="specops.dev"),
-    )
+    ours, kopfs = _storages()
     fields = [("status", "speculation", "draftLength")]
 
     # When each builds it
@@ -83,3 +86,24 @@ def test_extra_fields_reach_into_the_status_as_kopfs_own() -> None:
     # Then the status field is in it, as in Kopf's
     assert built == kopfs.build(body=kopf.Body(raw), extra_fields=fields)
     assert built["status"]["speculation"]["draftLength"] == 4
+
+
+@pytest.mark.parametrize("raw", [_resource(), _bare()], ids=["sdep", "bare"])
+def test_clearing_the_progress_leaves_what_kopfs_own_leaves(raw: dict[str, Any]) -> None:
+    # Given an essence with our progress annotations (Kopf's, under our prefix) and someone else's
+    essence = kopf.AnnotationsDiffBaseStorage(prefix="other.dev").build(body=kopf.Body(raw))
+    untouched = copy.deepcopy(essence)
+    ours = FastCopyProgressStorage(prefix="specops.dev")
+    kopfs = kopf.AnnotationsProgressStorage(prefix="specops.dev")
+
+    # When each clears it of the progress
+    cleared = ours.clear(essence=essence)
+
+    # Then the same is left (our progress annotations gone, the other's kept), the essence given is
+    # unchanged, and the result is a copy
+    expected = kopfs.clear(essence=copy.deepcopy(untouched))
+    assert cleared == expected and json.dumps(cleared) == json.dumps(expected)
+    assert essence == untouched and cleared is not essence
+    if "annotations" in raw["metadata"]:
+        assert "specops.dev/reconcile" in essence["metadata"]["annotations"]
+        assert list(cleared["metadata"]["annotations"]) == ["owner/note"]

@@ -15,7 +15,7 @@ from specops.adapters.kube import load_connection_settings
 from specops.api.models import GROUP, KIND, PLURAL, VERSION
 from specops.domain import lifecycle
 from specops.domain.lifecycle import EventRecord
-from specops.handlers.essence import StatuslessDiffBaseStorage
+from specops.handlers.essence import FastCopyProgressStorage, StatuslessDiffBaseStorage
 from specops.ports import KubeApiError
 from specops.services.canary import RouteNotReleased
 from specops.services.container import Services, build_services
@@ -79,7 +79,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     """Persist Kopf's bookkeeping under specops.dev annotations, and build clients once."""
     log_redaction.install()  # before anything logs a resource body
     settings.persistence.finalizer = "specops.dev/finalizer"
-    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="specops.dev")
+    settings.persistence.progress_storage = FastCopyProgressStorage(prefix="specops.dev")
     settings.persistence.diffbase_storage = StatuslessDiffBaseStorage(prefix="specops.dev")
     settings.posting.level = logging.WARNING  # Events come from kopf.event() calls, not from log lines
     settings.posting.reporting_component = "specops"  # `kubectl describe` shows Events "From" specops
