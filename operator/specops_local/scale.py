@@ -111,19 +111,24 @@ def scale_resource(
 # ------------------------------------------------------------------ the operator process
 
 
-def _cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a process (and its reaped children), from /proc."""
+def _cpu_times(pid: int) -> tuple[float, float, float, float]:
+    """A process's user and system CPU seconds, then its reaped children's, from /proc/PID/stat."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    ticks = sum(int(fields[i]) for i in (11, 12, 13, 14))  # utime stime cutime cstime
-    return ticks / os.sysconf("SC_CLK_TCK")
+    ticks = os.sysconf("SC_CLK_TCK")
+    user, system, children_user, children_system = (int(fields[i]) / ticks for i in (11, 12, 13, 14))
+    return user, system, children_user, children_system
+
+
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process and its reaped children."""
+    return sum(_cpu_times(pid))
 
 
 def _cpu_split(pid: int) -> tuple[float, float]:
-    """A process's own user and system CPU seconds, from /proc (system time is the kernel's work for
-    it: its sockets' sends and receives, its polls)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    ticks = os.sysconf("SC_CLK_TCK")
-    return int(fields[11]) / ticks, int(fields[12]) / ticks
+    """A process's own user and system CPU seconds (system time is the kernel's work for it: its
+    sockets' sends and receives, its polls)."""
+    user, system, _, _ = _cpu_times(pid)
+    return user, system
 
 
 def _context_switches(pid: int) -> int:
