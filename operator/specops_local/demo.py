@@ -44,6 +44,7 @@ from specops.api.models import API_VERSION, KIND, SpeculativeDeployment
 from specops.api.units import parse_duration
 from specops.domain import perf
 from specops.domain.control_status import policy_config
+from specops.domain.learning import settle_seconds
 from specops.domain.metrics import PROFILES, Q_TPOT_P50, Q_TPOT_P99, rate_window_s
 from specops.views import list_table
 from specops_local.serving import DraftBehaviour
@@ -101,8 +102,8 @@ class Pace:
     off_timeout_s: float = 20.0
     on_timeout_s: float = 30.0
     measure_timeout_s: float = 20.0
-    """Beyond the settle time (`settle_seconds`): a speedup is measured only once the setting held a
-    rate window and two decisions, and status shows it at the first look after that."""
+    """Beyond the settle time (`learning.settle_seconds`): a speedup is measured only once the
+    setting held a rate window and two decisions, and status shows it at the first look after."""
 
 
 FAST = Pace(
@@ -391,7 +392,8 @@ async def scene_rollout(demo: Demo) -> None:
             "measured speedups settled",
             lambda: all_measured(demo),
             lambda: rollout_line(demo),
-            settle_seconds(demo.stack) + demo.pace.measure_timeout_s,
+            settle_seconds(rate_window_s(demo.stack.scrape_interval_s), demo.stack.decision_interval_s)
+            + demo.pace.measure_timeout_s,
         )
     for _, name in EXAMPLES:
         status = (await demo.resource(name)).get("status", {})
@@ -402,12 +404,6 @@ async def scene_rollout(demo: Demo) -> None:
             f"draft length {speculation.get('draftLength')}"
         )
     await print_sdeps(demo)
-
-
-def settle_seconds(stack: LocalStack) -> float:
-    """How long a new setting takes to measure itself: the rate window plus two decisions
-    (``learning.learning_config``)."""
-    return rate_window_s(stack.scrape_interval_s) + 2.0 * stack.decision_interval_s
 
 
 async def all_measured(demo: Demo) -> bool:

@@ -61,6 +61,12 @@ class LearningConfig:
     probes: ProbeConfig = field(default_factory=ProbeConfig)
 
 
+def settle_seconds(rate_window_s: float, interval_s: float) -> float:
+    """How long a new setting holds before a measurement sees only it: one rate window plus two
+    decisions (the window's end is one decision old when read)."""
+    return rate_window_s + 2.0 * interval_s
+
+
 def learning_config(
     *,
     enabled: bool,
@@ -73,7 +79,7 @@ def learning_config(
 ) -> LearningConfig:
     """A probe lasts one rate window plus three decisions (so it yields clean samples); the budget's
     window is at least one hour and long enough for one probe at the configured fraction."""
-    settle = rate_window_s + 2.0 * interval_s
+    settle = settle_seconds(rate_window_s, interval_s)
     duration = settle + interval_s
     window = 3600.0 if max_probe_fraction <= 0 else duration / max_probe_fraction
     return LearningConfig(

@@ -20,12 +20,12 @@ test compares them), and the comparison stays Kopf's. When a handler asks for ex
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Iterable, Mapping
 from typing import Any, cast
 
 import kopf
-import orjson
+
+from specops.adapters.json_data import json_copy
 
 METADATA_KEPT = ("labels", "annotations", "ownerReferences")
 """What of ``metadata`` Kopf's build reads: the labels and annotations it keeps, and the owners its
@@ -33,15 +33,6 @@ storage keys look at (``CollisionEvadingConvention.mark_key``)."""
 
 NOT_ESSENCE = ("apiVersion", "kind", "metadata", "status")
 """What Kopf's build drops from the top level (the metadata it keeps is picked separately)."""
-
-
-def json_copy(value: Any) -> Any:
-    """A deep copy of a watched body's part: orjson's round trip (watch events are JSON), about five
-    times quicker than ``copy.deepcopy``; anything JSON cannot carry goes through ``copy.deepcopy``."""
-    try:
-        return orjson.loads(orjson.dumps(value))
-    except TypeError:
-        return copy.deepcopy(value)
 
 
 class StatuslessDiffBaseStorage(kopf.AnnotationsDiffBaseStorage):
