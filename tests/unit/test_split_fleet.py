@@ -271,3 +271,64 @@ def test_a_split_switches_on_a_clear_gain_while_off_past_the_dwell_and_leaves_ex
     assert decision.state == switched.state and decision.changed and decision.num_draft_tokens == 0
     # unless a Warning already told it (the slowdown guard's): one switch, one Warning
     assert _split_decision(switched, on, config, verdict_of(0.8), now, told=True) == (switched, False)
+
+
+async def test_the_models_switch_waits_for_a_running_splits_verdict() -> None:
+    # Given a split running at a batch past this world's break-even
+    fleet = Fleet(slow_world(), batch=2, pods=2)
+    endpoints = [
+        PodEndpoint(name, "default", "127.0.0.1", 8000 + i, "stable") for i, name in enumerate(fleet.lengths)
+    ]
+    loop = ControlLoop(fleet, fleet, rate_window_s=2.0)  # type: ignore[arg-type]
+    sdep = resource(exploration={"maxProbeFraction": 0.2, "minSpacing": "5s"})  # as above
+    status: SpeculativeDeploymentStatus = fresh()
+    events: list[Any] = []
+    second = 0
+    for second in range(200):
+        if second == 40:
+            fleet.batch = 32
+        result = await loop.tick(sdep, status, endpoints, T0 + timedelta(seconds=second), draft_stale=False)
+        status = result.status
+        events.extend(result.events)
+        if second > 40 and len(set(fleet.lengths.values())) > 1:
+            break
+    else:
+        pytest.fail("no split within 200 s")
+    assert status.speculation.state == "on"
+    # When the load rises past where even the roofline prior finds no gain, mid-split
+    fleet.batch = 2000
+    held: list[str] = []
+    split_at = second
+    for second in range(split_at + 1, split_at + 60):
+        result = await loop.tick(sdep, status, endpoints, T0 + timedelta(seconds=second), draft_stale=False)
+        status = result.status
+        events.extend(result.events)
+        if status.speculation.calibration.probe_kind == "split" and status.speculation.calibration.probing:
+            # Then while the split runs, the model's switch waits, told in status
+            assert status.speculation.state == "on", status.speculation
+            if status.speculation.reason == "HeldForSplit":
+                held.append(status.speculation.message or "")
+        elif status.speculation.state == "off":
+            break
+    assert held and "split-fleet A/B" in held[0] and "The model alone would say: Speculation off" in held[0]
+    # and the switch comes once, when the split has its verdict
+    switches = [e for e in events if e.reason.startswith(("SpeculationOff", "SpeculationDisabled"))]
+    assert len(switches) == 1 and status.speculation.state == "off", [(e.reason, e.message) for e in events]
+    assert status.speculation.calibration.last_split is not None
+
+
+def test_only_the_models_own_switches_wait_for_a_split() -> None:
+    from specops.domain.control_status import policy_config
+    from specops.domain.policy import Decision, PolicyState
+    from specops.services.control import _split_decides
+
+    config = policy_config(resource().spec)
+    on = PolicyState("Dynamic", T0, True, 3, 0.8, T0, None)
+    off = replace(on, enabled=False, last_toggle=T0 + timedelta(seconds=5))
+    model_off = Decision(off, 0, "SpeculationDisabledHighBatch", "off", 1.0, changed=True)
+    assert _split_decides(model_off, on, config)
+    # no switch, the slowdown guard, a forced mode, a stale draft and explicit limits go through
+    assert not _split_decides(Decision(on, 3, "BestModelledSpeedup", "on", 1.4, False), on, config)
+    for reason in ("SpeculationOffMeasuredSlowdown", "ForcedOff", "SpeculationOffDraftStale"):
+        assert not _split_decides(replace(model_off, reason=reason), on, config)
+    assert not _split_decides(model_off, on, replace(config, off_above_batch=96.0))

@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 
 from specops.api import conditions as cond
 from specops.api.conditions import ConditionUpdate, Reason
@@ -364,6 +364,8 @@ class ControlLoop:
         if split is not None and ending:
             others = [p for p in measurement.per_pod if p not in split.pods]
             split_verdict = split_fleet.verdict(split, smoothed, others)
+        elif split is not None and _split_decides(decision, state, config):
+            decision = _held_for_split(decision, state, knowledge)
         warned: str | None = None  # the reason of a Warning Event already posted for the decision
         learns = (
             config.mode == "auto"
@@ -654,6 +656,51 @@ class _Memory:
     fit_prior: CalibrationState | None = None
     rest: _Rest | None = None
     """Set when the tick ended at rest (see ControlLoop.rest)."""
+
+
+SPLIT_MEASURED_SWITCHES = frozenset(
+    {
+        "SpeculationDisabledHighBatch",
+        "SpeculationDisabledNoMeasuredGain",
+        "SpeculationDisabledLowAcceptance",
+        "SpeculationEnabledLowBatch",
+    }
+)
+"""The model's own switches: what a running split measures at this very load."""
+
+
+def _split_decides(decision: Decision, before: PolicyState, config: PolicyConfig) -> bool:
+    """A model's switch while a split runs waits for the split's verdict (at most one probe
+    duration): the split measures both settings at this load, where the model extrapolates. The
+    slowdown guard, explicit batch limits and forced modes are not the model's and go through."""
+    return (
+        decision.state.enabled != before.enabled
+        and decision.reason in SPLIT_MEASURED_SWITCHES
+        and config.off_above_batch is None
+        and config.on_below_batch is None
+    )
+
+
+def _held_for_split(decision: Decision, before: PolicyState, knowledge: learning.LearningState) -> Decision:
+    """The switch the model wanted, not made: the toggle clock, switch budget and evidence stay."""
+    state = replace(
+        decision.state,
+        enabled=before.enabled,
+        draft_length=before.draft_length,
+        last_toggle=before.last_toggle,
+        enable_evidence=before.enable_evidence,
+        evidence_at=before.evidence_at,
+        switch_credit=before.switch_credit,
+        credit_at=before.credit_at,
+    )
+    until = knowledge.ledger.probing_until_s
+    ends = "" if until is None else f" until {datetime.fromtimestamp(until, UTC).strftime('%H:%M:%SZ')}"
+    message = (
+        f"Held for the split-fleet A/B measuring this load{ends}: its verdict comes first. "
+        f"The model alone would say: {decision.message}"
+    )
+    length = before.draft_length if before.enabled else 0
+    return Decision(state, length, "HeldForSplit", message, decision.predicted_speedup, changed=False)
 
 
 def _split_decision(
