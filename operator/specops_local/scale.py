@@ -34,7 +34,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -758,6 +758,20 @@ def report(result: ScaleResult) -> str:
     return "\n".join(f"{label:<{width}}  {value}" for label, value in rows)
 
 
+async def _stopping_on_terminate(run: Coroutine[Any, Any, T]) -> T:
+    """The run, cancelled by SIGTERM as asyncio.run cancels it on SIGINT: its blocks then stop
+    what they started (Prometheus, the operator, the pod farms). Python's default for SIGTERM ends
+    the process at once, and Prometheus, which does not watch its parent, kept running."""
+    task = asyncio.current_task()
+    assert task is not None
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGTERM, task.cancel)
+    try:
+        return await run
+    finally:
+        loop.remove_signal_handler(signal.SIGTERM)
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(
         prog="specops bench scale",
@@ -799,19 +813,25 @@ def main(argv: list[str]) -> int:
         workdir = args.workdir or Path(
             stack.enter_context(tempfile.TemporaryDirectory(prefix="specops-scale-"))
         )
-        result = asyncio.run(
-            run_scale(
-                args.resources,
-                workdir,
-                interval=args.interval,
-                cycles=args.cycles,
-                rollout=args.rollout,
-                reconcile_timeout_s=args.timeout,
-                profile=args.profile,
-                log_level=args.log_level,
-                farms=args.farms,
+        try:
+            result = asyncio.run(
+                _stopping_on_terminate(
+                    run_scale(
+                        args.resources,
+                        workdir,
+                        interval=args.interval,
+                        cycles=args.cycles,
+                        rollout=args.rollout,
+                        reconcile_timeout_s=args.timeout,
+                        profile=args.profile,
+                        log_level=args.log_level,
+                        farms=args.farms,
+                    )
+                )
             )
-        )
+        except asyncio.CancelledError:
+            print("specops bench scale: terminated; every process it started has stopped", file=sys.stderr)
+            return 128 + signal.SIGTERM
     print(report(result))
     write_json(asdict(result), args.json)
     return 0

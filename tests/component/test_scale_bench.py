@@ -8,7 +8,9 @@ figure is there and plausible, and that the farm closed its pods' ports when the
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -81,3 +83,55 @@ def test_scale_bench_writes_every_figure_for_a_small_fleet(tmp_path: Path) -> No
         host, port = group["targets"][0].split(":")
         with socket.socket() as probe:
             assert probe.connect_ex((host, int(port))) != 0, f"{group['labels']['pod']} still listens"
+
+
+def _children(pid: int) -> dict[int, str]:
+    """The process's children (from every thread's list) and their command names."""
+    found: dict[int, str] = {}
+    for children in Path(f"/proc/{pid}/task").glob("*/children"):
+        for child in children.read_text().split():
+            comm = Path(f"/proc/{child}/comm")
+            if comm.exists():
+                found[int(child)] = comm.read_text().strip()
+    return found
+
+
+def _alive(pid: int) -> bool:
+    status = Path(f"/proc/{pid}/stat")
+    return status.exists() and status.read_text().rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def test_a_terminated_scale_bench_stops_every_process_it_started(tmp_path: Path) -> None:
+    # Given a scale bench whose Prometheus, pod farm and operator are running
+    command = [sys.executable, "-m", "specops.cli", "bench", "scale", "--resources", "2"]
+    command += ["--interval", "2s", "--cycles", "50", "--rollout", "2s", "--workdir", str(tmp_path / "work")]
+    bench = subprocess.Popen(
+        command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        assert bench.stderr is not None
+        seen: list[str] = []
+        for line in bench.stderr:
+            seen.append(line)
+            if "operator running" in line:
+                break
+        else:
+            pytest.fail("".join(seen)[-3000:])
+        started = _children(bench.pid)
+        assert "prometheus" in started.values(), started
+        assert len(started) >= 3, started  # Prometheus, the pod farm, the operator
+        # When it is sent SIGTERM (as `timeout`, a CI runner or a profiler's end sends it)
+        bench.terminate()
+        rest = bench.communicate(timeout=60)[1]
+    finally:
+        if bench.poll() is None:
+            bench.kill()
+            bench.wait()
+    # Then it says so, and none of the processes it started outlives it
+    outlived = [f"{name} ({pid})" for pid, name in started.items() if _alive(pid)]
+    for pid in started:  # (the test stops what a failure left behind)
+        if _alive(pid):
+            os.kill(pid, signal.SIGKILL)
+    assert bench.returncode == 128 + 15, "".join(seen)[-2000:] + rest[-2000:]
+    assert "terminated; every process it started has stopped" in rest
+    assert outlived == []
