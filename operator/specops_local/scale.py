@@ -53,7 +53,7 @@ from specops_local.prometheus import PrometheusProcess, free_port, run_prometheu
 from specops_local.remote_cluster import USER_AGENT as FARM_AGENT
 from specops_local.serving import ServingController
 from specops_local.sim import LoadPoint
-from specops_local.stack import EXAMPLES, operator_environment
+from specops_local.stack import EXAMPLES, interrupt_cancels, operator_environment
 
 EXAMPLE = "dense-70b-7b.yaml"
 SERVING_POLL_S = 2.0
@@ -764,12 +764,8 @@ async def _stopping_on_terminate(run: Coroutine[Any, Any, T]) -> T:
     the process at once, and Prometheus, which does not watch its parent, kept running."""
     task = asyncio.current_task()
     assert task is not None
-    loop = asyncio.get_running_loop()
-    loop.add_signal_handler(signal.SIGTERM, task.cancel)
-    try:
+    with interrupt_cancels(task, signals=(signal.SIGTERM,)):
         return await run
-    finally:
-        loop.remove_signal_handler(signal.SIGTERM)
 
 
 def main(argv: list[str]) -> int:

@@ -209,13 +209,18 @@ async def local_stack(
 
 @contextlib.contextmanager
 def interrupt_cancels(
-    task: asyncio.Task[Any], on_interrupt: Callable[[], None] = lambda: None
+    task: asyncio.Task[Any],
+    on_interrupt: Callable[[], None] = lambda: None,
+    *,
+    signals: tuple[signal.Signals, ...] = (signal.SIGINT,),
 ) -> Iterator[None]:
     """Ctrl+C cancels ``task`` (so every ``async with`` unwinds) instead of only stopping the operator.
 
     Kopf installs its own SIGINT handler, which would stop the operator and leave the rest
     waiting; enter this after the stack started. Further Ctrl+C presses are ignored while the
-    stack stops (until the operator's runner hands SIGINT back to Python).
+    stack stops (until the operator's runner hands SIGINT back to Python). ``signals``: others
+    that cancel it the same way (SIGTERM, whose Python default ends the process at once and
+    leaves its children running).
     """
     loop = asyncio.get_running_loop()
     if threading.current_thread() is not threading.main_thread():
@@ -227,13 +232,15 @@ def interrupt_cancels(
             on_interrupt()
             task.cancel()
 
-    loop.add_signal_handler(signal.SIGINT, interrupted)
+    for signum in signals:
+        loop.add_signal_handler(signum, interrupted)
     try:
         yield
     finally:
         if not task.cancelling():
             with contextlib.suppress(NotImplementedError, RuntimeError):
-                loop.remove_signal_handler(signal.SIGINT)
+                for signum in signals:
+                    loop.remove_signal_handler(signum)
 
 
 @contextlib.contextmanager
