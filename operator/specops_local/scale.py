@@ -230,7 +230,8 @@ async def _wait_live(process: asyncio.subprocess.Process, url: str, log: Path) -
 async def _operator_counters(metrics_url: str) -> dict[str, float] | None:
     """From the operator's metrics endpoint: its time in the garbage collector so far
     (`specops_gc_seconds_total`, by generation as "gc0", "gc1", "gc2") and its ticks by outcome
-    (`specops_control_ticks_total`, as "decided" and "rested"); None when it does not answer."""
+    (`specops_control_ticks_total`, as "decided" and "rested") and the rests its looks ended
+    (`specops_rests_ended_total`, as "ended: <why>"); None when it does not answer."""
     async with httpx.AsyncClient(timeout=30.0) as http:
         try:
             answer = await http.get(metrics_url)
@@ -245,6 +246,8 @@ async def _operator_counters(metrics_url: str) -> dict[str, float] | None:
                 counters[f"gc{sample.labels['generation']}"] = sample.value
             elif sample.name == "specops_control_ticks_total":
                 counters[sample.labels["outcome"]] = sample.value
+            elif sample.name == "specops_rests_ended_total":
+                counters[f"ended: {sample.labels['why']}"] = sample.value
     return counters
 
 
@@ -706,6 +709,22 @@ async def run_scale(
             if before is not None and after is not None
             else (0.0, 0.0)
         )
+        if before is not None and after is not None:
+            ended = {
+                key.removeprefix("ended: "): count - before.get(key, 0.0)
+                for key, count in after.items()
+                if key.startswith("ended: ") and count > before.get(key, 0.0)
+            }
+            say(
+                "rests ended per cycle in the window, by why (services/tick.py REST_ENDS): "
+                + (
+                    ", ".join(
+                        f"{why} {count / measured_cycles:.1f}"
+                        for why, count in sorted(ended.items(), key=lambda item: -item[1])
+                    )
+                    or "none"
+                )
+            )
         say(
             "the operator's API requests per resource and cycle in the window: "
             + ", ".join(

@@ -365,6 +365,7 @@ async def _measure(
                 gc.collect()
                 fleet.writes = fleet.events = fleet.rested = 0
                 fleet.reasons.clear()
+                services.ticker.rest_ends.clear()
                 profiler = cProfile.Profile() if profile_out is not None else None
                 with _api_server_cpu(cluster) as api_cpu:
                     start = time.process_time()
@@ -385,6 +386,11 @@ async def _measure(
                 await services.close()
     ticks = resources * cycles
     print("Events over the measured cycles:", dict(fleet.reasons.most_common()), file=sys.stderr)
+    print(
+        "Rests ended over the measured cycles:",
+        dict(services.ticker.rest_ends.most_common()),
+        file=sys.stderr,
+    )
     own = max(0.0, spent - api_cpu[0])
     return TickCostResult(
         resources=resources,

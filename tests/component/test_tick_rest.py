@@ -172,6 +172,40 @@ async def test_a_measurement_that_moves_the_decision_is_decided_at_once(
     )
 
 
+async def test_a_decision_waiting_on_a_clock_rests_and_its_switch_is_decided_at_once(
+    cluster: EmulatedCluster, operator_env: None, large_fleet: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a settled resource at rest, speculating, whose batch jumps past break-even: off is
+    # held by the minimum dwell since speculation went on (a decision in full)
+    services, _, metrics, ticker = await _settled(cluster)
+    decisions = _full_decisions(monkeypatch)
+    try:
+        metrics.batch = 400.0
+        held = await ticker.ticks(1)
+        ended_by_the_jump = services.ticker.rest_ends["decision"]
+        # When it ticks on while the dwell runs
+        waiting = await ticker.ticks(2)
+        decided_while_waiting, ended_while_waiting = len(decisions), services.ticker.rest_ends["decision"]
+        # and once the dwell has run out
+        ticker.now += timedelta(minutes=1)
+        switched = await ticker.ticks(1)
+    finally:
+        await services.close()
+
+    # Then the held decision rests while it waits (it would say the same every interval), looked
+    # at every interval with its clock moved
+    assert _decided(held) == [True] and held[0].status["speculation"]["reason"] == "HeldMinDwell"
+    assert _decided(waiting) == [False, False] and decided_while_waiting == 1
+    assert ended_while_waiting == ended_by_the_jump == 1
+    # and the look that finds the wait over hands the switch to a full tick at once
+    assert _decided(switched) == [True] and len(decisions) == 2
+    assert services.ticker.rest_ends["decision"] == 2
+    speculation = switched[0].status["speculation"]
+    assert speculation["reason"] == "SpeculationDisabledHighBatch" and speculation["state"] == "off", (
+        speculation
+    )
+
+
 @pytest.mark.parametrize(
     ("blind", "tpot_s", "decided"),
     [(True, 0.012, True), (False, 0.012, False), (False, None, True)],

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from specops.adapters import operator_metrics
 from specops.adapters.kube import KubeClient
 from specops.api.models import API_VERSION, KIND
 from specops_local.prometheus import PrometheusProcess
@@ -278,6 +279,7 @@ async def test_a_resource_at_rest_is_looked_at_by_the_rest_pass_and_a_load_surge
         what="the rest pass holding and looking at the resource",
     )
     ended_before = rests.ended  # the daemon waits on its hold: only a look can end it
+    counted_before = _rests_ended_counted()
 
     # When the load rises far past break-even
     serving.set_load(HIGH)
@@ -286,3 +288,18 @@ async def test_a_resource_at_rest_is_looked_at_by_the_rest_pass_and_a_load_surge
     # have (the 20-rest budget would otherwise hold it for 20 s)
     await all_pods_at(serving, lambda n: n == 0, 12, "speculation off at high load")
     assert rests.ended > ended_before
+    # and the operator's metrics say why each rest ended (what sends resources to full ticks)
+    counted = _rests_ended_counted()
+    new = {why: counted[why] - counted_before.get(why, 0.0) for why in counted}
+    assert sum(new.values()) == rests.ended - ended_before, new
+    assert set(new) <= set(tick_module.REST_ENDS), new
+
+
+def _rests_ended_counted() -> dict[str, float]:
+    """The operator's ``specops_rests_ended_total`` by why."""
+    return {
+        sample.labels["why"]: sample.value
+        for family in operator_metrics.METRICS.rests_ended.collect()
+        for sample in family.samples
+        if sample.name.endswith("_total")
+    }

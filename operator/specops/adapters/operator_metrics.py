@@ -264,6 +264,12 @@ class OperatorMetrics:
             registry=r,
         )
         self._tick_children = (self.ticks.labels("decided"), self.ticks.labels("rested"))
+        self.rests_ended = Counter(
+            "specops_rests_ended",
+            "Rests a look ended, sending the resource to a full tick, by why (services/tick.py REST_ENDS).",
+            ["why"],
+            registry=r,
+        )
         self.errors = Counter(
             "specops_errors",
             "Errors talking to the Kubernetes API, Prometheus or Triton, by component and kind.",
@@ -493,6 +499,10 @@ class OperatorMetrics:
         """One resource's tick ended, at rest or having decided."""
         self._tick_children[1 if rested else 0].inc()
 
+    def count_rest_end(self, why: str) -> None:
+        """A look ended a resource's rest (``why``: a key of services/tick.py REST_ENDS)."""
+        self.rests_ended.labels(why).inc()
+
     def count_error(self, component: str, kind: str) -> None:
         """One failed call to ``component`` (kubernetes, prometheus, triton); ``kind`` says how it failed."""
         self.errors.labels(component, kind).inc()
@@ -595,5 +605,6 @@ time_reconcile = METRICS.time_reconcile
 time_tick = METRICS.time_tick
 count_error = METRICS.count_error
 count_tick = METRICS.count_tick
+count_rest_end = METRICS.count_rest_end
 count_gc = METRICS.count_gc
 serve = METRICS.serve

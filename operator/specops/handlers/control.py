@@ -191,6 +191,7 @@ def rest_look(
         serving = None if pods is None else list(pods.get(label, ()))
         measured = services.rest(namespace, name, now, body, serving)
         if measured is None:
+            operator_metrics.count_rest_end(services.ticker.last_rest_end)
             return None
         operator_metrics.count_tick(True)
         operator_metrics.observe_measurement(namespace, name, measured)

@@ -86,6 +86,8 @@ class ControlLoop:
         # same spec object (typed once per generation) with the same draft verdicts: building them
         # parsed the spec's sizes and durations again every tick.
         self._configs: dict[tuple[str, str], _Configs] = {}
+        self.rest_ended = ""
+        """Why the last ``rest`` that returned None ended the rest (one of REST_ENDS' keys)."""
 
     async def _profile(
         self,
@@ -210,15 +212,19 @@ class ControlLoop:
         key = _key(resource)
         remembered = self._memory.get(key)
         if remembered is None or remembered.rest is None:
+            self.rest_ended = "not-at-rest"
             return None
         rest = remembered.rest
         if remembered.uid != str(resource.metadata.get("uid", "")) or rest.pods != _serving(endpoints):
+            self.rest_ended = "pods"
             return None  # another pod, or a restarted container (which reads its settings afresh)
         measurement = self._measure(resource, rest.draft_length, now)
         if not measurement.ok:
+            self.rest_ended = "metrics"
             return None
         observation = cs.observation_from(measurement)
         if (rest.observation.tpot_p50_s is None) != (observation.tpot_p50_s is None):
+            self.rest_ended = "latency-reading"
             return None  # a latency reading appeared or vanished: looked at in full
         # learning goes on, as in a full tick: the sample and the batch the load test pairs it
         # with, the model on the newest statistics (solved again when they hold news), the guard
@@ -226,6 +232,7 @@ class ControlLoop:
         seen = _seen(measurement, observation)
         knowledge = learning.track_load(remembered.knowledge, seen.batch, learn, now)
         if rest.settling and learning.settled(knowledge, learn, now):
+            self.rest_ended = "settled"
             return None  # the new setting now measures itself: the first settled look is in full
         knowledge = learning.observe(knowledge, seen, rest.config.setup, learn, now)
         config, fitted, fit = rest.config, rest.fitted, remembered.fit
@@ -239,18 +246,21 @@ class ControlLoop:
             fit = model.fit
         again = decide(config, remembered.state, observation, now)
         if not (
-            steady(again, voting=True)
+            steady(again, voting=True, waiting=True)
             and again.num_draft_tokens == rest.draft_length
             and again.reason == rest.reason
         ):
+            self.rest_ended = "decision"
             return None
         blind = fitted is None and rest.draft_length > 0  # speculating with no guard at all
         if fitted is not None:
             verdict = learning.guard(knowledge, fitted, seen, again.num_draft_tokens, learn, now)
             if verdict.fired or verdict.state.slowdown_streak:
+                self.rest_ended = "slowdown"
                 return None  # a slowdown to count: the tick does, from the state before this look
             knowledge, blind = verdict.state, verdict.blind
         if blind and slower(rest.observation, observation):
+            self.rest_ended = "slower-unguarded"
             return None  # a slowdown the guard cannot see: the model is solved again on it in full
         if config is not rest.config:
             rest = replace(rest, config=config, fitted=fitted)
@@ -527,7 +537,7 @@ class ControlLoop:
                 )
         knowledge = replace(knowledge, decided_at=now)
         at_rest = (
-            steady(decision, voting=True)
+            steady(decision, voting=True, waiting=True)
             and not events
             and split is None
             and split_verdict is None

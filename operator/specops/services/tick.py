@@ -15,6 +15,7 @@ A part whose API calls fail keeps its blocks as they were; the others still land
 
 from __future__ import annotations
 
+import collections
 import logging
 import math
 from collections.abc import Callable, Mapping, Sequence
@@ -83,6 +84,24 @@ pair 0.953, mean 0.982, slower than plain 2.5 %, 5.5 and 5.6 length steps an hou
 and 84.1 % of the intervals), and at 2,000 nearly every full tick of a resource at rest was also
 its refresh write: 2.5 halves both (in process at 200 paced as 2,000, four interleaved pairs:
 0.392 against 0.371 ms a tick)."""
+
+REST_ENDS = {
+    "budget": "decided in full on schedule (SETTLED_DECISIONS_PER_S, ROUTE_CHECKS_PER_S)",
+    "resource": "the resource changed (a new resourceVersion: spec, status or metadata)",
+    "pods": "other serving pods, or a serving container restarted",
+    "pods-unknown": "the operator's pod index had no answer",
+    "metrics": "no usable measurement (an outage, stale or missing series)",
+    "latency-reading": "a latency reading appeared or vanished",
+    "settled": "a setting applied before the rest has now held a full rate window",
+    "decision": "the policy decides otherwise on the measurement now",
+    "slowdown": "the measured-slowdown guard counts a slow reading",
+    "slower-unguarded": "speculating where the guard is blind, the token latency reads slower",
+    "deleting": "the resource is being deleted",
+    "not-at-rest": "the control loop holds no rest for it (restarted, or replaced)",
+}
+"""Why a look ends a rest and sends the resource to a full tick (``ResourceTick.rest_ends``, the
+operator's ``specops_rests_ended_total{why}``): each is a full tick, about ten looks' CPU."""
+
 
 ROUTE_CHECKS_PER_S = 15.0
 """The full-decision pace of a resource at rest whose canaries route through Gateway API
@@ -232,6 +251,9 @@ class ResourceTick:
         self._resources: dict[tuple[str, str], _Validated] = {}
         self._specs = SharedModels()  # the kept specs' equal parts, held once across resources
         self._at_rest: dict[tuple[str, str], _AtRest] = {}
+        self.rest_ends: collections.Counter[str] = collections.Counter()
+        """Rests ended, by why (REST_ENDS): what sends a resource at rest to a full tick."""
+        self.last_rest_end = ""
 
     async def run(
         self,
@@ -322,6 +344,8 @@ class ResourceTick:
             measured = self._rests(key, body, serving, at_rest.interval_s, now)
             if measured is not None:
                 return measured
+        else:
+            self._rest_ended("deleting")
         del self._at_rest[key]  # the tick that follows decides in full, without looking again
         return None
 
@@ -337,20 +361,31 @@ class ResourceTick:
         tick left the resource at rest, nothing about it changed since (resourceVersion, serving
         pods, measurement), and it has not rested as many ticks in a row as the fleet's size allows."""
         at_rest = self._at_rest.get(key)
-        if at_rest is None or serving is None:
+        if at_rest is None:
+            return None
+        if serving is None:
+            self._rest_ended("pods-unknown")
             return None
         cached = self._resources.get(key)
         version = (body.get("metadata") or {}).get("resourceVersion")
         if cached is None or version != at_rest.version or cached.version != version:
+            self._rest_ended("resource")
             return None
         routed = cached.resource.spec.canary.traffic_routing.gateway_api is not None
         pace = ROUTE_CHECKS_PER_S if routed else SETTLED_DECISIONS_PER_S
         if at_rest.rested + 1 > len(self._resources) / (pace * interval_s):
+            self._rest_ended("budget")
             return None
         measured = self.control.rest(cached.resource, sorted_endpoints(serving), now)
         if measured is not None:
             at_rest.rested += 1
+        else:
+            self._rest_ended(self.control.rest_ended)
         return measured
+
+    def _rest_ended(self, why: str) -> None:
+        self.last_rest_end = why
+        self.rest_ends[why] += 1
 
     def _validated(
         self, namespace: str, name: str, body: dict[str, Any]
