@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import re
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -19,6 +20,7 @@ from specops.domain.metrics import (
     Q_BATCH,
     Q_DRAFT_STEPS,
     Q_DRAFTED,
+    Q_POD_BATCH,
     Q_PODS,
     Q_REQUESTS,
     Q_TOKENS,
@@ -29,6 +31,7 @@ from specops.domain.metrics import (
     REASON_NO_METRICS,
     REASON_STALE,
     Measurement,
+    PodMeasurement,
     Snapshot,
     build_snapshot,
     rate_window_s,
@@ -285,6 +288,34 @@ def test_series_without_the_deployment_label_are_ignored() -> None:
     raw = raw_for("vllm", 0.7, 4)
     raw[Q_BATCH].append({"metric": {"namespace": "x"}, "value": [0, "5"]})
     assert set(build_snapshot(PROFILES["vllm"], raw, T0).measurements) == {KEY}
+
+
+def test_a_cycles_snapshot_leaves_nothing_per_resource_for_the_garbage_collector() -> None:
+    # A fleet's snapshot lives a whole cycle: per-resource objects in it were scanned by every young
+    # and middle pass and promoted to the oldest generation, bringing full passes closer
+    fleet = 300
+    raw: dict[str, list[dict[str, Any]]] = {}
+    for index in range(fleet):
+        for quantity, samples in raw_for("triton-trtllm", 0.7, 4).items():
+            labels = {**samples[0]["metric"], "specops_deployment": f"chat-{index}"}
+            raw.setdefault(quantity, []).append({**samples[0], "metric": labels})
+        pod_labels = {**raw[Q_BATCH][-1]["metric"], "pod": f"chat-{index}-0"}
+        raw.setdefault(Q_POD_BATCH, []).append({"metric": pod_labels, "value": [0, "12"]})
+    gc.collect()
+    gc.disable()
+    try:
+        before = len(gc.get_objects())
+        snapshot = build_snapshot(PROFILES["triton-trtllm"], raw, T0)
+        gc.collect(0)  # the young pass that follows a poll (it untracks tuples of strings)
+        held = len(gc.get_objects()) - before
+    finally:
+        gc.enable()
+    assert held < 20, held
+    # and every resource is still measured, with its pod, when looked up
+    measured = snapshot.lookup(KEY[0], f"chat-{fleet - 1}", KEY[2], now=T0, max_age_s=30)
+    assert measured.ok and measured.alpha == pytest.approx(0.7, abs=1e-6)
+    assert measured.per_pod == {f"chat-{fleet - 1}-0": PodMeasurement(batch=12.0)}
+    assert len(snapshot.measurements) == len(snapshot.by_draft) == fleet
 
 
 def assert_error_without_numbers(measured: Measurement, reason: str) -> None:
