@@ -42,13 +42,14 @@ class MovableMetrics(SteadyMetrics):
         super().__init__()
         self.batch = 4.0
         self.tpot_s: float | None = 0.01
+        self.tpot_mean_s: float | None = None
         self.outage = False
 
     def lookup(self, *args: Any, **kwargs: Any) -> Measurement:
         measured = super().lookup(*args, **kwargs)
         if self.outage:
             return Measurement.failed(measured.at, "PrometheusUnreachable", "connection refused")
-        return replace(measured, batch=self.batch, tpot_p50_s=self.tpot_s)
+        return replace(measured, batch=self.batch, tpot_p50_s=self.tpot_s, tpot_mean_s=self.tpot_mean_s)
 
 
 def _serving(cluster: EmulatedCluster) -> list[PodEndpoint]:
@@ -248,6 +249,48 @@ async def test_a_slower_token_latency_is_decided_at_once_only_where_the_slowdown
     assert verdicts and _decided(slower) == [decided]
     # and a reading the guard counts toward a slowdown decides at once
     assert _decided(counted) == [True]
+
+
+async def test_where_the_mean_token_latency_is_measured_a_blind_guards_tripwire_reads_the_mean(
+    cluster: EmulatedCluster, operator_env: None, large_fleet: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a settled resource at rest whose engine measures the mean token latency (the histogram's
+    # sum over its count), its slowdown guard blind at its batch
+    monkeypatch.setattr(
+        learning,
+        "guard",
+        lambda state, *args: learning.GuardVerdict(replace(state, slowdown_streak=0), blind=True),
+    )
+    services, _, metrics, ticker = await _settled_with_mean(cluster, monkeypatch)
+    try:
+        # When the median reads 20 % slower while the mean holds (the median is interpolated within
+        # a histogram bucket: a bucket's edges are further apart than the tolerance)
+        metrics.tpot_s = 0.012
+        median_only = await ticker.ticks(1)
+        # and then the mean reads 20 % slower
+        metrics.tpot_mean_s = 0.012
+        mean_too = await ticker.ticks(1)
+    finally:
+        await services.close()
+
+    # Then the median alone keeps the rest, and the mean ends it: a full tick solves the model on it
+    assert _decided(median_only) == [False]
+    assert _decided(mean_too) == [True]
+    assert services.ticker.rest_ends["slower-unguarded"] == 1
+
+
+async def _settled_with_mean(
+    cluster: EmulatedCluster, monkeypatch: pytest.MonkeyPatch
+) -> tuple[Any, Any, MovableMetrics, Ticker]:
+    """`_settled`, its measurements carrying a mean token latency of 10 ms from the start."""
+    init = MovableMetrics.__init__
+
+    def with_mean(self: MovableMetrics) -> None:
+        init(self)
+        self.tpot_mean_s = 0.01
+
+    monkeypatch.setattr(MovableMetrics, "__init__", with_mean)
+    return await _settled(cluster)
 
 
 async def test_a_pod_that_leaves_or_a_spec_that_changes_is_decided_at_once(

@@ -259,7 +259,7 @@ class ControlLoop:
                 self.rest_ended = "slowdown"
                 return None  # a slowdown to count: the tick does, from the state before this look
             knowledge, blind = verdict.state, verdict.blind
-        if blind and slower(rest.observation, observation):
+        if blind and slower(rest.tpot_s, seen.tpot_s):
             self.rest_ended = "slower-unguarded"
             return None  # a slowdown the guard cannot see: the model is solved again on it in full
         if config is not rest.config:
@@ -558,6 +558,7 @@ class ControlLoop:
                 learn,
                 fitted if learns else None,
                 settling=learn.enabled and not learning.settled(knowledge, learn, now),
+                tpot_s=seen.tpot_s,
             )
             if at_rest
             else None
@@ -652,6 +653,9 @@ class _Rest:
     settling: bool = False
     """The setting in force had not yet held a rate window (`learning.settled`): the rest ends at
     the first tick that finds it settled, which is then decided in full."""
+    tpot_s: float | None = None
+    """The token latency at the decision, as learning reads it (``_seen``): what a look compares
+    with where the slowdown guard is blind (`policy.slower`)."""
 
 
 @dataclass(frozen=True)
