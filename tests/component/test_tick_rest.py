@@ -279,6 +279,28 @@ async def test_where_the_mean_token_latency_is_measured_a_blind_guards_tripwire_
     assert services.ticker.rest_ends["slower-unguarded"] == 1
 
 
+async def test_a_cycle_without_its_latency_quantiles_keeps_the_rests_of_an_engine_that_measures_the_mean(
+    cluster: EmulatedCluster, operator_env: None, large_fleet: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a settled resource at rest whose engine measures the mean token latency
+    services, _, metrics, ticker = await _settled_with_mean(cluster, monkeypatch)
+    try:
+        # When a cycle's latency quantiles time out (at 2,000 pods the costliest queries; the
+        # cycle stands without them) while the mean is read
+        metrics.tpot_s = None
+        quantiles_gone = await ticker.ticks(1)
+        # and then the mean is gone too (no request finished in the window)
+        metrics.tpot_mean_s = None
+        mean_gone = await ticker.ticks(1)
+    finally:
+        await services.close()
+
+    # Then the rest holds through the quantiles' outage, and ends when the mean goes
+    assert _decided(quantiles_gone) == [False]
+    assert _decided(mean_gone) == [True]
+    assert services.ticker.rest_ends["latency-reading"] == 1
+
+
 async def _settled_with_mean(
     cluster: EmulatedCluster, monkeypatch: pytest.MonkeyPatch
 ) -> tuple[Any, Any, MovableMetrics, Ticker]:

@@ -223,13 +223,15 @@ class ControlLoop:
             self.rest_ended = "metrics"
             return None
         observation = cs.observation_from(measurement)
-        if (rest.observation.tpot_p50_s is None) != (observation.tpot_p50_s is None):
+        seen = _seen(measurement, observation)
+        if (rest.tpot_s is None) != (seen.tpot_s is None):
+            # the latency learning reads appeared or vanished: looked at in full (a cycle whose
+            # latency quantiles alone timed out keeps the mean, and keeps the fleet's rests)
             self.rest_ended = "latency-reading"
-            return None  # a latency reading appeared or vanished: looked at in full
+            return None
         # learning goes on, as in a full tick: the sample and the batch the load test pairs it
         # with, the model on the newest statistics (solved again when they hold news), the guard
         learn = rest.learn
-        seen = _seen(measurement, observation)
         knowledge = learning.track_load(remembered.knowledge, seen.batch, learn, now)
         if rest.settling and learning.settled(knowledge, learn, now):
             self.rest_ended = "settled"
