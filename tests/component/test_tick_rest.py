@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from specops.domain import learning
+from specops.domain.calibration import CalibratedModel
 from specops.domain.discovery import PodEndpoint, ready_endpoints
 from specops.domain.metrics import Measurement
 from specops.ports import KubeApiError
@@ -299,6 +300,35 @@ async def test_a_cycle_without_its_latency_quantiles_keeps_the_rests_of_an_engin
     assert _decided(quantiles_gone) == [False]
     assert _decided(mean_gone) == [True]
     assert services.ticker.rest_ends["latency-reading"] == 1
+
+
+async def test_a_blind_guards_tripwire_expects_the_latency_a_heavier_batch_brings(
+    cluster: EmulatedCluster, operator_env: None, large_fleet: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a settled resource at rest, speculating, its slowdown guard blind at its batch, whose
+    # model's round time here grows in proportion to the batch
+    monkeypatch.setattr(
+        learning,
+        "guard",
+        lambda state, *args: learning.GuardVerdict(replace(state, slowdown_streak=0), blind=True),
+    )
+    monkeypatch.setattr(CalibratedModel, "step_s", lambda self, length, batch, context=None: batch * 1e-3)
+    services, _, metrics, ticker = await _settled(cluster)
+    try:
+        # When the batch moves from 4 to 6 (the decision stays) and the latency reads 20 % slower:
+        # less than the 50 % the heavier batch brings
+        metrics.batch, metrics.tpot_s = 6.0, 0.012
+        explained = await ticker.ticks(1)
+        # and then 80 % slower at the same batch: more than it brings
+        metrics.tpot_s = 0.018
+        unexplained = await ticker.ticks(1)
+    finally:
+        await services.close()
+
+    # Then the first keeps the rest and the second ends it
+    assert _decided(explained) == [False]
+    assert _decided(unexplained) == [True]
+    assert services.ticker.rest_ends["slower-unguarded"] == 1
 
 
 async def _settled_with_mean(

@@ -17,6 +17,7 @@ fresh data returns.
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -32,6 +33,7 @@ from specops.domain.discovery import PodEndpoint
 from specops.domain.lifecycle import EventRecord
 from specops.domain.metrics import REASON_PENDING, Measurement
 from specops.domain.names import STABLE
+from specops.domain.perf import expected_tokens, speculative_step_time
 from specops.domain.policy import (
     PRIOR_ALPHA,
     Decision,
@@ -261,7 +263,7 @@ class ControlLoop:
                 self.rest_ended = "slowdown"
                 return None  # a slowdown to count: the tick does, from the state before this look
             knowledge, blind = verdict.state, verdict.blind
-        if blind and slower(rest.tpot_s, seen.tpot_s):
+        if blind and slower(_expected_at(rest, observation), seen.tpot_s):
             self.rest_ended = "slower-unguarded"
             return None  # a slowdown the guard cannot see: the model is solved again on it in full
         if config is not rest.config:
@@ -855,6 +857,30 @@ def _hold_length(
     state = replace(decision.state, draft_length=length)
     shown = reason or "BestModelledSpeedup"
     return Decision(state, length, shown, message, decision.predicted_speedup, changed=False)
+
+
+def _expected_at(rest: _Rest, now: Observation) -> float | None:
+    """The token latency the rest's decision read, carried to the batch and acceptance now by the
+    model it was decided on (the fit where learning runs, else the roofline): what a reading now
+    is compared with where the slowdown guard is blind (`policy.slower`). A heavier batch is
+    slower with no slowdown at all: at 2,000 noisy pods, comparing the readings as they were
+    ended 37 rests a cycle on the load's own noise."""
+    then = rest.observation
+    length = rest.draft_length
+    if rest.tpot_s is None or length <= 0:
+        return rest.tpot_s
+    alpha_then = then.alpha if then.alpha is not None else PRIOR_ALPHA
+    alpha_now = now.alpha if now.alpha is not None else alpha_then
+    if rest.fitted is not None:
+        step_then, step_now = rest.fitted.step_s(length, then.batch), rest.fitted.step_s(length, now.batch)
+    else:
+        setup = rest.config.setup
+        step_then = speculative_step_time(setup, max(1.0, then.batch), length)
+        step_now = speculative_step_time(setup, max(1.0, now.batch), length)
+    per_token_then = step_then / expected_tokens(alpha_then, length)
+    if per_token_then <= 0.0 or not math.isfinite(per_token_then):
+        return rest.tpot_s
+    return rest.tpot_s * (step_now / expected_tokens(alpha_now, length)) / per_token_then
 
 
 def _seen(measurement: Measurement, observation: Observation) -> learning.Observed:
