@@ -84,11 +84,15 @@ class Ticker:
         return outcomes
 
 
-async def _settled(cluster: EmulatedCluster) -> tuple[Any, Any, MovableMetrics, Ticker]:
+async def _settled(
+    cluster: EmulatedCluster, tpot_mean_s: float | None = None
+) -> tuple[Any, Any, MovableMetrics, Ticker]:
     """A serving resource in Dynamic on steady metrics, ticked until a tick rests (with the budget
-    of `large_fleet`, two more may)."""
+    of `large_fleet`, two more may); ``tpot_mean_s``: the mean token latency its engine measures
+    from the start (None: it measures none)."""
     services, counts = await counted_services(cluster)
     metrics = MovableMetrics()
+    metrics.tpot_mean_s = tpot_mean_s
     for service in _walk(services):
         if hasattr(service, "metrics"):
             service.metrics = metrics
@@ -103,6 +107,15 @@ def large_fleet(monkeypatch: pytest.MonkeyPatch) -> None:
     """The budget one resource at 1 s intervals gets in a fleet of 3,500 at 1,000 decisions a
     second: at most 3 ticks at rest in a row (1 / (SETTLED_DECISIONS_PER_S x 1 s) = 3.5)."""
     monkeypatch.setattr(tick_module, "SETTLED_DECISIONS_PER_S", 1 / 3.5)
+
+
+def _guard_blind(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The slowdown guard blind at every batch (plain speed never measured near it), counting nothing."""
+    monkeypatch.setattr(
+        learning,
+        "guard",
+        lambda state, *args: learning.GuardVerdict(replace(state, slowdown_streak=0), blind=True),
+    )
 
 
 def _decided(outcomes: list[Any]) -> list[bool]:
@@ -257,12 +270,8 @@ async def test_where_the_mean_token_latency_is_measured_a_blind_guards_tripwire_
 ) -> None:
     # Given a settled resource at rest whose engine measures the mean token latency (the histogram's
     # sum over its count), its slowdown guard blind at its batch
-    monkeypatch.setattr(
-        learning,
-        "guard",
-        lambda state, *args: learning.GuardVerdict(replace(state, slowdown_streak=0), blind=True),
-    )
-    services, _, metrics, ticker = await _settled_with_mean(cluster, monkeypatch)
+    _guard_blind(monkeypatch)
+    services, _, metrics, ticker = await _settled(cluster, tpot_mean_s=0.01)
     try:
         # When the median reads 20 % slower while the mean holds (the median is interpolated within
         # a histogram bucket: a bucket's edges are further apart than the tolerance)
@@ -284,7 +293,7 @@ async def test_a_cycle_without_its_latency_quantiles_keeps_the_rests_of_an_engin
     cluster: EmulatedCluster, operator_env: None, large_fleet: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Given a settled resource at rest whose engine measures the mean token latency
-    services, _, metrics, ticker = await _settled_with_mean(cluster, monkeypatch)
+    services, _, metrics, ticker = await _settled(cluster, tpot_mean_s=0.01)
     try:
         # When a cycle's latency quantiles time out (at 2,000 pods the costliest queries; the
         # cycle stands without them) while the mean is read
@@ -307,11 +316,7 @@ async def test_a_blind_guards_tripwire_expects_the_latency_a_heavier_batch_bring
 ) -> None:
     # Given a settled resource at rest, speculating, its slowdown guard blind at its batch, whose
     # model's round time here grows in proportion to the batch
-    monkeypatch.setattr(
-        learning,
-        "guard",
-        lambda state, *args: learning.GuardVerdict(replace(state, slowdown_streak=0), blind=True),
-    )
+    _guard_blind(monkeypatch)
     monkeypatch.setattr(CalibratedModel, "step_s", lambda self, length, batch, context=None: batch * 1e-3)
     services, _, metrics, ticker = await _settled(cluster)
     try:
@@ -329,20 +334,6 @@ async def test_a_blind_guards_tripwire_expects_the_latency_a_heavier_batch_bring
     assert _decided(explained) == [False]
     assert _decided(unexplained) == [True]
     assert services.ticker.rest_ends["slower-unguarded"] == 1
-
-
-async def _settled_with_mean(
-    cluster: EmulatedCluster, monkeypatch: pytest.MonkeyPatch
-) -> tuple[Any, Any, MovableMetrics, Ticker]:
-    """`_settled`, its measurements carrying a mean token latency of 10 ms from the start."""
-    init = MovableMetrics.__init__
-
-    def with_mean(self: MovableMetrics) -> None:
-        init(self)
-        self.tpot_mean_s = 0.01
-
-    monkeypatch.setattr(MovableMetrics, "__init__", with_mean)
-    return await _settled(cluster)
 
 
 async def test_a_pod_that_leaves_or_a_spec_that_changes_is_decided_at_once(

@@ -13,10 +13,10 @@ vectors to :func:`build_snapshot`.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from specops.domain.acceptance import alpha_from_acceptance_rate
 
@@ -55,6 +55,7 @@ REASON_PENDING = "MetricsPending"  # the first poll after start-up has not compl
 
 Key = tuple[str, str, str]
 """(namespace, deployment, variant)."""
+V = TypeVar("V")
 
 # Quantities that add up across the pods of two drafts, and those that are per-pod averages.
 _ADDITIVE = (Q_DRAFTED, Q_ACCEPTED, Q_DRAFT_STEPS, Q_REQUESTS, Q_TOKENS, Q_PODS)
@@ -470,7 +471,12 @@ def build_snapshot(
     values, drafts = _grouped(results, quantities, DRAFT_LABEL)
     pods, pod_names = _grouped(results, POD_QUANTITIES, "pod")
     cycle = _Cycle(profile, at, latency_error, values, drafts, pods, pod_names)
-    return Snapshot(at=at, phase="Ok", measurements=_Wholes(cycle), by_draft=_ByDraft(cycle))
+    return Snapshot(
+        at=at,
+        phase="Ok",
+        measurements=_OnDemand(cycle.whole, cycle.keys),
+        by_draft=_OnDemand(cycle.by_draft, cycle.drafts.keys),
+    )
 
 
 @dataclass(frozen=True)
@@ -519,39 +525,22 @@ class _Cycle:
         }
 
 
-class _Wholes(Mapping[Key, Measurement]):
-    """`Snapshot.measurements` of a cycle: each made when looked up."""
+class _OnDemand(Mapping[Key, V]):
+    """A cycle's measurements by resource key (`Snapshot.measurements`, `Snapshot.by_draft`), each
+    made by ``make`` when looked up (None: the key has none); ``keys`` gives the keys it has."""
 
-    def __init__(self, cycle: _Cycle) -> None:
-        self._cycle = cycle
+    def __init__(self, make: Callable[[Key], V | None], keys: Callable[[], Collection[Key]]) -> None:
+        self._make = make
+        self._keys = keys
 
-    def __getitem__(self, key: Key) -> Measurement:
-        found = self._cycle.whole(key)
+    def __getitem__(self, key: Key) -> V:
+        found = self._make(key)
         if found is None:
             raise KeyError(key)
         return found
 
     def __iter__(self) -> Iterator[Key]:
-        return iter(self._cycle.keys())
+        return iter(self._keys())
 
     def __len__(self) -> int:
-        return len(self._cycle.keys())
-
-
-class _ByDraft(Mapping[Key, Mapping[str, Measurement]]):
-    """`Snapshot.by_draft` of a cycle: each made when looked up."""
-
-    def __init__(self, cycle: _Cycle) -> None:
-        self._cycle = cycle
-
-    def __getitem__(self, key: Key) -> Mapping[str, Measurement]:
-        found = self._cycle.by_draft(key)
-        if found is None:
-            raise KeyError(key)
-        return found
-
-    def __iter__(self) -> Iterator[Key]:
-        return iter(self._cycle.drafts)
-
-    def __len__(self) -> int:
-        return len(self._cycle.drafts)
+        return len(self._keys())
