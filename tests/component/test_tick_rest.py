@@ -223,7 +223,7 @@ async def test_a_decision_waiting_on_a_clock_rests_and_its_switch_is_decided_at_
 
 @pytest.mark.parametrize(
     ("blind", "tpot_s", "decided"),
-    [(True, 0.012, True), (False, 0.012, False), (False, None, True)],
+    [(True, 0.012, True), (False, 0.012, False), (True, None, False)],
     ids=["guard-blind", "guard-sees", "latency-gone"],
 )
 async def test_a_slower_token_latency_is_decided_at_once_only_where_the_slowdown_guard_is_blind(
@@ -258,8 +258,8 @@ async def test_a_slower_token_latency_is_decided_at_once_only_where_the_slowdown
         await services.close()
 
     # Then a blind guard's slower reading decides in full (a new solve of the model is what could see
-    # it), as does a latency gone, though the policy alone would decide the same; a slower reading
-    # the guard judged keeps the rest
+    # it), though the policy alone would decide the same; a slower reading the guard judged keeps
+    # the rest, as does a latency gone (nothing, a full tick included, could judge it)
     assert verdicts and _decided(slower) == [decided]
     # and a reading the guard counts toward a slowdown decides at once
     assert _decided(counted) == [True]
@@ -289,26 +289,40 @@ async def test_where_the_mean_token_latency_is_measured_a_blind_guards_tripwire_
     assert services.ticker.rest_ends["slower-unguarded"] == 1
 
 
-async def test_a_cycle_without_its_latency_quantiles_keeps_the_rests_of_an_engine_that_measures_the_mean(
+async def test_a_latency_reading_gone_keeps_the_rest_and_one_come_back_slower_ends_it_where_the_guard_is_blind(
     cluster: EmulatedCluster, operator_env: None, large_fleet: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # Given a settled resource at rest whose engine measures the mean token latency
+    # Given a settled resource at rest whose engine measures the mean token latency, speculating,
+    # its slowdown guard blind at its batch, in a fleet that allows it 10 rests in a row
+    _guard_blind(monkeypatch)
+    monkeypatch.setattr(tick_module, "SETTLED_DECISIONS_PER_S", 1 / 10.5)
     services, _, metrics, ticker = await _settled(cluster, tpot_mean_s=0.01)
     try:
         # When a cycle's latency quantiles time out (at 2,000 pods the costliest queries; the
         # cycle stands without them) while the mean is read
         metrics.tpot_s = None
         quantiles_gone = await ticker.ticks(1)
-        # and then the mean is gone too (no request finished in the window)
+        # and then the mean is gone too, for two cycles (no request finished in the window)
         metrics.tpot_mean_s = None
-        mean_gone = await ticker.ticks(1)
+        mean_gone = await ticker.ticks(2)
+        # and then it comes back as it was
+        metrics.tpot_mean_s = 0.01
+        back = await ticker.ticks(1)
+        # and then 20 % slower
+        metrics.tpot_mean_s = 0.012
+        slower = await ticker.ticks(1)
     finally:
         await services.close()
 
-    # Then the rest holds through the quantiles' outage, and ends when the mean goes
+    # Then the rest holds through both outages and the reading's return (a full tick would decide
+    # the same and learn nothing meanwhile), and a slower reading after it still ends the rest: it
+    # is compared with the decision's own reading
     assert _decided(quantiles_gone) == [False]
-    assert _decided(mean_gone) == [True]
-    assert services.ticker.rest_ends["latency-reading"] == 1
+    assert _decided(mean_gone) == [False, False]
+    assert _decided(back) == [False]
+    assert _decided(slower) == [True]
+    assert services.ticker.rest_ends["latency-reading"] == 0
+    assert services.ticker.rest_ends["slower-unguarded"] == 1
 
 
 async def test_a_blind_guards_tripwire_expects_the_latency_a_heavier_batch_brings(

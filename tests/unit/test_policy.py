@@ -823,7 +823,7 @@ def test_a_pending_vote_decided_again_on_the_same_measurement_is_confirmed_by_a_
         (0.0100, 0.0112, True),  # slower than the noise: the slowdown guard must look
         (0.0100, 0.0080, False),  # faster threatens nothing a decision guards against
         (None, 0.0080, True),  # appeared: speculation went on, or the pods came back
-        (0.0100, None, True),
+        (0.0100, None, False),  # gone (an idle pod): nothing reads slower, nothing could judge it
         (None, None, False),
     ],
 )

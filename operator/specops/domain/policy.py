@@ -232,16 +232,20 @@ def steady(decision: Decision, *, voting: bool = False, waiting: bool = False) -
 
 def slower(decided_s: float | None, now_s: float | None) -> bool:
     """Whether the token latency reads slower than at a decision by more than its noise (or
-    appeared or vanished): what the measured-slowdown guard watches, so a tick must look, whatever
-    the policy alone would decide. A faster reading threatens nothing a decision guards against.
+    appeared where the decision had none): what the measured-slowdown guard watches, so a tick must
+    look, whatever the policy alone would decide. A faster reading threatens nothing a decision
+    guards against, and neither does a reading gone: no request finished in the window (an idle
+    pod), and a full tick could judge nothing either (learning and the guard wait for a reading).
 
     The latency is the one learning and the guard read (`ControlLoop`'s ``_seen``): the mean where
     the engine measures one (the histogram's sum over its count, exact), else the median. The
     median is interpolated within a histogram bucket, and a bucket's edges are further apart
     than the tolerance: at 2,000 noisy pods, comparing medians ended 50 rests a cycle, half of
     all the rests that ended, on readings whose mean had not moved."""
-    if decided_s is None or now_s is None:
-        return decided_s is not now_s
+    if now_s is None:
+        return False
+    if decided_s is None:
+        return True
     return now_s > decided_s * (1.0 + REST_LATENCY_TOLERANCE)
 
 

@@ -190,8 +190,8 @@ class ControlLoop:
         still steady, a pending length vote allowed: its confirmation is a change, decided in
         full), and the slowdown guard counts no slow reading; where speculation runs and the
         guard is blind (no plain speed measured near the batch, or no guard), the token latency
-        reads no slower (``policy.slower``); and a latency reading that appeared or vanished is
-        looked at in full. A rest begun while the setting had not yet settled (``_Rest.settling``)
+        reads no slower (``policy.slower``); and a latency reading that appeared where the decision had
+        none is looked at in full (one gone keeps the rest: nothing could judge it). A rest begun while the setting had not yet settled (``_Rest.settling``)
         ends at the first tick that finds it settled. The measurement it rested on (for the
         operator's gauges); None, and nothing changed, otherwise.
 
@@ -226,9 +226,11 @@ class ControlLoop:
             return None
         observation = cs.observation_from(measurement)
         seen = _seen(measurement, observation)
-        if (rest.tpot_s is None) != (seen.tpot_s is None):
-            # the latency learning reads appeared or vanished: looked at in full (a cycle whose
-            # latency quantiles alone timed out keeps the mean, and keeps the fleet's rests)
+        if rest.tpot_s is None and seen.tpot_s is not None:
+            # the latency learning reads appeared where the decision had none: looked at in full,
+            # which takes it as the reading later looks compare with. One gone keeps the rest: a
+            # full tick would decide the same and learn nothing from it (nor would the guard); a
+            # cycle whose latency quantiles alone timed out keeps the mean, and the fleet's rests
             self.rest_ended = "latency-reading"
             return None
         # learning goes on, as in a full tick: the sample and the batch the load test pairs it

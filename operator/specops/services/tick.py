@@ -91,7 +91,7 @@ REST_ENDS = {
     "pods": "other serving pods, or a serving container restarted",
     "pods-unknown": "the operator's pod index had no answer",
     "metrics": "no usable measurement (an outage, stale or missing series)",
-    "latency-reading": "a latency reading appeared or vanished",
+    "latency-reading": "a latency reading appeared where the decision had none",
     "settled": "a setting applied before the rest has now held a full rate window",
     "decision": "the policy decides otherwise on the measurement now",
     "slowdown": "the measured-slowdown guard counts a slow reading",
