@@ -27,6 +27,7 @@ import asyncio
 import collections
 import contextlib
 import copy
+import math
 import os
 import shutil
 import signal
@@ -87,6 +88,12 @@ class ScaleResult:
     rested_share: float
     """The share of the window's ticks that rested (services.tick.SETTLED_DECISIONS_PER_S): none
     below 450 resources at 15 s; at 2,000 at most four in five."""
+    machine_reference_cpu_seconds: float
+    """The CPU a fixed piece of Python took right after the window, the stack still running
+    (`machine_reference`): how fast the machine was then. The same code's cycle read 1.16-1.51
+    CPU-s at 2,000 on different days, and in one of those runs the whole stack took half as
+    much CPU again as in another for the same reconcile: two runs compare only where this is
+    alike too."""
 
 
 DEFAULT_ROLLOUT = "30s"
@@ -738,6 +745,8 @@ async def run_scale(
         )
         say(f"the operator's liveness probe: {await _liveness(operator.liveness_url, operator.live_at)}")
         queries = await _prometheus_queries(prometheus) - queries_before - 1  # less our own first read
+        reference_s = machine_reference()
+        say(f"the machine's reference workload, the stack still running: {reference_s:.3f} CPU-s")
         return ScaleResult(
             resources=resources,
             initial_reconcile_seconds=round(initial_reconcile_s, 1),
@@ -756,8 +765,39 @@ async def run_scale(
             ),
             resources_stepping_at_start=stepping,
             rested_share=round(rested / (decided + rested), 3) if decided + rested > 0 else 0.0,
+            machine_reference_cpu_seconds=round(reference_s, 3),
         )
     raise AssertionError("unreachable")  # pragma: no cover (the exit stack does not swallow)
+
+
+REFERENCE_RUNS = 5
+REFERENCE_ROUNDS = 150_000
+
+
+def _reference_work(rounds: int) -> float:
+    """What the operator's cycle is made of, in miniature: small records made and dropped,
+    dictionaries looked up and filled, float arithmetic, function calls."""
+    table: dict[int, float] = {}
+    total = 0.0
+    for i in range(rounds):
+        batch, alpha, lengths = i * 0.5, 0.8, [i & 7, (i >> 3) & 7]
+        record = {"batch": batch, "alpha": alpha, "lengths": float(len(lengths))}
+        table[i & 1023] = record["batch"] * record["alpha"] + record["lengths"]
+        total += table.get((i * 7) & 1023, 0.0) / (1.0 + (i & 15))
+        total = math.fsum((total, -0.5 * total))
+    return total
+
+
+def machine_reference(runs: int = REFERENCE_RUNS, rounds: int = REFERENCE_ROUNDS) -> float:
+    """The least CPU time, in seconds, of ``runs`` runs of a fixed Python workload in this process
+    (about a tenth of a second each on an idle 2-core VM): the least, since sharing the machine
+    only ever slows a run. A figure for the machine's speed, not the operator's."""
+    spent = []
+    for _ in range(runs):
+        started = time.process_time()
+        _reference_work(rounds)
+        spent.append(time.process_time() - started)
+    return min(spent)
 
 
 def report(result: ScaleResult) -> str:
@@ -772,6 +812,7 @@ def report(result: ScaleResult) -> str:
         ("length steps per resource and cycle", f"{result.length_steps_per_resource_cycle:.3f}"),
         ("resources stepping at the start", f"{result.resources_stepping_at_start}"),
         ("ticks at rest", f"{100 * result.rested_share:.0f} %"),
+        ("machine reference (after the window)", f"{result.machine_reference_cpu_seconds:.3f} CPU-s"),
     ]
     width = max(len(label) for label, _ in rows)
     return "\n".join(f"{label:<{width}}  {value}" for label, value in rows)

@@ -34,6 +34,8 @@ KEYS = {
     "length_steps_per_resource_cycle",
     "resources_stepping_at_start",
     "rested_share",
+    # and how fast the machine was then
+    "machine_reference_cpu_seconds",
 }
 
 
@@ -60,6 +62,7 @@ def test_scale_bench_writes_every_figure_for_a_small_fleet(tmp_path: Path) -> No
     assert 0 <= figures["length_steps_per_resource_cycle"] <= figures["status_writes_per_resource_cycle"] + 1
     assert 0 <= figures["resources_stepping_at_start"] <= 3
     assert figures["rested_share"] == 0.0  # a fleet this small never rests
+    assert figures["machine_reference_cpu_seconds"] > 0
     assert "CPU per control cycle" in finished.stdout
     # measured where a deployment spends its life: after Baseline and Fixed, in Dynamic
     assert "every resource in the Dynamic phase after" in finished.stderr, finished.stderr[-3000:]
