@@ -802,12 +802,16 @@ class Soak:
             unrecovered = sum(
                 1 for r in self.faults if r.kind == kind and r.recovery_s is None and not r.cut_short
             )
-            if times or unrecovered:
+            cut_short = sum(1 for r in self.faults if r.kind == kind and r.recovery_s is None and r.cut_short)
+            if times or unrecovered or cut_short:
                 recovery[kind] = {
-                    "count": len(times) + unrecovered,
+                    "count": len(times) + unrecovered + cut_short,
                     "mean_s": round(statistics.fmean(times), 2) if times else None,
                     "max_s": max(times) if times else None,
                     "unrecovered": unrecovered,
+                    "cut_short": cut_short,
+                    # still recovering when the soak ended (a retraining round and its canary
+                    # started late): neither a recovery time nor a failure to recover
                 }
         violations = Counter(v.invariant for v in self.violations)
         return {
@@ -859,6 +863,7 @@ def summary(report: dict[str, Any]) -> str:
                 if row["unrecovered"]
                 else ""
             )
+            + (f"  still recovering when the soak ended: {row['cut_short']}" if row["cut_short"] else "")
         )
     canaries = report["canaries"]
     lines.append(

@@ -15,7 +15,7 @@ import yaml
 
 from specops.domain.retraining.naming import LABEL_ROUND
 from specops_local.cluster import EmulatedCluster
-from specops_local.soak import Excuse, Soak, SoakSettings
+from specops_local.soak import Excuse, FaultRecord, Soak, SoakSettings, summary
 from tests.conftest import EXAMPLES
 
 NAMESPACE = "default"
@@ -202,3 +202,24 @@ async def test_a_handler_failing_three_times_in_a_row_is_a_crash_loop_and_a_succ
     soak.check_crash_loops()
     assert violated(soak) == ["crash-loop"]
     assert "speculation_control default/llama-70b-chat" in soak.violations[0].detail
+
+
+async def test_a_recovery_the_soak_ended_is_reported_as_cut_short_not_left_out(soak: Soak) -> None:
+    # Given a soak whose new draft's canary finished, and whose target change's retraining round
+    # was still running when the soak ended
+    soak.faults.append(FaultRecord("new-draft", NAME, 10.0, ended_s=10.0, recovered_s=13.0))
+    soak.faults.append(FaultRecord("target-change", NAME, 250.0, ended_s=250.0, cut_short=True))
+
+    # When the soak reports
+    report = soak.report()
+
+    # Then the target change is listed, as still recovering rather than as a failure to recover
+    assert report["recovery"]["target-change"] == {
+        "count": 1,
+        "mean_s": None,
+        "max_s": None,
+        "unrecovered": 0,
+        "cut_short": 1,
+    }
+    assert report["recovery"]["new-draft"]["mean_s"] == 3.0
+    assert "still recovering when the soak ended: 1" in summary(report)
