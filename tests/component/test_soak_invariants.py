@@ -7,6 +7,7 @@ them is reduced to what the checks touch.
 from __future__ import annotations
 
 import logging
+import random
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -15,7 +16,7 @@ import yaml
 
 from specops.domain.retraining.naming import LABEL_ROUND
 from specops_local.cluster import EmulatedCluster
-from specops_local.soak import Excuse, FaultRecord, Soak, SoakSettings, summary
+from specops_local.soak import FAULT_KINDS, Excuse, FaultRecord, Soak, SoakSettings, round_order, summary
 from tests.conftest import EXAMPLES
 
 NAMESPACE = "default"
@@ -223,3 +224,17 @@ async def test_a_recovery_the_soak_ended_is_reported_as_cut_short_not_left_out(s
     }
     assert report["recovery"]["new-draft"]["mean_s"] == 3.0
     assert "still recovering when the soak ended: 1" in summary(report)
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_each_round_of_faults_begins_with_the_ones_that_run_in_the_background(seed: int) -> None:
+    # Given the soak's fault kinds and a seeded schedule
+    schedule = random.Random(seed)
+
+    # When a round's order is drawn
+    order = round_order(FAULT_KINDS, schedule)
+
+    # Then every kind comes once, and a new draft and a target change (a canary, a retraining round
+    # and its canary: minutes each) strike first, so a 5-minute soak sees them end
+    assert sorted(order) == sorted(FAULT_KINDS)
+    assert set(order[:2]) == {"new-draft", "target-change"}
