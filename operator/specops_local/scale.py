@@ -90,8 +90,8 @@ class ScaleResult:
     below 450 resources at 15 s; at 2,000 at most four in five."""
     machine_reference_cpu_seconds: float
     """The CPU a fixed piece of Python took right after the window, the stack still running
-    (`machine_reference`): how fast the machine was then. The same code's cycle read 1.16-1.51
-    CPU-s at 2,000 on different days, and in one of those runs the whole stack took half as
+    (`machine_reference`): how fast the machine was then. The same code's cycle read 1.16-1.65
+    CPU-s at 2,000 on different days and hours, and in one of those runs the whole stack took half as
     much CPU again as in another for the same reconcile: two runs compare only where this is
     alike too."""
 

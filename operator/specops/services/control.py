@@ -190,9 +190,10 @@ class ControlLoop:
         still steady, a pending length vote allowed: its confirmation is a change, decided in
         full), and the slowdown guard counts no slow reading; where speculation runs and the
         guard is blind (no plain speed measured near the batch, or no guard), the token latency
-        reads no slower (``policy.slower``); and a latency reading that appeared where the decision had
-        none is looked at in full (one gone keeps the rest: nothing could judge it). A rest begun while the setting had not yet settled (``_Rest.settling``)
-        ends at the first tick that finds it settled. The measurement it rested on (for the
+        reads no slower (``policy.slower``); and a latency reading that appeared where the decision
+        had none is looked at in full (one gone keeps the rest: nothing could judge it). A rest
+        begun while the setting had not yet settled (``_Rest.settling``) ends at the first tick
+        that finds it settled. The measurement it rested on (for the
         operator's gauges); None, and nothing changed, otherwise.
 
         Elsewhere a slower reading changes nothing a full tick would do: the guard judged it, or
