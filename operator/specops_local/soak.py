@@ -808,12 +808,12 @@ class Soak:
         by_kind: Counter[str] = Counter(record.kind for record in self.faults)
         recovery: dict[str, dict[str, Any]] = {}
         for kind in FAULT_KINDS:
-            times = [r.recovery_s for r in self.faults if r.kind == kind and r.recovery_s is not None]
-            unrecovered = sum(
-                1 for r in self.faults if r.kind == kind and r.recovery_s is None and not r.cut_short
-            )
-            cut_short = sum(1 for r in self.faults if r.kind == kind and r.recovery_s is None and r.cut_short)
-            if times or unrecovered or cut_short:
+            of_kind = [r for r in self.faults if r.kind == kind]
+            times = [r.recovery_s for r in of_kind if r.recovery_s is not None]
+            pending = [r for r in of_kind if r.recovery_s is None]
+            cut_short = sum(1 for r in pending if r.cut_short)
+            unrecovered = len(pending) - cut_short
+            if times or pending:
                 recovery[kind] = {
                     "count": len(times) + unrecovered + cut_short,
                     "mean_s": round(statistics.fmean(times), 2) if times else None,
