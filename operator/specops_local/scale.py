@@ -86,14 +86,19 @@ class ScaleResult:
     resources_stepping_at_start: int
     """Resources whose last decision stepped their length when the window began."""
     rested_share: float
-    """The share of the window's ticks that rested (services.tick.SETTLED_DECISIONS_PER_S): none
-    below 450 resources at 15 s; at 2,000 at most four in five."""
+    """The share of the window's ticks that rested (services.tick.SETTLED_DECISIONS_PER_S: none
+    up to 37 resources at 15 s; 82 % at 200 and 97-98 % at 2,000 in the runs of 2026-12-06)."""
     machine_reference_cpu_seconds: float
     """The CPU a fixed piece of Python took right after the window, the stack still running
     (`machine_reference`): how fast the machine was then. The same code's cycle read 1.16-1.65
     CPU-s at 2,000 on different days and hours, and in one of those runs the whole stack took half as
     much CPU again as in another for the same reconcile: two runs compare only where this is
     alike too."""
+    machine_cpu: str
+    """The processor as the kernel names it, and its clock (`machine_cpu`): a VM may name only
+    its family. The same code read 1.16-1.65 CPU-s a cycle at 2,000 on one kind of host, 0.46 on
+    another (an AMD EPYC at 2.6 GHz, reference 0.054): runs on different processors compare by
+    their references at best."""
 
 
 DEFAULT_ROLLOUT = "30s"
@@ -766,6 +771,7 @@ async def run_scale(
             resources_stepping_at_start=stepping,
             rested_share=round(rested / (decided + rested), 3) if decided + rested > 0 else 0.0,
             machine_reference_cpu_seconds=round(reference_s, 3),
+            machine_cpu=machine_cpu(),
         )
     raise AssertionError("unreachable")  # pragma: no cover (the exit stack does not swallow)
 
@@ -800,6 +806,25 @@ def machine_reference(runs: int = REFERENCE_RUNS, rounds: int = REFERENCE_ROUNDS
     return min(spent)
 
 
+def machine_cpu(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
+    """The first processor's model name and clock from ``cpuinfo``; "unknown" where it has none."""
+    try:
+        text = cpuinfo.read_text()
+    except OSError:
+        return "unknown"
+    fields: dict[str, str] = {}
+    for line in text.splitlines():
+        if not line.strip():
+            break  # the first processor's block only
+        name, _, value = line.partition(":")
+        fields.setdefault(name.strip(), value.strip())
+    model = fields.get("model name") or fields.get("Model") or "unknown"
+    try:
+        return f"{model}, {float(fields['cpu MHz']):.0f} MHz"
+    except (KeyError, ValueError):
+        return model
+
+
 def report(result: ScaleResult) -> str:
     rows = [
         ("resources", f"{result.resources}"),
@@ -813,6 +838,7 @@ def report(result: ScaleResult) -> str:
         ("resources stepping at the start", f"{result.resources_stepping_at_start}"),
         ("ticks at rest", f"{100 * result.rested_share:.0f} %"),
         ("machine reference (after the window)", f"{result.machine_reference_cpu_seconds:.3f} CPU-s"),
+        ("machine's processor", result.machine_cpu),
     ]
     width = max(len(label) for label, _ in rows)
     return "\n".join(f"{label:<{width}}  {value}" for label, value in rows)

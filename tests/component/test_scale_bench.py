@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from specops.bench import BENCHMARKS
+from specops_local.scale import machine_cpu
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -36,6 +37,7 @@ KEYS = {
     "rested_share",
     # and how fast the machine was then
     "machine_reference_cpu_seconds",
+    "machine_cpu",
 }
 
 
@@ -63,6 +65,7 @@ def test_scale_bench_writes_every_figure_for_a_small_fleet(tmp_path: Path) -> No
     assert 0 <= figures["resources_stepping_at_start"] <= 3
     assert figures["rested_share"] == 0.0  # a fleet this small never rests
     assert figures["machine_reference_cpu_seconds"] > 0
+    assert figures["machine_cpu"].split(",")[0] == machine_cpu().split(",")[0]
     assert "CPU per control cycle" in finished.stdout
     # measured where a deployment spends its life: after Baseline and Fixed, in Dynamic
     assert "every resource in the Dynamic phase after" in finished.stderr, finished.stderr[-3000:]
