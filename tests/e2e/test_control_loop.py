@@ -303,3 +303,39 @@ def _rests_ended_counted() -> dict[str, float]:
         for sample in family.samples
         if sample.name.endswith("_total")
     }
+
+
+@pytest.mark.parametrize("at_rest", [True, False], ids=["at-rest", "ticking"])
+async def test_a_new_pod_gets_the_setting_at_once_not_at_the_next_interval(
+    cluster: Any,
+    kube: KubeClient,
+    operator: Operator,
+    serving: ServingController,
+    prometheus: PrometheusProcess,
+    monkeypatch: pytest.MonkeyPatch,
+    at_rest: bool,
+) -> None:
+    # Given two speculating pods whose resource then ticks every 30 s: at rest in the rest pass
+    # (a large fleet's budget), or sleeping in its daemon between full ticks
+    from specops.services import tick as tick_module
+
+    monkeypatch.setattr(tick_module, "SETTLED_DECISIONS_PER_S", 1 / 20 if at_rest else 100.0)
+    await kube.create(fast_resource(prometheus, replicas=2))
+    await in_dynamic(kube)
+    await all_pods_at(serving, lambda n: n > 0, 20, "speculation on")
+    await kube.patch(API_VERSION, KIND, NAMESPACE, NAME, {"spec": {"metrics": {"interval": "30s"}}})
+    assert operator.run is not None
+    services = operator.run.memo.services
+    await asyncio.sleep(3)  # the spec change ends any rest at its next look: one tick reads 30 s
+
+    # When a third pod comes up (it boots with speculation off)
+    await kube.patch(API_VERSION, KIND, NAMESPACE, NAME, {"spec": {"serving": {"replicas": 3}}})
+
+    async def three_pods() -> bool:
+        return len(serving.all_pods()) == 3
+
+    await eventually(three_pods, timeout_s=10, what="a third pod")
+
+    # Then it speculates within seconds, not at the next tick 30 s away: its resource was woken
+    await all_pods_at(serving, lambda n: n > 0, 8, "speculation on in the new pod at once")
+    assert services.wakeups.woken >= 1

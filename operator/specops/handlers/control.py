@@ -8,6 +8,10 @@ While a resource is at rest its daemon does not wake each interval: it hands the
 operator's rest pass (services/rest_pass.py), one task that looks at every resting resource on its
 own schedule, and waits until a look ends the rest; then it ticks in full at once.
 
+A new serving pod of a resource that speculates wakes its daemon at once, asleep or at rest
+(services/wakeups.py): the pod booted with speculation off, and would decode plain until the
+next interval.
+
 The liveness probe fails when a resource's tick (or a look at its rest) is long overdue: an
 operator whose watches keep running while its ticks are stuck (a jammed client, a livelock, a
 stalled rest pass) is restarted, not called healthy.
@@ -16,10 +20,11 @@ stalled rest pass) is restarted, not called healthy.
 from __future__ import annotations
 
 import asyncio
+import functools
 import math
 import random
 import time
-from collections.abc import Awaitable, Hashable
+from collections.abc import Awaitable, Callable, Hashable
 from typing import Any
 
 import kopf
@@ -113,20 +118,37 @@ def ticks_on_time(memo: kopf.Memo, **_: Any) -> int:
 
 @kopf.index("", "v1", "pods", labels={LABEL_COMPONENT: COMPONENT_SERVING, LABEL_DEPLOYMENT: kopf.PRESENT})
 async def serving_pods(
-    namespace: str | None, labels: kopf.Labels, body: kopf.Body, **_: Any
+    namespace: str | None, labels: kopf.Labels, body: kopf.Body, memo: kopf.Memo, **kwargs: Any
 ) -> dict[tuple[str, str], PodEndpoint] | None:
     """Ready serving pods by (namespace, specops.dev/deployment): each tick reads its pods here, not
     with a LIST (the watch replaces one LIST per resource per interval). Pods not ready are left out.
+
+    A ready pod not seen before wakes its resource's daemon when the resource speculates
+    (services/wakeups.py): it booted with speculation off. Told here, in the handler Kopf already
+    runs for every serving pod's event, rather than in a second handler on the same events; the
+    wake waits until the index holds the pod (Kopf stores what this returns after it returns), so
+    the tick it brings forward lists the new pod.
 
     A coroutine although it awaits nothing: Kopf runs a plain function in its thread pool, a
     hand-off to another thread (and back) for every event of every serving pod."""
     endpoint = ready_endpoint(body)
     if endpoint is None or namespace is None:
         return None
-    return {(namespace, str(labels[LABEL_DEPLOYMENT])): endpoint}
+    pods = (namespace, str(labels[LABEL_DEPLOYMENT]))
+    services: Services | None = getattr(memo, "services", None)
+    index: kopf.Index[tuple[str, str], PodEndpoint] | None = kwargs.get("serving_pods")
+    if services is not None and index is not None:
+        services.wakeups.pod_ready(
+            pods, (endpoint.name, endpoint.incarnation), indexed=lambda: endpoint in index.get(pods, ())
+        )
+    return {pods: endpoint}
 
 
-async def pause(stopped: kopf.DaemonStopped, wait_s: float) -> bool:
+async def pause(
+    stopped: kopf.DaemonStopped,
+    wait_s: float,
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+) -> bool:
     """Sleep until the next tick; False when Kopf stopped the daemon meanwhile.
 
     Kopf cancels a daemon as soon as it is stopped (no cancellation_backoff) and waits up to
@@ -135,9 +157,10 @@ async def pause(stopped: kopf.DaemonStopped, wait_s: float) -> bool:
     a cancellation, an eighth of the operator's CPU at 2,000 resources. A cancellation that comes
     with the stop flag is the normal end (a deleted resource, a shutdown): the daemon returns
     instead of re-raising, so Kopf does not log (and post as a Warning Event) "is cancelled".
+    ``sleep``: the daemon's, which a new serving pod ends early (services/wakeups.py).
     """
     try:
-        await asyncio.sleep(wait_s)
+        await sleep(wait_s)
     except asyncio.CancelledError:
         if stopped:
             return False
@@ -244,12 +267,15 @@ async def speculation_control(
     pods: kopf.Index[tuple[str, str], PodEndpoint] | None = kwargs.get("serving_pods")  # the index above
     live_bodies(memo)[key] = body
     woken: asyncio.Future[None] | None = None
+    wakeups, indexed_as = services.wakeups, (namespace, label_value(name))
+    wakeups.watch(key, indexed_as)
+    sleep = functools.partial(wakeups.sleep, key)
     try:
         interval_s = interval_of(dict(body), services.config.default_interval_s)
         loop = asyncio.get_running_loop()
         wait_s = on_grid(loop.time(), first_tick_delay(interval_s), interval_s)
         dog.expect(key, wait_s, interval_s)
-        if not await pause(stopped, wait_s):
+        if not await pause(stopped, wait_s, sleep):
             return
         while not stopped:
             ticked = await tick_unless_stopped(stopped, tick_once(services, namespace, name, body, pods))
@@ -258,6 +284,8 @@ async def speculation_control(
             interval_s, gone, at_rest = ticked
             if gone:
                 return
+            if wakeups.take_pending(key):
+                continue  # a new serving pod came while it ticked: tick again now
             wait_s = on_grid(loop.time(), jittered(interval_s), interval_s)
             dog.expect(key, wait_s, interval_s)
             if at_rest:  # the rest pass looks at it until the rest ends: then it ticks in full
@@ -265,9 +293,10 @@ async def speculation_control(
                 woken = services.rests.hold(key, look, wait_s)
                 if not await rest_unless_stopped(stopped, woken):
                     return
-            elif not await pause(stopped, wait_s):
+            elif not await pause(stopped, wait_s, sleep):
                 return
     finally:
+        wakeups.forget(key, indexed_as)
         if woken is not None:
             services.rests.release(key, woken)
         if live_bodies(memo).get(key) is body:

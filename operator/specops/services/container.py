@@ -27,6 +27,7 @@ from specops.services.reconciler import Reconciler
 from specops.services.rest_pass import RestPass
 from specops.services.retraining import RetrainingService
 from specops.services.tick import ResourceTick, TickOutcome
+from specops.services.wakeups import Wakeups
 
 __all__ = ["Services", "TickOutcome", "build_services"]
 
@@ -44,6 +45,11 @@ class Services:
     triton_control: TritonModelControl | None = None  # closed with the services
     rests: RestPass = field(default_factory=RestPass)
     """The daemons' shared look at resources at rest (handlers/control.py)."""
+    wakeups: Wakeups = field(init=False)
+    """Ticks brought forward when a resource's serving pods change (handlers/control.py)."""
+
+    def __post_init__(self) -> None:
+        self.wakeups = Wakeups(self.rests, self.control.speculating)
 
     async def tick(
         self,

@@ -286,6 +286,12 @@ class ControlLoop:
             draft_length=draft_length or None,
         )
 
+    def speculating(self, namespace: str, name: str) -> bool:
+        """Whether the last decision runs speculation on the resource's pods (a new pod boots with
+        it off and waits for the next tick: services/wakeups.py)."""
+        remembered = self._memory.get((namespace, name))
+        return remembered is not None and remembered.state.enabled and remembered.state.draft_length > 0
+
     def subscribe(self, resource: SpeculativeDeployment, interval_s: float) -> None:
         spec = resource.spec
         self.metrics.register(_key(resource), spec.metrics.prometheus.url, spec.serving.backend, interval_s)

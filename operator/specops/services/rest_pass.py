@@ -61,6 +61,9 @@ class RestPass:
         self._more = asyncio.Event()
         self.looks = 0
         self.ended = 0
+        """Rests a look ended."""
+        self.woken = 0
+        """Rests ended from outside, without a look (``wake``)."""
 
     @property
     def holding(self) -> int:
@@ -89,6 +92,18 @@ class RestPass:
         del self._held[key]
         if not held.woken.done():
             held.woken.cancel()
+
+    def wake(self, key: Hashable) -> bool:
+        """End ``key``'s rest now, without a look (its pods changed: services/wakeups.py): its
+        daemon ticks in full at once. False when it is not held."""
+        held = self._held.pop(key, None)
+        if held is None:
+            return False
+        if held.woken.done():  # its daemon was cancelled meanwhile
+            return False
+        self.woken += 1
+        held.woken.set_result(None)
+        return True
 
     async def close(self) -> None:
         for key in list(self._held):
