@@ -64,6 +64,13 @@ def pod_lengths(serving: ServingController) -> list[int]:
     return [pod.draft_length for pod in serving.all_pods()]
 
 
+async def pods_up(serving: ServingController, count: int, timeout_s: float) -> None:
+    async def counted() -> bool:
+        return len(serving.all_pods()) == count
+
+    await eventually(counted, timeout_s=timeout_s, what=f"{count} pods")
+
+
 async def all_pods_at(serving: ServingController, predicate: Any, timeout_s: float, what: str) -> list[int]:
     async def probe() -> list[int] | None:
         lengths = pod_lengths(serving)
@@ -243,10 +250,7 @@ async def test_ticks_read_serving_pods_from_the_watch_and_a_new_pod_gets_the_set
     # And a pod added later is seen by the next ticks and given the decided setting
     await kube.patch(API_VERSION, KIND, NAMESPACE, NAME, {"spec": {"serving": {"replicas": 3}}})
 
-    async def three_pods() -> bool:
-        return len(serving.all_pods()) == 3
-
-    await eventually(three_pods, timeout_s=20, what="a third pod")
+    await pods_up(serving, 3, timeout_s=20)
     await all_pods_at(serving, lambda n: n > 0, 20, "speculation on in the new pod too")
 
 
@@ -331,10 +335,7 @@ async def test_a_new_pod_gets_the_setting_at_once_not_at_the_next_interval(
     # When a third pod comes up (it boots with speculation off)
     await kube.patch(API_VERSION, KIND, NAMESPACE, NAME, {"spec": {"serving": {"replicas": 3}}})
 
-    async def three_pods() -> bool:
-        return len(serving.all_pods()) == 3
-
-    await eventually(three_pods, timeout_s=10, what="a third pod")
+    await pods_up(serving, 3, timeout_s=10)
 
     # Then it speculates within seconds, not at the next tick 30 s away: its resource was woken
     await all_pods_at(serving, lambda n: n > 0, 8, "speculation on in the new pod at once")
