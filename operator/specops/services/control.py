@@ -287,10 +287,12 @@ class ControlLoop:
         )
 
     def speculating(self, namespace: str, name: str) -> bool:
-        """Whether the last decision runs speculation on the resource's pods (a new pod boots with
-        it off and waits for the next tick: services/wakeups.py)."""
+        """Whether the last full tick set the resource's pods to speculate (a new pod boots with it
+        off and waits for the next tick: services/wakeups.py). What the pods were set to
+        (``applied_length``), not the policy's state: a probe speculates on a resource whose policy
+        has it off, and a guard holding it off leaves the policy's length in place."""
         remembered = self._memory.get((namespace, name))
-        return remembered is not None and remembered.state.enabled and remembered.state.draft_length > 0
+        return remembered is not None and (remembered.knowledge.applied_length or 0) > 0
 
     def subscribe(self, resource: SpeculativeDeployment, interval_s: float) -> None:
         spec = resource.spec
