@@ -15,7 +15,13 @@ batch); outside the grid they are clamped to the nearest end. Draft lengths miss
 Format (JSON; unknown keys are ignored, so a profile can carry its provenance):
 
     {"name": "...", "batches": [1, 2, 4, ...], "plain_ms": [...],
-     "round_ms": {"1": [...], "2": [...], ...}, "alpha": 0.7}
+     "round_ms": {"1": [...], "2": [...], ...}, "alpha": 0.7,
+     "k0_ms": [...], "restart_s": 120}
+
+`k0_ms` (optional, default `plain_ms`) is the decode step of an engine started with
+speculation while its schedule gives K=0, and `restart_s` (optional, default 120) the seconds
+from an engine's start to ready. Both describe the simulated world only: the operator never
+reads them.
 """
 
 from __future__ import annotations
@@ -31,6 +37,8 @@ from typing import Any
 from specops.domain.perf import ModelSetup, expected_tokens, speculative_step_time, target_step_time
 
 DEFAULT_BATCHES: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+DEFAULT_RESTART_S = 120.0
+"""Seconds from an engine's start to ready when a profile does not say."""
 
 
 class ProfileError(ValueError):
@@ -46,6 +54,10 @@ class ServingProfile:
     plain_ms: tuple[float, ...]
     round_ms: Mapping[int, tuple[float, ...]]
     alpha: float | None = None
+    k0_ms: tuple[float, ...] | None = None
+    """ms per decode step of a speculating engine whose schedule gives K=0 (None: plain_ms)."""
+    restart_s: float | None = None
+    """Seconds from an engine's start to ready (None: DEFAULT_RESTART_S)."""
 
     def __post_init__(self) -> None:
         _validate(self)
@@ -80,12 +92,18 @@ class ServingProfile:
         alpha = data.get("alpha")
         if alpha is not None and (isinstance(alpha, bool) or not isinstance(alpha, int | float)):
             raise ProfileError("'alpha' must be a number or null")
+        k0 = data.get("k0_ms")
+        restart = data.get("restart_s")
+        if restart is not None and (isinstance(restart, bool) or not isinstance(restart, int | float)):
+            raise ProfileError("'restart_s' must be a number of seconds or null")
         return cls(
             name=name,
             batches=_numbers("batches", data["batches"]),
             plain_ms=_numbers("plain_ms", data["plain_ms"]),
             round_ms=dict(sorted(rounds.items())),
             alpha=None if alpha is None else float(alpha),
+            k0_ms=None if k0 is None else _numbers("k0_ms", k0),
+            restart_s=None if restart is None else float(restart),
         )
 
     @classmethod
@@ -99,13 +117,18 @@ class ServingProfile:
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON object of this profile (provenance keys are not kept)."""
-        return {
+        data: dict[str, Any] = {
             "name": self.name,
             "batches": list(self.batches),
             "plain_ms": list(self.plain_ms),
             "round_ms": {str(g): list(values) for g, values in self.round_ms.items()},
             "alpha": self.alpha,
         }
+        if self.k0_ms is not None:
+            data["k0_ms"] = list(self.k0_ms)
+        if self.restart_s is not None:
+            data["restart_s"] = self.restart_s
+        return data
 
     # ----------------------------------------------------------------- queries
 
@@ -121,6 +144,17 @@ class ServingProfile:
     def plain_ms_at(self, batch: float) -> float:
         """Milliseconds per decode step without speculation at this batch (TPOT off)."""
         return _interpolate(self.batches, self.plain_ms, batch)
+
+    def k0_ms_at(self, batch: float) -> float:
+        """Milliseconds per decode step of an engine started with speculation at K=0 (default plain)."""
+        if self.k0_ms is None:
+            return self.plain_ms_at(batch)
+        return _interpolate(self.batches, self.k0_ms, batch)
+
+    @property
+    def restart_seconds(self) -> float:
+        """Seconds from an engine's start to ready: ``restart_s``, else DEFAULT_RESTART_S."""
+        return DEFAULT_RESTART_S if self.restart_s is None else self.restart_s
 
     def round_ms_at(self, draft_length: int, batch: float) -> float:
         """Milliseconds per speculative round with g draft tokens at this batch; g = 0 is a plain step."""
@@ -231,6 +265,10 @@ def _validate(profile: ServingProfile) -> None:
         if length < 1:
             raise ProfileError(f"'round_ms' draft length must be >= 1, got {length}")
         _check_times(f"round_ms[{length}]", values, len(batches))
+    if profile.k0_ms is not None:
+        _check_times("k0_ms", profile.k0_ms, len(batches))
+    if profile.restart_s is not None and not (math.isfinite(profile.restart_s) and profile.restart_s >= 0):
+        raise ProfileError(f"'restart_s' must be a finite number of seconds >= 0, got {profile.restart_s}")
     if profile.alpha is not None and not 0.0 <= profile.alpha < 1.0:
         raise ProfileError(f"'alpha' must be in [0, 1), got {profile.alpha}")
 

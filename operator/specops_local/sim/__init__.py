@@ -1,5 +1,21 @@
-"""Simulated Triton + TensorRT-LLM pods for tests and the local demo."""
+"""Simulated serving engines (Triton's LLM API model, trtllm-serve, vLLM, SGLang) for tests and the local stack."""
 
+from specops_local.sim.engines import (
+    BACKENDS,
+    ENGINES,
+    MAX_RUNNING_REQUESTS,
+    MAX_TICK_SECONDS,
+    EngineConfig,
+    EngineConfigError,
+    SglangEngine,
+    SimEngine,
+    TritonEngine,
+    TrtllmServeEngine,
+    VllmEngine,
+    backend_of,
+    launch,
+    parse,
+)
 from specops_local.sim.load import (
     ConstantSchedule,
     LoadPoint,
@@ -10,34 +26,30 @@ from specops_local.sim.load import (
     parse_csv_trace,
     steps,
 )
-from specops_local.sim.pod import (
-    BLS_MODEL,
-    DRAFT_LENGTH_PARAMETER,
-    DRAFT_MODEL,
-    DRAFT_NAME_PARAMETER,
-    ENSEMBLE_MODEL,
-    TARGET_MODEL,
-    ModelLoadError,
-    SimPod,
-    greedy_text,
-)
+from specops_local.sim.text import greedy_text
 
 __all__ = [
-    "BLS_MODEL",
-    "DRAFT_LENGTH_PARAMETER",
-    "DRAFT_MODEL",
-    "DRAFT_NAME_PARAMETER",
-    "ENSEMBLE_MODEL",
-    "TARGET_MODEL",
+    "BACKENDS",
+    "ENGINES",
+    "MAX_RUNNING_REQUESTS",
+    "MAX_TICK_SECONDS",
     "ConstantSchedule",
+    "EngineConfig",
+    "EngineConfigError",
     "LoadPoint",
     "LoadSchedule",
-    "ModelLoadError",
-    "SimPod",
+    "SglangEngine",
+    "SimEngine",
     "StepSchedule",
+    "TritonEngine",
+    "TrtllmServeEngine",
+    "VllmEngine",
+    "backend_of",
     "constant",
     "from_csv",
     "greedy_text",
+    "launch",
+    "parse",
     "parse_csv_trace",
     "steps",
 ]

@@ -1,10 +1,11 @@
-"""Run simulated pods for a local demo: `python -m specops_local.sim --pods 2 --batch 16 --alpha 0.8`.
+"""Run simulated engines for a local demo or `specops profile`.
 
-With `--serving-profile NAME|FILE` the pods serve a profile's step times (a builtin name
-from specops.profiles or a profile JSON file) instead of the roofline.
+    python -m specops_local.sim [--pods N] [--serving-profile NAME|FILE] [--restart-s S]
+        [--file /etc/specops/engine/config.yaml=./config.yaml ...] -- trtllm-serve /models/target --config ...
 
-Prints one line per pod with its Triton HTTP and metrics addresses, then serves
-until SIGINT or SIGTERM.
+Everything after ``--`` is the container's command and args, read as the real engine reads
+them; ``--file MOUNTED=LOCAL`` puts a local file at the path the engine reads. Prints one line
+per engine with its API and metrics URLs once it is ready, then serves until SIGINT or SIGTERM.
 """
 
 from __future__ import annotations
@@ -13,35 +14,32 @@ import argparse
 import asyncio
 import signal
 import sys
+from pathlib import Path
 
 from specops import profiles
-from specops.domain import perf
+from specops_local.sim.engines import EngineConfigError, SimEngine, launch
 from specops_local.sim.load import LoadPoint, from_csv
-from specops_local.sim.pod import SimPod
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m specops_local.sim", description=__doc__)
     parser.add_argument("--pods", type=int, default=1)
     parser.add_argument("--name-prefix", default="sim")
-    parser.add_argument("--gpu", choices=sorted(perf.GPUS), default="H100")
-    parser.add_argument("--target-params", type=float, default=70e9)
-    parser.add_argument("--draft-params", type=float, default=1e9)
-    parser.add_argument("--tensor-parallel", type=int, default=4)
-    parser.add_argument("--efficiency", type=float, default=0.5, help="fraction of peak the kernels reach")
-    parser.add_argument("--max-draft-len", type=int, default=8)
-    parser.add_argument("--draft-length", type=int, default=4, help="initial BLS default num_draft_tokens")
+    parser.add_argument("--file", action="append", default=[], metavar="MOUNTED=LOCAL")
+    parser.add_argument("--env", action="append", default=[], metavar="NAME=VALUE")
     parser.add_argument("--batch", type=float, default=16.0)
     parser.add_argument(
-        "--alpha", type=float, default=None, help="per-token acceptance (default: the profile's, else 0.8)"
+        "--alpha", type=float, default=None, help="acceptance (default: the profile's, else 0.8)"
     )
-    parser.add_argument("--context-tokens", type=float, default=0.0)
+    parser.add_argument("--lossy", action="store_true", help="the draft's outputs diverge from the target's")
+    parser.add_argument(
+        "--restart-s", type=float, default=None, help="seconds to ready (default: the profile's)"
+    )
     parser.add_argument("--trace", help="CSV load trace (t_seconds,batch,alpha[,context_tokens]); loops")
-    parser.add_argument("--profile", choices=("triton", "vllm"), default="triton", help="metric names")
     parser.add_argument(
         "--serving-profile",
         metavar="NAME|FILE",
-        help="serve this serving profile's step times (builtin: " + ", ".join(profiles.list_builtin()) + ")",
+        help="serve this profile's step times (builtin: " + ", ".join(profiles.list_builtin()) + ")",
     )
     parser.add_argument("--noise-sigma", type=float, default=0.05)
     parser.add_argument("--batch-noise", type=float, default=1.0)
@@ -51,60 +49,75 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="generate takes the engine's wall time at the batch in flight (for specops profile)",
     )
+    parser.add_argument("argv", nargs=argparse.REMAINDER, help="-- COMMAND ARGS...")
     return parser
 
 
-async def _serve(args: argparse.Namespace) -> None:
-    setup = perf.ModelSetup(
-        gpu=perf.GPUS[args.gpu],
-        target_params=args.target_params,
-        draft_params=args.draft_params,
-        tensor_parallel=args.tensor_parallel,
-        efficiency=args.efficiency,
-    )
+def _pairs(items: list[str], what: str) -> dict[str, str]:
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise SystemExit(f"--{what} takes NAME=VALUE, got {item!r}")
+        out[key] = value
+    return out
+
+
+async def _serve(args: argparse.Namespace, files: dict[str, str]) -> int:
+    argv = args.argv[1:] if args.argv[:1] == ["--"] else args.argv
     serving_profile = profiles.resolve(args.serving_profile) if args.serving_profile else None
     alpha = args.alpha
     if alpha is None:
         alpha = serving_profile.alpha if serving_profile and serving_profile.alpha is not None else 0.8
-    load = LoadPoint(batch=args.batch, alpha=alpha, context_tokens=args.context_tokens)
-    pods = [
-        SimPod(
-            f"{args.name_prefix}-{index}",
-            setup,
-            max_draft_len=args.max_draft_len,
-            draft_length=args.draft_length,
-            load=load,
-            noise_sigma=args.noise_sigma,
-            batch_noise=args.batch_noise,
-            seed=args.seed + index,
-            profile=args.profile,
-            serving_profile=serving_profile,
-            realtime_generate=args.realtime_generate,
-        )
-        for index in range(args.pods)
-    ]
+    engines: list[SimEngine] = []
+    try:
+        for index in range(args.pods):
+            engines.append(
+                launch(
+                    f"{args.name_prefix}-{index}",
+                    argv,
+                    files=files,
+                    env=_pairs(args.env, "env"),
+                    serving_profile=serving_profile,
+                    load=LoadPoint(batch=args.batch, alpha=alpha),
+                    lossless=not args.lossy,
+                    restart_s=args.restart_s,
+                    noise_sigma=args.noise_sigma,
+                    batch_noise=args.batch_noise,
+                    seed=args.seed + index,
+                    realtime_generate=args.realtime_generate,
+                )
+            )
+    except EngineConfigError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     if args.trace:
         schedule = from_csv(args.trace, loop=True)
-        for pod in pods:
-            pod.set_schedule(schedule)
+        for engine in engines:
+            engine.set_schedule(schedule)
     stopping = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, stopping.set)
     try:
-        for pod in pods:
-            await pod.start()
-            print(f"{pod.name} http={pod.url} metrics={pod.metrics_url}", flush=True)
+        for engine in engines:
+            await engine.start()
+        for engine in engines:
+            await engine.wait_ready()
+            print(
+                f"{engine.name} {engine.backend} http={engine.url} metrics={engine.metrics_url}", flush=True
+            )
         await stopping.wait()
     finally:
-        for pod in pods:
-            await pod.stop()
+        for engine in engines:
+            await engine.stop()
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    asyncio.run(_serve(args))
-    return 0
+    files = {mounted: Path(local).read_text() for mounted, local in _pairs(args.file, "file").items()}
+    return asyncio.run(_serve(args, files))
 
 
 if __name__ == "__main__":
