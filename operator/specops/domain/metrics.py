@@ -19,6 +19,10 @@ from datetime import datetime
 from typing import Any, Literal, TypeVar
 
 from specops.domain.acceptance import alpha_from_acceptance_rate
+from specops.domain.engines.base import MetricNames
+from specops.domain.engines.sglang import Sglang
+from specops.domain.engines.trtllm import TrtllmServe
+from specops.domain.engines.vllm import Vllm
 
 DRAFT_LABEL = "specops_draft"
 """The Prometheus label with the draft identity (relabelled from the pod label specops.dev/draft)."""
@@ -137,6 +141,21 @@ class BackendProfile:
         return result
 
 
+def profile_of(name: str, names: MetricNames) -> BackendProfile:
+    """The queries of an engine adapter's metric names."""
+    return BackendProfile(
+        name=name,
+        batch_gauge=names.running,
+        request_counter=names.requests,
+        tpot_histogram=names.tpot_histogram,
+        drafted_tokens=names.drafted_tokens,
+        accepted_tokens=names.accepted_tokens,
+        draft_steps=names.draft_steps,
+        acceptance_rate_gauge=names.acceptance_rate_gauge,
+        output_tokens_counter=names.output_tokens,
+    )
+
+
 PROFILES: dict[str, BackendProfile] = {
     # Triton's TensorRT-LLM backend exports no acceptance metric: the specops BLS
     # counts drafted/accepted tokens and verification steps with Triton custom metrics.
@@ -150,40 +169,10 @@ PROFILES: dict[str, BackendProfile] = {
         draft_steps="specops_spec_decode_steps_total",
         output_tokens_counter="specops_output_tokens_total",
     ),
-    # trtllm-serve counts tokens but not steps: g is the configured draft length.
-    # It has no output-token counter and its TPOT histogram is per request, so
-    # tokens/s is not measured.
-    "trtllm-serve": BackendProfile(
-        name="trtllm-serve",
-        batch_gauge="trtllm_num_requests_running",
-        request_counter="trtllm_e2e_request_latency_seconds_count",
-        tpot_histogram="trtllm_time_per_output_token_seconds",
-        drafted_tokens="trtllm_spec_decode_num_draft_tokens_total",
-        accepted_tokens="trtllm_spec_decode_num_accepted_tokens_total",
-    ),
-    # vLLM: g = draft tokens / drafts. One inter-token latency observation per
-    # generated token after the first, so its count rate approximates tokens/s.
-    "vllm": BackendProfile(
-        name="vllm",
-        batch_gauge="vllm:num_requests_running",
-        request_counter="vllm:e2e_request_latency_seconds_count",
-        tpot_histogram="vllm:inter_token_latency_seconds",
-        drafted_tokens="vllm:spec_decode_num_draft_tokens_total",
-        accepted_tokens="vllm:spec_decode_num_accepted_tokens_total",
-        draft_steps="vllm:spec_decode_num_drafts_total",
-        output_tokens_counter="vllm:inter_token_latency_seconds_count",
-    ),
-    # SGLang publishes only gauges. sglang:spec_accept_rate is read as accepted /
-    # drafted tokens and converted with the configured draft length. A gauge
-    # cannot tell "all drafts rejected" from "not speculating": 0 reads as off.
-    "sglang": BackendProfile(
-        name="sglang",
-        batch_gauge="sglang:num_running_reqs",
-        request_counter="sglang:e2e_request_latency_seconds_count",
-        tpot_histogram="sglang:inter_token_latency_seconds",
-        acceptance_rate_gauge="sglang:spec_accept_rate",
-        output_tokens_counter="sglang:inter_token_latency_seconds_count",
-    ),
+    # The engines' own names, from their adapters (domain/engines): trtllm-serve counts tokens
+    # but not steps (g is the configured draft length); vLLM counts steps too; SGLang publishes
+    # an acceptance-rate gauge, which cannot tell "all drafts rejected" from "not speculating".
+    **{engine.name: profile_of(engine.name, engine.metrics) for engine in (TrtllmServe(), Vllm(), Sglang())},
 }
 
 
