@@ -1,14 +1,16 @@
 """A small stand-in for Triton's python-backend module ``triton_python_backend_utils``.
 
 Tests install it with ``monkeypatch.setitem(sys.modules, "triton_python_backend_utils", stub)``
-and then load a python-backend model file. Only what specops's BLS uses is
-here: tensors, inference requests and responses, BLS calls to other models (served
-by fakes registered with :func:`serve`), custom metrics and the logger. Custom
-metrics are recorded in :data:`METRICS` so tests can read what a model counted.
+and then load a python-backend model file. Only what specops's model uses is here:
+tensors, inference requests and responses, response senders (each records what it sent),
+errors with their codes, BLS calls to other models (served by fakes registered with
+:func:`serve`), custom metrics and the logger. Custom metrics are recorded in
+:data:`METRICS` so tests can read what a model counted.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -24,6 +26,7 @@ METRIC_KINDS: dict[str, str] = {}
 LOG: list[tuple[str, str]] = []
 
 COUNTER, GAUGE, HISTOGRAM = "counter", "gauge", "histogram"
+TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
 
 
 def reset() -> None:
@@ -43,11 +46,17 @@ def metric_value(name: str, labels: Mapping[str, str]) -> Any:
 
 
 class TritonError:
-    def __init__(self, message: str) -> None:
+    UNKNOWN, INTERNAL, NOT_FOUND, INVALID_ARG, UNAVAILABLE, UNSUPPORTED, ALREADY_EXISTS, CANCELLED = range(8)
+
+    def __init__(self, message: str, code: int = 1) -> None:
         self._message = message
+        self._code = code
 
     def message(self) -> str:
         return self._message
+
+    def code(self) -> int:
+        return self._code
 
 
 class TritonModelException(Exception):
@@ -84,6 +93,32 @@ class InferenceResponse:
         return self._error
 
 
+class ResponseSender:
+    """A request's response sender: records ``(response, flags)`` pairs, in order, from any thread."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[InferenceResponse | None, int]] = []
+        self._final = threading.Event()
+        self._lock = threading.Lock()
+
+    def send(self, response: InferenceResponse | None = None, flags: int = 0) -> None:
+        with self._lock:
+            if self._final.is_set():
+                raise RuntimeError("a response was sent after the final flag")
+            self.sent.append((response, flags))
+            if flags & TRITONSERVER_RESPONSE_COMPLETE_FINAL:
+                self._final.set()
+
+    def wait_final(self, timeout: float = 5.0) -> InferenceResponse | None:
+        """The last response once the final flag has been sent (AssertionError on timeout)."""
+        assert self._final.wait(timeout), "no final response"
+        return self.sent[-1][0]
+
+    @property
+    def finished(self) -> bool:
+        return self._final.is_set()
+
+
 class InferenceRequest:
     """Both the request a model receives and a BLS request it sends (``exec``)."""
 
@@ -97,9 +132,13 @@ class InferenceRequest:
         self.model_name = model_name
         self._inputs = list(inputs)
         self.requested_output_names = list(requested_output_names)
+        self.sender = ResponseSender()
 
     def inputs(self) -> list[Tensor]:
         return list(self._inputs)
+
+    def get_response_sender(self) -> ResponseSender:
+        return self.sender
 
     def exec(self, decoupled: bool = False) -> InferenceResponse:
         if decoupled:
