@@ -219,3 +219,34 @@ class TrafficRouter(Protocol):
     ) -> RouteResult:
         """Send `weight` % to the canary; the result is checked and read back, never assumed."""
         ...
+
+
+@dataclass(frozen=True)
+class GenerateOutput:
+    """One greedy completion from a serving engine; ``ok=False`` carries the error as text."""
+
+    ok: bool
+    text: str = ""
+    error: str = ""
+    status: int | None = None  # the HTTP status, when an answer came back
+    seconds: float = 0.0  # how long the call took
+
+
+class EngineClient(Protocol):
+    """The serving engines' own HTTP APIs, as the lossless check and smoke tests use them.
+
+    Errors (refused connections, timeouts, non-2xx answers, unreadable bodies) come back as
+    data, never as exceptions.
+    """
+
+    async def generate(
+        self, url: str, backend: str, model: str, prompt: str, max_tokens: int, timeout_s: float
+    ) -> GenerateOutput:
+        """Greedy (temperature 0) completion of ``prompt`` by the engine at base ``url``."""
+        ...
+
+    async def healthy(self, url: str, backend: str, timeout_s: float = ...) -> bool:
+        """Whether the engine's own readiness endpoint answers 200."""
+        ...
+
+    async def close(self) -> None: ...
