@@ -6,8 +6,8 @@ Deployments whose namespace/name hashes to shard I of S. Its pods are the scale 
 no ticker task each (``tick_interval=None``); one task advances every pod's performance model
 every ``--advance-every`` seconds, ``--advance-batch`` pods at a time, in one integration step
 (under the benchmark's constant, noise-free load a step of 10 s gives the counters 0.25 s steps
-give, for a fortieth of the CPU). Each pod still listens on
-its own two ports. The farm writes its Prometheus file_sd target groups to its own file (the
+give, for a fortieth of the CPU). Each engine still listens on
+its own port(s), and becomes ready ``--restart-s`` seconds after it starts. The farm writes its Prometheus file_sd target groups to its own file (the
 benchmark points it into Prometheus's ``targets.d``); the file first appears after the farm's
 first complete pass over the Deployments, which is how the benchmark knows the farm is live.
 
@@ -30,15 +30,15 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from specops.api.models import SpeculativeDeployment
 from specops_local.remote_cluster import USER_AGENT, RemoteCluster
 from specops_local.serving import Body, ServingController
-from specops_local.sim import LoadPoint
-from specops_local.sim.pod import MAX_TICK_SECONDS
+from specops_local.sim import MAX_TICK_SECONDS, LoadPoint
 
 ADVANCE_EVERY_S = 10.0
 ADVANCE_BATCH = 50
 POLL_S = 2.0
+RESTART_S = 1.0
+"""Seconds a farm's engines take from start to ready (the benchmark measures the operator, not restarts)."""
 CONCURRENCY = 16
 """Deployments a farm syncs at a time (each costs a few API round trips when its pods start)."""
 
@@ -76,10 +76,11 @@ N(mean, sqrt(mean)) (Poisson-like), acceptance N(mean, 0.05) per step. A fleet t
 every scrape decides nothing new and writes nothing: the operator's cost would be understated."""
 
 
-def farm_pod_options(resource: SpeculativeDeployment, _variant: str) -> dict[str, Any]:
+def farm_pod_options(resource: Any, _variant: str) -> dict[str, Any]:
     """A farm pod: advanced by `advance_pods` (no ticker of its own), noisy as FARM_NOISE, with a
     seed of its own (from the resource's name: the fleet's noise is not one draw repeated)."""
-    name = str((resource.metadata or {}).get("name", ""))
+    metadata = resource.get("metadata") if isinstance(resource, dict) else getattr(resource, "metadata", None)
+    name = str((metadata or {}).get("name", ""))
     return {"tick_interval": None, **FARM_NOISE, "seed": zlib.crc32(name.encode())}
 
 
@@ -125,6 +126,7 @@ async def run_farm(
     poll_s: float = POLL_S,
     concurrency: int = CONCURRENCY,
     load: LoadPoint | None = None,
+    restart_s: float = RESTART_S,
     stop: asyncio.Event | None = None,
 ) -> None:
     """Serve this shard's Deployments until ``stop`` is set (or SIGTERM/SIGINT arrives)."""
@@ -139,6 +141,7 @@ async def run_farm(
             FileTargets(targets_file),
             load=load or LoadPoint(batch=8, alpha=0.8),
             pod_options=farm_pod_options,
+            restart_s=restart_s,
             poll_s=poll_s,
             select=in_shard(shard, shards) if shards > 1 else None,
             concurrency=concurrency,
@@ -171,6 +174,9 @@ def main(argv: list[str]) -> int:
     )
     parser.add_argument("--batch", type=float, default=8.0, help="the pods' offered batch (default 8)")
     parser.add_argument("--alpha", type=float, default=0.8, help="the pods' offered acceptance (0.8)")
+    parser.add_argument(
+        "--restart-s", type=float, default=RESTART_S, help="engine start-to-ready seconds (default 1)"
+    )
     parser.add_argument("--log-level", default="warning")
     args = parser.parse_args(argv)
     if not 0 <= args.shard < args.shards:
@@ -187,6 +193,7 @@ def main(argv: list[str]) -> int:
             poll_s=args.poll,
             concurrency=args.concurrency,
             load=LoadPoint(batch=args.batch, alpha=args.alpha),
+            restart_s=args.restart_s,
         )
     )
     return 0

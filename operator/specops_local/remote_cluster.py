@@ -2,7 +2,7 @@
 
 The scale benchmark's pod farms use it: they read the kubeconfig the emulated cluster writes
 (server URL and bearer token) and make the requests a Deployment controller and a kubelet would
-(GET the owner, POST Pods, PATCH ``/status``, DELETE Pods). Deployments are read from a cache
+(GET the owner and the ConfigMaps the pods mount, POST Pods, PATCH ``/status``, DELETE Pods). Deployments are read from a cache
 that one LIST and then a WATCH (by label selector) keep current, as an informer does: polling a
 LIST of 2,000 Deployments every 2 s would cost the API server about 10 MB of JSON each time.
 Every request carries `USER_AGENT`, so the benchmark can tell them from the operator's.
@@ -28,6 +28,7 @@ USER_AGENT = "specops-pod-farm"
 
 API_PREFIXES = {
     "pods": "/api/v1",
+    "configmaps": "/api/v1",
     "deployments": "/apis/apps/v1",
     models.PLURAL: f"/apis/{models.GROUP}/{models.VERSION}",
 }
