@@ -437,7 +437,7 @@ class ServingController:
         for candidate in (labels.get(DRAFT_VERSION_LABEL), labels.get(DRAFT_LABEL)):
             if not candidate:
                 continue
-            for key in (candidate, re.split(r"[:@/]", candidate)[-1], candidate.rsplit("-", 1)[-1]):
+            for key in (candidate, re.split(r"[:@/]", candidate)[-1], re.split(r"[-_.]", candidate)[-1]):
                 if key in self.drafts:
                     return self.drafts[key]
         return None

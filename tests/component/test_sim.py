@@ -661,3 +661,16 @@ async def test_vllm_refuses_another_model_name() -> None:
         await e.wait_ready()
         response = await client.post(e.url + "/v1/completions", json={"model": "other", "prompt": "x"})
         assert response.status_code == 404
+
+
+def test_profile_keys_k0_ms_and_restart_s_are_validated() -> None:
+    from specops.domain.profile import ProfileError
+
+    base = PROFILE.to_dict()
+    assert ServingProfile.from_dict(base).to_dict() == base
+    with pytest.raises(ProfileError, match=r"'k0_ms' has 1 values for 2 batches"):
+        ServingProfile.from_dict({**base, "k0_ms": [1.0]})
+    with pytest.raises(ProfileError, match="'restart_s'"):
+        ServingProfile.from_dict({**base, "restart_s": -1})
+    with pytest.raises(ProfileError, match="'restart_s'"):
+        ServingProfile.from_dict({**base, "restart_s": "soon"})
