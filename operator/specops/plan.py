@@ -121,10 +121,10 @@ def inputs_from_spec(spec: SpeculativeDeploymentSpec) -> dict[str, Any]:
     return {
         "gpu": spec.serving.gpu.type,
         "target_params": spec.target.active_parameter_count,
-        "draft_params": spec.draft.parameter_count,
+        "draft_params": spec.draft.parameter_count_for(spec.target.active_parameter_count),
         "dtype": spec.target.precision,
         "tensor_parallel": spec.serving.tensor_parallel,
-        "max_draft_len": min(spec.speculation.draft_length.max, spec.target.engine.max_draft_len),
+        "max_draft_len": spec.speculation.draft_length.max,
     }
 
 

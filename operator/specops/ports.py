@@ -7,13 +7,12 @@ at simulated pods, or plain in-memory objects.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Hashable, Mapping
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal, Protocol
 
 from specops.api.models import SpeculativeDeploymentSpec
-from specops.domain.discovery import PodEndpoint
 from specops.domain.metrics import Measurement
 
 MERGE_PATCH = "application/merge-patch+json"
@@ -67,87 +66,6 @@ class MetricsSource(Protocol):
         ...
 
     async def close(self) -> None: ...
-
-
-@dataclass(frozen=True)
-class BlsSettings:
-    """The speculation settings held in the tensorrt_llm_bls model config."""
-
-    num_draft_tokens: int | None
-    draft_model_name: str | None
-
-
-@dataclass(frozen=True)
-class ApplyResult:
-    """Outcome of one action on one pod; ``ok=False`` carries the reason instead of raising."""
-
-    pod: str
-    ok: bool
-    changed: bool = False
-    message: str = ""
-    settings: BlsSettings | None = None
-    attempts: int = 1
-
-
-@dataclass(frozen=True)
-class FleetResult:
-    """Outcome of applying settings to every pod: partial application stays visible."""
-
-    desired: int
-    applied: int
-    changed: int
-    errors: Mapping[str, str] = field(default_factory=dict)
-    results: Sequence[ApplyResult] = ()
-
-    @property
-    def complete(self) -> bool:
-        return self.applied == self.desired
-
-
-@dataclass(frozen=True)
-class GenerateResult:
-    """One greedy completion (used for the lossless check and smoke tests)."""
-
-    pod: str
-    ok: bool
-    text: str = ""
-    message: str = ""
-
-
-class ModelControl(Protocol):
-    """Triton model control of serving pods (explicit model-control mode)."""
-
-    async def read_bls_settings(self, endpoint: PodEndpoint) -> ApplyResult: ...
-
-    async def apply_bls_settings(
-        self,
-        endpoint: PodEndpoint,
-        *,
-        num_draft_tokens: int | None = None,
-        draft_model_name: str | None = None,
-    ) -> ApplyResult: ...
-
-    async def apply_to_all(
-        self,
-        endpoints: Sequence[PodEndpoint],
-        *,
-        num_draft_tokens: int | None = None,
-        draft_model_name: str | None = None,
-        retries: int = 2,
-        backoff_s: float = 0.2,
-    ) -> FleetResult: ...
-
-    async def load_model(
-        self, endpoint: PodEndpoint, name: str, config: Mapping[str, object] | None = None
-    ) -> ApplyResult: ...
-
-    async def unload_model(self, endpoint: PodEndpoint, name: str) -> ApplyResult: ...
-
-    async def is_ready(self, endpoint: PodEndpoint, model: str | None = None) -> bool: ...
-
-    async def generate(
-        self, endpoint: PodEndpoint, prompt: str, max_tokens: int, num_draft_tokens: int | None = None
-    ) -> GenerateResult: ...
 
 
 class KubePort(Protocol):

@@ -33,9 +33,12 @@ SINGULAR = "speculativedeployment"
 SHORT_NAMES = ["sdep"]
 API_VERSION = f"{GROUP}/{VERSION}"
 
-ENGINE_URI_PATTERN = r"^(pvc|s3|gs|file)://.+$"
+CHECKPOINT_URI_PATTERN = r"^((pvc|s3|gs)://\S+|hf://[^\s@]+/[^\s@]+@[^\s@]+)$"
 DNS_LABEL_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
-MAX_ENGINE_DRAFT_LEN = 32
+MAX_ENGINE_DRAFT_LEN = 16
+"""The longest draft any supported engine is started with here (SGLang captures a CUDA graph per
+step count; TensorRT-LLM and vLLM size buffers by it): docs/serving.md."""
+BACKENDS = ("triton", "trtllm-serve", "vllm", "sglang")
 
 Parameters = Annotated[str, Field(pattern=PARAMETERS_PATTERN, max_length=32)]
 
@@ -95,27 +98,29 @@ HalfLifeDuration = Annotated[str, _duration_field("1m", "168h"), _duration_withi
 # ---------------------------------------------------------------- target / draft
 
 
-class TargetEngine(ApiModel):
-    uri: str = Field(
-        pattern=ENGINE_URI_PATTERN,
-        max_length=1024,
-        description="Where the target's compiled TensorRT-LLM engine lives: pvc://CLAIM/PATH is mounted "
-        "read-only; s3://, gs:// and file:// are fetched by the engine fetcher init container.",
-    )
-    max_draft_len: int = Field(
-        default=8,
-        ge=1,
-        le=MAX_ENGINE_DRAFT_LEN,
-        description="The engine's build-time max_draft_len: no request may draft more tokens than this.",
-    )
+def _checkpoint_uri(value: str) -> str:
+    if not re.fullmatch(CHECKPOINT_URI_PATTERN, value):
+        raise ValueError(
+            f"{value!r}: must be pvc://CLAIM/PATH, s3://..., gs://... or hf://ORG/NAME@REVISION "
+            "(a revision is required for hf://)"
+        )
+    return value
 
 
-class DraftEngine(ApiModel):
-    uri: str = Field(
-        pattern=ENGINE_URI_PATTERN,
-        max_length=1024,
-        description="Where the draft's compiled engine lives (same schemes as the target's).",
+CheckpointUri = Annotated[
+    str,
+    AfterValidator(_checkpoint_uri),
+    Field(max_length=1024, json_schema_extra={"pattern": CHECKPOINT_URI_PATTERN}),
+]
+
+
+def parameters_cel(path: str) -> str:
+    """CEL that reads a parameter count ("70B", "1.5B", "500M", "70e9") as a number."""
+    scaled = " : ".join(
+        f"{path}.endsWith('{suffix}') ? double({path}.substring(0, size({path}) - 1)) * {factor}"
+        for suffix, factor in (("K", "1e3"), ("M", "1e6"), ("B", "1e9"), ("T", "1e12"))
     )
+    return f"({scaled} : double({path}))"
 
 
 class TargetSpec(ApiModel):
@@ -144,9 +149,12 @@ class TargetSpec(ApiModel):
         description='MoE only: parameters active per token, e.g. "22B". Defaults to parameters.',
     )
     precision: Literal["bf16", "fp16", "fp8", "int8", "int4"] = Field(
-        default="bf16", description="Weight precision of the target engine (bytes per parameter)."
+        default="bf16", description="Weight precision of the target's weights (bytes per parameter)."
     )
-    engine: TargetEngine = Field(description="The target's compiled engine.")
+    uri: CheckpointUri = Field(
+        description="The target's checkpoint (Hugging Face format): pvc://CLAIM/PATH is mounted read-only; "
+        "s3://, gs:// and hf://ORG/NAME@REVISION are copied in by serving.checkpointFetcherImage.",
+    )
 
     @property
     def parameter_count(self) -> float:
@@ -160,6 +168,26 @@ class TargetSpec(ApiModel):
 
 
 class DraftSpec(ApiModel):
+    model_config = ApiModel.model_config | ConfigDict(
+        json_schema_extra=cel_rules(
+            (
+                "!(self.method == 'mtp' || self.method == 'ngram') || !has(self.uri)",
+                "mtp and ngram load no draft checkpoint: remove draft.uri",
+                ".uri",
+            ),
+            (
+                "!(self.method == 'draftModel' || self.method == 'eagle3') || has(self.uri)",
+                "draftModel and eagle3 need the draft checkpoint in draft.uri",
+                ".uri",
+            ),
+            (
+                "self.method != 'draftModel' || has(self.parameters)",
+                "a draftModel needs its parameter count (draft.parameters) for the performance model",
+                ".parameters",
+            ),
+        )
+    )
+
     model: str = Field(min_length=1, max_length=253, description="Name of the draft model.")
     version: str = Field(
         min_length=1,
@@ -167,17 +195,45 @@ class DraftSpec(ApiModel):
         pattern=r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$",
         description="Version of the draft. A change rolls the new draft out behind a canary.",
     )
-    kind: Literal["standalone", "expertDistilled", "eagle"] = Field(
+    method: Literal["draftModel", "eagle3", "mtp", "ngram"] = Field(
+        default="draftModel",
+        description="draftModel: a separate small model; eagle3: an EAGLE-3 checkpoint; mtp: the target's own "
+        "multi-token-prediction heads (no draft checkpoint); ngram: prompt lookup (no model).",
+    )
+    kind: Literal["standalone", "expertDistilled"] = Field(
         default="standalone",
         description="standalone: a small model of the same family; expertDistilled: distilled from a MoE "
-        "target's expert routing; eagle: an EAGLE head on the target's hidden states.",
+        "target's expert routing (a draftModel or eagle3 checkpoint).",
     )
-    parameters: Parameters = Field(description='Draft parameter count, e.g. "7B" or "1e9".')
-    engine: DraftEngine = Field(description="The draft's compiled engine.")
+    parameters: Parameters | None = Field(
+        default=None,
+        description='Draft parameter count, e.g. "1B"; required for draftModel. eagle3 defaults to a '
+        "single decoder layer's share of the target, mtp and ngram to none.",
+    )
+    uri: CheckpointUri | None = Field(
+        default=None,
+        description="The draft's checkpoint (draftModel, eagle3); same schemes as target.uri. mtp and ngram "
+        "take none.",
+    )
 
-    @property
-    def parameter_count(self) -> float:
-        return parse_parameters(self.parameters)
+    @model_validator(mode="after")
+    def _method_fields(self) -> DraftSpec:
+        if self.method in ("mtp", "ngram") and self.uri is not None:
+            raise ValueError("draft.uri: mtp and ngram load no draft checkpoint: remove draft.uri")
+        if self.method in ("draftModel", "eagle3") and self.uri is None:
+            raise ValueError("draft.uri: draftModel and eagle3 need the draft checkpoint in draft.uri")
+        if self.method == "draftModel" and self.parameters is None:
+            raise ValueError("draft.parameters: a draftModel needs its parameter count")
+        return self
+
+    def parameter_count_for(self, target_active_parameters: float) -> float:
+        """The draft's parameters as the performance model sees them: draft.parameters when given;
+        else about one decoder layer of the target for eagle3 and mtp (1/64), and none for ngram."""
+        if self.parameters is not None:
+            return parse_parameters(self.parameters)
+        if self.method == "ngram":
+            return 0.0
+        return target_active_parameters / 64.0
 
 
 # ---------------------------------------------------------------- serving
@@ -230,10 +286,10 @@ class ServingResources(ApiModel):
     requests: dict[str, Quantity] | None = Field(
         default=None,
         max_length=16,
-        description='Requests of the Triton container besides GPUs, e.g. {cpu: "8", memory: 64Gi}.',
+        description='Requests of the engine container besides GPUs, e.g. {cpu: "8", memory: 64Gi}.',
     )
     limits: dict[str, Quantity] | None = Field(
-        default=None, max_length=16, description="Limits of the Triton container besides GPUs."
+        default=None, max_length=16, description="Limits of the engine container besides GPUs."
     )
 
     @model_validator(mode="after")
@@ -354,29 +410,46 @@ class ServingSpec(ApiModel):
                 "tensorParallel must divide gpu.count",
                 ".tensorParallel",
             ),
+            (
+                "!has(self.maxSurge) || !has(self.maxUnavailable) || self.maxSurge + self.maxUnavailable >= 1",
+                "maxSurge and maxUnavailable cannot both be 0: a rollout could never start",
+                ".maxUnavailable",
+            ),
         )
     )
 
-    backend: Literal["triton-trtllm", "trtllm-serve", "vllm", "sglang"] = Field(
-        default="triton-trtllm",
-        description="Serving engine. Only triton-trtllm is served by this version (speculation tuned per "
-        "request at run time); trtllm-serve, vllm and sglang are reserved and refused with Ready=False.",
+    backend: Literal["triton", "trtllm-serve", "vllm", "sglang"] = Field(
+        default="triton",
+        description="Serving engine: triton (Triton with TensorRT-LLM's LLM API model), trtllm-serve, vllm or "
+        "sglang. Each starts with its own speculative config and applies the draft-length schedule itself.",
         json_schema_extra=immutable("serving.backend is immutable: create a new SpeculativeDeployment"),
     )
     image: str | None = Field(
         default=None,
         max_length=512,
-        description="Serving image (Triton with the TensorRT-LLM backend). Empty: the operator's "
-        "configured default image.",
+        description="Serving image. Empty: the operator's default for the backend (docs/serving.md).",
     )
     replicas: int = Field(default=1, ge=0, le=1000, description="Serving replicas of the stable variant.")
     gpu: GpuSpec = Field(default_factory=GpuSpec, description="GPUs per replica.")
-    tensor_parallel: int = Field(default=1, ge=1, le=16, description="Tensor parallel degree of the engines.")
-    engine_fetcher_image: str | None = Field(
+    tensor_parallel: int = Field(default=1, ge=1, le=16, description="Tensor parallel degree of the engine.")
+    max_surge: int = Field(
+        default=1,
+        ge=0,
+        le=100,
+        description="Pods started above serving.replicas while a revision rolls out (needs that many spare "
+        "replicas' GPUs). With 0, maxUnavailable must be at least 1.",
+    )
+    max_unavailable: int = Field(
+        default=0,
+        ge=0,
+        le=100,
+        description="Serving pods that may be down at once while a revision rolls out; 0 keeps full capacity.",
+    )
+    checkpoint_fetcher_image: str | None = Field(
         default=None,
         max_length=512,
-        description="Image of the init container that copies s3://, gs:// or file:// engines into the "
-        "pod (it runs `fetch-engine SRC DST`). Not needed for pvc:// engines.",
+        description="Image of the init container that copies s3://, gs:// or hf:// checkpoints into the pod "
+        "(it runs `fetch-checkpoint SRC DST`). Not needed for pvc:// checkpoints.",
     )
     service_account_name: str | None = Field(
         default=None,
@@ -385,7 +458,7 @@ class ServingSpec(ApiModel):
         description="Service account of the serving pods (e.g. for object-store credentials).",
     )
     resources: ServingResources | None = Field(
-        default=None, description="CPU, memory and other resources of the Triton container, besides GPUs."
+        default=None, description="CPU, memory and other resources of the engine container, besides GPUs."
     )
     node_selector: dict[str, LabelValue] | None = Field(
         default=None, max_length=32, description="Node labels the serving pods (stable and canary) require."
@@ -420,7 +493,7 @@ class ServingSpec(ApiModel):
     env: list[EnvVar] = Field(
         default_factory=list,
         max_length=64,
-        description="Extra environment of the Triton container (specops' own variables win).",
+        description="Extra environment of the engine container (specops' own variables win).",
     )
     volumes: list[dict[str, Any]] = Field(
         default_factory=list,
@@ -428,7 +501,7 @@ class ServingSpec(ApiModel):
         description="Extra core/v1 Volumes of the serving pods (names must differ from specops' own).",
     )
     volume_mounts: list[VolumeMount] = Field(
-        default_factory=list, max_length=16, description="Mounts of serving.volumes in the Triton container."
+        default_factory=list, max_length=16, description="Mounts of serving.volumes in the engine container."
     )
     pod_annotations: dict[str, str] | None = Field(
         default=None, max_length=32, description="Extra annotations on the serving pods (specops' own win)."
@@ -446,7 +519,10 @@ class DraftLength(ApiModel):
     )
 
     initial: int = Field(
-        default=4, ge=1, le=MAX_ENGINE_DRAFT_LEN, description="Draft length of the Fixed phase."
+        default=4,
+        ge=1,
+        le=MAX_ENGINE_DRAFT_LEN,
+        description="K of the first speculating revision, up to the break-even batch the prior predicts.",
     )
     min: int = Field(
         default=1, ge=1, le=MAX_ENGINE_DRAFT_LEN, description="Lowest draft length the loop may pick."
@@ -455,69 +531,20 @@ class DraftLength(ApiModel):
         default=8,
         ge=1,
         le=MAX_ENGINE_DRAFT_LEN,
-        description="Highest draft length the loop may pick; at most target.engine.maxDraftLen.",
+        description="Highest draft length the loop may pick; the engines are started with at most "
+        f"{MAX_ENGINE_DRAFT_LEN}.",
     )
 
 
 class Rollout(ApiModel):
     baseline: PhaseDuration = Field(
         default="10m",
-        description="How long speculation stays off at first to record baseline per-token latency.",
+        description="How long the pods first run plain (started without speculation) so plain speed at "
+        "the deployment's own load is measured before the first speculating revision; 0s: speculate at once.",
     )
     soak: PhaseDuration = Field(
         default="30m",
-        description="How long the initial draft length runs before the loop tunes it (Fixed phase).",
-    )
-
-
-class BatchGuard(ApiModel):
-    model_config = ApiModel.model_config | ConfigDict(
-        json_schema_extra=cel_rules(
-            (
-                "!has(self.offAbove) || !has(self.onBelow) || self.onBelow < self.offAbove",
-                "onBelow must be lower than offAbove",
-                ".onBelow",
-            ),
-        )
-    )
-
-    off_above: int | None = Field(
-        default=None,
-        ge=1,
-        le=100000,
-        description="Override: speculation off when running requests per pod exceed this. "
-        "Empty: the performance model decides.",
-    )
-    on_below: int | None = Field(
-        default=None,
-        ge=0,
-        le=100000,
-        description="Override: speculation back on when running requests per pod fall below this.",
-    )
-    margin: float = Field(
-        default=0.02, ge=0.0, le=1.0, description="Speculation goes off when predicted speedup < 1 + margin."
-    )
-    hysteresis: float = Field(
-        default=0.05,
-        ge=0.0,
-        le=2.0,
-        description="Speculation comes back only when predicted speedup > 1 + margin + hysteresis.",
-    )
-    min_dwell: DwellDuration = Field(default="1m", description="Minimum time between two on/off switches.")
-
-
-class Exploration(ApiModel):
-    max_probe_fraction: float = Field(
-        default=0.02,
-        ge=0.0,
-        le=0.2,
-        description="Probes (brief spells at another setting, so the model measures what it would "
-        "otherwise assume) take at most this share of the time. 0 disables probing.",
-    )
-    min_spacing: ProbeSpacingDuration = Field(
-        default="3m",
-        description="Least time between the end of one probe and the next (a batch region never "
-        "measured at all waits only one probe).",
+        description="How long the first speculating revision runs before the loop may propose another.",
     )
 
 
@@ -556,22 +583,41 @@ class Calibration(ApiModel):
     )
 
 
+class Reconfigure(ApiModel):
+    min_gain: float = Field(
+        default=0.03,
+        ge=0.0,
+        le=1.0,
+        description="A new revision (schedule or plain) rolls out only when its predicted gain over the one "
+        "serving, weighted by the batches the deployment saw, exceeds this fraction.",
+    )
+    min_interval: CooldownDuration = Field(
+        default="30m",
+        description="Least time between two revision rollouts of one resource (each restarts every pod).",
+    )
+    margin: float = Field(
+        default=0.02,
+        ge=0.0,
+        le=1.0,
+        description="A batch band speculates only where the predicted speedup exceeds 1 + margin; "
+        "heavier bands get K=0.",
+    )
+
+
 class SpeculationSpec(ApiModel):
     mode: Literal["auto", "on", "off"] = Field(
         default="auto",
-        description="auto: the control loop decides; on: always speculate (length still tuned); off: never.",
+        description="auto: the loop picks plain or the best schedule; on: always speculate (the schedule is "
+        "still tuned, K=0 allowed at heavy batches); off: plain pods.",
     )
     draft_length: DraftLength = Field(default_factory=DraftLength, description="Bounds of the draft length.")
     rollout: Rollout = Field(default_factory=Rollout, description="Baseline and soak phases before tuning.")
-    batch_guard: BatchGuard = Field(
-        default_factory=BatchGuard,
-        description="When speculation switches off and on as batches grow and shrink.",
-    )
-    exploration: Exploration = Field(
-        default_factory=Exploration, description="Bounds of the probes that keep the learned model honest."
-    )
     calibration: Calibration = Field(
         default_factory=Calibration, description="Learning the real speedup curve from measurements."
+    )
+    reconfigure: Reconfigure = Field(
+        default_factory=Reconfigure,
+        description="When a new configuration revision (schedule, or plain) is rolled out to the pods.",
     )
 
 
@@ -662,6 +708,13 @@ class GoldenPrompts(ApiModel):
     )
     config_map_ref: ConfigMapKeyRef | None = Field(default=None, description="Prompts kept in a ConfigMap.")
     max_tokens: int = Field(default=64, ge=1, le=4096, description="Tokens generated per golden prompt.")
+    max_divergence: float = Field(
+        default=0.0,
+        ge=0.0,
+        le=1.0,
+        description="Share of golden-prompt tokens that may differ from the plain reference (0: token for "
+        "token). Some kernels are batch-variant; docs/canary.md says when a small rate is acceptable.",
+    )
 
 
 MAX_CANARY_STEPS = 20
@@ -794,15 +847,24 @@ class SpeculativeDeploymentSpec(ApiModel):
     model_config = ApiModel.model_config | ConfigDict(
         json_schema_extra=cel_rules(
             (
-                "self.speculation.draftLength.max <= self.target.engine.maxDraftLen",
-                "speculation.draftLength.max must not exceed target.engine.maxDraftLen",
-                ".speculation.draftLength.max",
+                "self.target.uri.startsWith('pvc://') && (!has(self.draft.uri) || self.draft.uri.startsWith('pvc://'))"
+                " || has(self.serving.checkpointFetcherImage)",
+                "serving.checkpointFetcherImage is required when a checkpoint uri is not pvc://",
+                ".serving.checkpointFetcherImage",
             ),
             (
-                "self.target.engine.uri.startsWith('pvc://') && self.draft.engine.uri.startsWith('pvc://')"
-                " || has(self.serving.engineFetcherImage)",
-                "serving.engineFetcherImage is required when an engine uri is not pvc://",
-                ".serving.engineFetcherImage",
+                "!has(self.draft.parameters) || "
+                + parameters_cel("self.draft.parameters")
+                + " < "
+                + parameters_cel("self.target.parameters"),
+                "draft.parameters must be smaller than target.parameters: a draft as large as the target "
+                "can never pay",
+                ".draft.parameters",
+            ),
+            (
+                "!has(self.draft.uri) || self.draft.uri != self.target.uri",
+                "draft.uri names the target's own checkpoint",
+                ".draft.uri",
             ),
         )
     )
@@ -826,21 +888,26 @@ class SpeculativeDeploymentSpec(ApiModel):
         length = self.speculation.draft_length
         if not length.min <= length.initial <= length.max:
             raise ValueError("speculation.draftLength: initial must be between min and max")
-        if length.max > self.target.engine.max_draft_len:
-            raise ValueError("speculation.draftLength.max: must not exceed target.engine.maxDraftLen")
         if self.serving.gpu.count % self.serving.tensor_parallel:
             raise ValueError("serving.tensorParallel: must divide serving.gpu.count")
+        if self.serving.max_surge + self.serving.max_unavailable < 1:
+            raise ValueError("serving.maxUnavailable: maxSurge and maxUnavailable cannot both be 0")
         weights = [step.weight for step in self.canary.steps]
         if any(b <= a for a, b in pairwise(weights)):
             raise ValueError("canary.steps: weights must be strictly increasing")
-        guard = self.speculation.batch_guard
-        if guard.off_above is not None and guard.on_below is not None and guard.on_below >= guard.off_above:
-            raise ValueError("speculation.batchGuard.onBelow: must be lower than offAbove")
-        fetch_needed = not (
-            self.target.engine.uri.startswith("pvc://") and self.draft.engine.uri.startswith("pvc://")
-        )
-        if fetch_needed and not self.serving.engine_fetcher_image:
-            raise ValueError("serving.engineFetcherImage: required when an engine uri is not pvc://")
+        uris = [self.target.uri, *([self.draft.uri] if self.draft.uri else [])]
+        if any(not uri.startswith("pvc://") for uri in uris) and not self.serving.checkpoint_fetcher_image:
+            raise ValueError("serving.checkpointFetcherImage: required when a checkpoint uri is not pvc://")
+        if (
+            self.draft.parameters is not None
+            and parse_parameters(self.draft.parameters) >= self.target.parameter_count
+        ):
+            raise ValueError(
+                "draft.parameters: must be smaller than target.parameters (a draft as large as the target "
+                "can never pay)"
+            )
+        if self.draft.uri is not None and self.draft.uri == self.target.uri:
+            raise ValueError("draft.uri: names the target's own checkpoint")
         return self
 
     def seconds(self, duration: str) -> float:

@@ -64,43 +64,6 @@ class CalibrationStatistics(ApiModel):
     )
 
 
-class ProbeLedgerStatus(ApiModel):
-    """What exploration has spent, kept so a restart goes on counting."""
-
-    started_at: float | None = Field(
-        default=None, description="When accounting began (seconds since the Unix epoch)."
-    )
-    elapsed_seconds: float = Field(default=0.0, description="Seconds accounted in the Dynamic phase.")
-    probe_seconds: float = Field(default=0.0, description="Of those, seconds spent probing.")
-    last_probe_end: float | None = Field(
-        default=None, description="When the last probe ended (seconds since the Unix epoch)."
-    )
-    probing_until: float | None = Field(
-        default=None, description="When the probe in progress ends (seconds since the Unix epoch)."
-    )
-    probes: int = Field(default=0, description="Probes started so far.")
-
-
-class SplitResultStatus(ApiModel):
-    """What the last split-fleet A/B measured: pods at different settings at the same moment."""
-
-    time: Timestamp | None = Field(default=None, description="When the split ended.")
-    on_pods: list[str] = Field(default_factory=list, max_length=64, description="Pods that speculated.")
-    off_pods: list[str] = Field(default_factory=list, max_length=64, description="Pods that ran plain.")
-    on_length: int | None = Field(default=None, description="num_draft_tokens of the speculating pods.")
-    on_tpot_seconds: float | None = Field(default=None, description="Their mean per-token latency.")
-    off_tpot_seconds: float | None = Field(
-        default=None, description="The plain pods' mean per-token latency."
-    )
-    batch: float | None = Field(default=None, description="Running requests per pod during the split.")
-    alpha: float | None = Field(default=None, description="Acceptance the speedup is taken at.")
-    measured_speedup: float | None = Field(
-        default=None, description="Plain / speculating per-token latency at that alpha: <1 is a slowdown."
-    )
-    comparisons: int = Field(default=0, description="Settled measurements the speedup rests on.")
-    acted: bool = Field(default=False, description="Whether it switched speculation on or off.")
-
-
 class CalibrationStatus(ApiModel):
     """What the deployment has learned of its own speedup curve, and how sure it is."""
 
@@ -139,82 +102,90 @@ class CalibrationStatus(ApiModel):
     relative_fit_error: float | None = Field(
         default=None, description="Weighted RMS of the fit's relative residuals over the samples remembered."
     )
-    confidence_on: float | None = Field(
-        default=None, description="Effective samples with speculation on near the current batch."
-    )
-    confidence_off: float | None = Field(
-        default=None, description="Effective samples with speculation off near the current batch."
-    )
-    applied_length: int | None = Field(
-        default=None, description="num_draft_tokens the pods were last set to (a probe's too)."
-    )
-    applied_since: Timestamp | None = Field(
-        default=None, description="Since when they run it; samples count only once a full rate window has."
-    )
-    probing: bool = Field(default=False, description="Whether the pods run a probe now, not the decision.")
-    probe_length: int | None = Field(default=None, description="num_draft_tokens of the probe in progress.")
-    last_probe_time: Timestamp | None = Field(default=None, description="When the last probe started.")
-    last_probe_length: int | None = Field(
-        default=None, description="num_draft_tokens of the last probe (0 = a probe with speculation off)."
-    )
-    last_probe_reason: str | None = Field(default=None, description="Why the last probe ran.")
-    probe_duration_seconds: float | None = Field(default=None, description="How long one probe lasts.")
-    probe_cost_fraction: float | None = Field(
-        default=None, description="Share of the Dynamic phase's time spent probing so far."
-    )
-    slowdown_streak: int = Field(
-        default=0, description="Measurements in a row showing speculation slower than plain at this load."
-    )
-    slowdown_batch: float | None = Field(
-        default=None,
-        description="Batch at which the measured-slowdown guard last switched speculation off; it "
-        "stays off at this load or above until the load falls below 80 % of it.",
-    )
-    probe_kind: Literal["fleet", "split"] | None = Field(
-        default=None,
-        description="Kind of the probe in progress, else of the last: fleet (every pod, in time) or "
-        "split (some pods at the probe setting while the others keep the decision, at the same moment).",
-    )
-    probe_pods: list[str] = Field(
-        default_factory=list, max_length=64, description="Pods at the probe setting in a split in progress."
-    )
-    probe_share: float | None = Field(
-        default=None, description="Share of the ready pods at the probe setting (1 for a fleet probe)."
-    )
-    last_split: SplitResultStatus | None = Field(
-        default=None, description="What the last split-fleet A/B measured."
+    break_even_band: list[int] = Field(
+        default_factory=list,
+        max_length=2,
+        description="Where the fitted speedup stays within 2 % of 1 over a range of batches: [low, high] "
+        "(then breakEvenBatch is not shown as one number).",
     )
     statistics: CalibrationStatistics = Field(
         default_factory=CalibrationStatistics, description="The fit's persisted sufficient statistics."
     )
-    ledger: ProbeLedgerStatus = Field(
-        default_factory=ProbeLedgerStatus, description="The probe budget's accounting."
+
+
+class ScheduleBand(ApiModel):
+    max_batch: int | None = Field(
+        default=None, description="Upper edge of the band (running requests per pod); empty: no bound."
     )
+    k: int = Field(ge=0, description="Draft length the engine uses in this band (0: no drafting).")
+
+
+class RevisionStatus(ApiModel):
+    """A configuration revision: what a pod runs."""
+
+    digest: str = Field(description="The specops.dev/revision pod label (and specops_revision series label).")
+    mode: Literal["plain", "spec"] = Field(
+        description="plain: started without speculation; spec: speculating."
+    )
+    method: str | None = Field(default=None, description="draftModel, eagle3, mtp or ngram.")
+    draft: str | None = Field(default=None, description="The draft the pods load (its identity).")
+    schedule: list[ScheduleBand] = Field(
+        default_factory=list, max_length=16, description="Batch bands to draft length, ascending."
+    )
+    description: str = Field(default="", description="The revision in words.")
+
+
+class RolloutStatus(ApiModel):
+    """A revision rolling out to the stable pods, pod by pod."""
+
+    target: str = Field(description="Digest of the revision rolling out.")
+    started_at: Timestamp = Field(description="When it started.")
+    updated: int = Field(default=0, description="Pods running the target revision.")
+    ready: int = Field(default=0, description="Of those, ready.")
+    replicas: int = Field(default=0, description="Pods wanted.")
 
 
 class SpeculationStatus(ApiModel):
-    state: Literal["on", "off"] = Field(default="off", description="Whether pods speculate now.")
-    draft_length: int = Field(default=0, description="num_draft_tokens the pods run (0 = off).")
-    tuned_length: int | None = Field(default=None, description="Draft length kept while speculation is off.")
+    state: Literal["on", "off"] = Field(
+        default="off", description="Whether the stable pods run a speculating revision."
+    )
+    draft_length: int = Field(
+        default=0, description="Largest draft length of the schedule in force (0: plain)."
+    )
+    schedule: str | None = Field(default=None, description="The schedule in force, in words.")
+    revision: RevisionStatus | None = Field(default=None, description="The revision the stable pods run.")
+    proposed: RevisionStatus | None = Field(
+        default=None, description="The revision the learned curve favours (may equal the one in force)."
+    )
+    predicted_gain: float | None = Field(
+        default=None, description="Predicted gain of the proposed revision over the one in force."
+    )
     reason: str | None = Field(default=None, description="Reason of the last decision.")
-    message: str | None = Field(default=None, description="Explanation of the last decision.")
-    predicted_speedup: float | None = Field(default=None, description="Modelled speedup of the decision.")
+    message: str | None = Field(default=None, description="Why a change was or was not made.")
+    predicted_speedup: float | None = Field(
+        default=None, description="Modelled speedup over plain of the revision in force, on the batches seen."
+    )
     measured_speedup: float | None = Field(default=None, description="Baseline p50 TPOT / current p50 TPOT.")
     smoothed_alpha: float | None = Field(default=None, description="Smoothed alpha the model used.")
-    enable_evidence: float | None = Field(
-        default=None, description="Accumulated evidence (speedup-seconds) for switching speculation back on."
-    )
-    evidence_at: Timestamp | None = Field(default=None, description="When that evidence was last updated.")
     control_phase: ControlPhase | None = Field(
-        default=None, description="Phase of the control loop: Baseline, then Fixed, then Dynamic."
+        default=None,
+        description="Baseline (plain pods, measuring), Fixed (the first speculating revision soaks), then "
+        "Dynamic (revisions follow the learned curve).",
     )
     phase_since: Timestamp | None = Field(default=None, description="When the current control phase began.")
-    last_toggle_time: Timestamp | None = Field(default=None, description="Last on/off switch.")
+    last_change_time: Timestamp | None = Field(default=None, description="When the last revision rolled out.")
     last_decision_time: Timestamp | None = Field(default=None, description="Last decision.")
-    pods: PodsApplied = Field(default_factory=PodsApplied, description="Rollout of the setting to pods.")
+    pods: PodsApplied = Field(
+        default_factory=PodsApplied, description="Stable pods on the revision in force."
+    )
+    rollout: RolloutStatus | None = Field(default=None, description="The revision rolling out now.")
+    batch_seconds: list[float] = Field(
+        default_factory=list,
+        max_length=16,
+        description="Decayed seconds the pods spent per batch band (the load a revision is judged on).",
+    )
     calibration: CalibrationStatus = Field(
-        default_factory=CalibrationStatus,
-        description="The learned speedup model, its confidence, and exploration (probes).",
+        default_factory=CalibrationStatus, description="The learned speedup model and its confidence."
     )
 
 
@@ -241,9 +212,10 @@ class ObservedStatus(ApiModel):
 class DraftStatus(ApiModel):
     model: str | None = Field(default=None, description="Draft model name.")
     version: str | None = Field(default=None, description="Its version.")
-    kind: str | None = Field(default=None, description="Its kind (standalone, expertDistilled, eagle).")
+    method: str | None = Field(default=None, description="How it drafts (draftModel, eagle3, mtp, ngram).")
+    kind: str | None = Field(default=None, description="Its kind (standalone, expertDistilled).")
     parameters: str | None = Field(default=None, description="Its parameter count.")
-    engine_uri: str | None = Field(default=None, description="Where its engine lives.")
+    uri: str | None = Field(default=None, description="Where its checkpoint lives.")
     source: DraftSource | None = Field(default=None, description="Where it came from: Spec or Retraining.")
     lossless_check: LosslessCheck | None = Field(
         default=None,
@@ -367,7 +339,7 @@ class TrainedDraftStatus(ApiModel):
     """A draft a finished round published, waiting for its canary (or for a person)."""
 
     draft_version: str = Field(description="Version of the trained draft.")
-    engine_uri: str = Field(description="Where its engine lives.")
+    checkpoint_uri: str = Field(description="Where its checkpoint lives.")
     target_version: str = Field(default="", description="Target version it was trained for.")
     metrics: dict[str, float] = Field(default_factory=dict, description="Numbers the trainer reported.")
 

@@ -1,8 +1,8 @@
-"""The control loop's pure edges: spec -> policy config, status <-> policy state, decision -> status.
+"""The control loop's pure edges: status <-> step state, decision -> status, conditions.
 
-The policy (domain.policy) works on dataclasses; the resource keeps the same state in its
+The step (domain.revision_step) works on dataclasses; the resource keeps the same state in its
 typed status (api.status). These functions are the only translation between the two, so a
-restart resumes the policy exactly from what status recorded.
+restart resumes exactly from what status recorded.
 """
 
 from __future__ import annotations
@@ -12,83 +12,75 @@ from datetime import datetime
 from specops.api import conditions as cond
 from specops.api.conditions import ConditionUpdate, Reason
 from specops.api.models import SpeculativeDeploymentSpec
-from specops.api.status import BaselineStatus, ObservedStatus, PodsApplied, SpeculationStatus
+from specops.api.status import (
+    BaselineStatus,
+    ObservedStatus,
+    PodsApplied,
+    RevisionStatus,
+    RolloutStatus,
+    ScheduleBand,
+    SpeculationStatus,
+)
 from specops.api.units import parse_duration
-from specops.domain import perf
+from specops.domain.engines.schedule import PLAIN, Revision, Schedule, ScheduleError
 from specops.domain.learning import LearningConfig
 from specops.domain.learning import learning_config as _learning_config
 from specops.domain.metrics import Measurement
-from specops.domain.policy import (
-    Baseline,
-    Decision,
-    Observation,
-    PolicyConfig,
-    PolicyState,
-    initial_state,
-    measured_speedup,
-)
-
-
-def policy_config(
-    spec: SpeculativeDeploymentSpec, *, draft_stale: bool = False, draft_unchecked: bool = False
-) -> PolicyConfig:
-    """The policy's view of a spec: bounds clipped to the engine, the performance model of this setup.
-
-    `draft_stale` is the retraining verdict for the draft in service; with
-    retraining.whileStale: off it switches speculation off until a retrained draft is promoted.
-    `draft_unchecked`: the stable draft has not passed its lossless check; speculation stays off.
-    """
-    speculation, guard = spec.speculation, spec.speculation.batch_guard
-    engine_max = spec.target.engine.max_draft_len
-    setup = perf.ModelSetup(
-        gpu=perf.GPUS[spec.serving.gpu.type],
-        target_params=spec.target.active_parameter_count,
-        draft_params=spec.draft.parameter_count,
-        bytes_per_param=perf.BYTES_PER_PARAM[spec.target.precision],
-        tensor_parallel=spec.serving.tensor_parallel,
-        context_tokens=perf.DEFAULT_CONTEXT_TOKENS,
-    )
-    return PolicyConfig(
-        mode=speculation.mode,
-        initial_length=min(speculation.draft_length.initial, engine_max),
-        min_length=min(speculation.draft_length.min, engine_max),
-        max_length=min(speculation.draft_length.max, engine_max),
-        baseline_duration_s=parse_duration(speculation.rollout.baseline),
-        soak_duration_s=parse_duration(speculation.rollout.soak),
-        setup=setup,
-        margin=guard.margin,
-        hysteresis=guard.hysteresis,
-        min_dwell_s=parse_duration(guard.min_dwell),
-        off_above_batch=guard.off_above,
-        on_below_batch=guard.on_below,
-        min_acceptance=spec.slo.min_acceptance,
-        draft_stale_off=draft_stale and spec.retraining.while_stale == "off",
-        draft_unchecked_off=draft_unchecked,
-    )
+from specops.domain.revision_policy import SpeedupModel
+from specops.domain.revision_step import Baseline, Decision, StepConfig, StepInputs, StepState, initial_state
 
 
 def learning_config(spec: SpeculativeDeploymentSpec, rate_window_s: float) -> LearningConfig:
-    """Calibration, probes and the slowdown guard as the spec sets them (probe timing from the
-    metrics interval and the rate window one measurement spans)."""
+    """Calibration as the spec sets it (settle time from the metrics interval and the rate window)."""
     speculation = spec.speculation
     return _learning_config(
         enabled=speculation.calibration.enabled,
         guard=speculation.calibration.slowdown_guard,
         half_life_s=parse_duration(speculation.calibration.half_life),
-        max_probe_fraction=speculation.exploration.max_probe_fraction,
-        min_spacing_s=parse_duration(speculation.exploration.min_spacing),
         interval_s=parse_duration(spec.metrics.interval),
         rate_window_s=rate_window_s,
     )
 
 
+def revision_to_status(revision: Revision) -> RevisionStatus:
+    return RevisionStatus(
+        digest=revision.digest,
+        mode=revision.mode,
+        method=revision.method,
+        draft=revision.draft,
+        schedule=[
+            ScheduleBand(max_batch=edge, k=k)
+            for edge, k in (revision.schedule.bands if revision.schedule else ())
+        ],
+        description=revision.describe(),
+    )
+
+
+def revision_from_status(recorded: RevisionStatus | None) -> Revision | None:
+    """The revision a status block describes; None when unreadable (the caller starts afresh)."""
+    if recorded is None:
+        return None
+    if recorded.mode == "plain":
+        return PLAIN
+    try:
+        schedule = Schedule.of([[band.max_batch, band.k] for band in recorded.schedule])
+        return Revision(mode="spec", method=recorded.method, draft=recorded.draft, schedule=schedule)  # type: ignore[arg-type]
+    except (ScheduleError, ValueError, TypeError):
+        return None
+
+
 def state_from_status(
-    speculation: SpeculationStatus, baseline: BaselineStatus, config: PolicyConfig, now: datetime
-) -> PolicyState:
-    """Rebuild the policy state persisted in status; a fresh resource starts in Baseline."""
-    if speculation.control_phase is None or speculation.phase_since is None:
-        return initial_state(config, now)
-    recorded = None
+    speculation: SpeculationStatus,
+    baseline: BaselineStatus,
+    config: StepConfig,
+    model: SpeedupModel,
+    now: datetime,
+) -> StepState:
+    """Rebuild the step state persisted in status; a fresh resource starts as initial_state says."""
+    revision = revision_from_status(speculation.revision)
+    if speculation.control_phase is None or speculation.phase_since is None or revision is None:
+        return initial_state(config, model, now)
+    recorded = Baseline()
     if baseline.samples:
         recorded = Baseline(
             p50_s=baseline.per_token_latency_p50,
@@ -97,27 +89,28 @@ def state_from_status(
             tokens_per_s=baseline.tokens_per_second,
             samples=baseline.samples,
         )
-    return PolicyState(
+    return StepState(
         phase=speculation.control_phase,
         phase_since=speculation.phase_since,
-        enabled=speculation.state == "on",
-        draft_length=speculation.tuned_length or config.initial_length,
+        revision=revision,
+        last_change=speculation.last_change_time,
         alpha=speculation.smoothed_alpha,
-        last_toggle=speculation.last_toggle_time,
+        batch_seconds=tuple(speculation.batch_seconds),
+        decided_at=speculation.last_decision_time,
         baseline=recorded,
-        enable_evidence=speculation.enable_evidence or 0.0,
-        evidence_at=speculation.evidence_at,
     )
 
 
-def observation_from(measurement: Measurement) -> Observation:
-    return Observation(
-        batch=measurement.batch or 0.0,
+def inputs_from(measurement: Measurement, *, rollout_running: bool, canary_running: bool) -> StepInputs:
+    return StepInputs(
+        batch=measurement.batch,
         alpha=measurement.alpha,
-        tpot_p50_s=measurement.tpot_p50_s,
+        tpot_p50_s=measurement.tpot_mean_s if measurement.tpot_p50_s is None else measurement.tpot_p50_s,
         tpot_p95_s=measurement.tpot_p95_s,
         tpot_p99_s=measurement.tpot_p99_s,
         tokens_per_s=measurement.tokens_per_s,
+        rollout_running=rollout_running,
+        canary_running=canary_running,
     )
 
 
@@ -125,16 +118,31 @@ def _round(value: float | None, digits: int = 3) -> float | None:
     return None if value is None else round(value, digits)
 
 
+def measured_speedup(baseline: Baseline, tpot_p50_s: float | None) -> float | None:
+    if baseline.p50_s is None or not tpot_p50_s:
+        return None
+    return baseline.p50_s / tpot_p50_s
+
+
 def speculation_status(
-    decision: Decision, observation: Observation, now: datetime, pods: PodsApplied
+    decision: Decision,
+    inputs: StepInputs,
+    now: datetime,
+    pods: PodsApplied,
+    rollout: RolloutStatus | None,
+    calibration: object | None = None,
 ) -> SpeculationStatus:
-    """status.speculation for a decision."""
+    """status.speculation for a decision (calibration is set by the caller)."""
     state = decision.state
-    speedup = measured_speedup(state.baseline, observation) if decision.num_draft_tokens else None
+    revision = state.revision
+    speedup = measured_speedup(state.baseline, inputs.tpot_p50_s) if revision.mode == "spec" else None
     return SpeculationStatus(
-        state="on" if decision.num_draft_tokens > 0 else "off",
-        draft_length=decision.num_draft_tokens,
-        tuned_length=state.draft_length,
+        state="on" if revision.mode == "spec" else "off",
+        draft_length=revision.schedule.max_k if revision.schedule else 0,
+        schedule=revision.describe(),
+        revision=revision_to_status(revision),
+        proposed=revision_to_status(decision.proposed),
+        predicted_gain=_round(decision.gain, 4),
         control_phase=state.phase,
         phase_since=state.phase_since,
         reason=decision.reason,
@@ -142,17 +150,17 @@ def speculation_status(
         predicted_speedup=_round(decision.predicted_speedup),
         measured_speedup=_round(speedup),
         smoothed_alpha=_round(state.alpha, 4),
-        enable_evidence=_round(state.enable_evidence, 3),
-        evidence_at=state.evidence_at,
-        last_toggle_time=state.last_toggle,
+        last_change_time=state.last_change,
         last_decision_time=now,
         pods=pods,
+        rollout=rollout,
+        batch_seconds=list(state.batch_seconds),
     )
 
 
-def baseline_status(state: PolicyState, current: BaselineStatus) -> BaselineStatus:
+def baseline_status(state: StepState, current: BaselineStatus) -> BaselineStatus:
     baseline = state.baseline
-    if baseline is None:
+    if not baseline.samples:
         return current
     return BaselineStatus(
         per_token_latency_p50=baseline.p50_s,
@@ -174,10 +182,10 @@ def observed_status(measurement: Measurement) -> ObservedStatus:
     )
 
 
-def acceptance_condition(decision: Decision, min_acceptance: float) -> ConditionUpdate:
+def acceptance_condition(state: StepState, min_acceptance: float) -> ConditionUpdate:
     """AcceptanceBelowSLO: the smoothed alpha against slo.minAcceptance, judged only while speculating."""
-    alpha = decision.state.alpha
-    if alpha is None or decision.num_draft_tokens == 0:
+    alpha = state.alpha
+    if alpha is None or state.revision.mode != "spec":
         return ConditionUpdate(
             cond.ACCEPTANCE_BELOW_SLO, "Unknown", Reason.NOT_SPECULATING, "no acceptance measured now"
         )
@@ -196,25 +204,20 @@ def acceptance_condition(decision: Decision, min_acceptance: float) -> Condition
     )
 
 
-def applied_condition(
-    desired: int, applied: int, errors: dict[str, str], num_draft_tokens: int
-) -> ConditionUpdate:
-    """SpeculationApplied: whether every ready pod runs the decided setting (partial stays visible)."""
+def applied_condition(desired: int, applied: int, revision: Revision) -> ConditionUpdate:
+    """SpeculationApplied: whether every serving pod runs the revision in force (a rollout shows)."""
     if desired == 0:
         return ConditionUpdate(
             cond.SPECULATION_APPLIED, "Unknown", Reason.WAITING_FOR_PODS, "no ready serving pod"
         )
-    if applied == desired:
+    text = f"revision {revision.digest} ({revision.describe()})"
+    if applied >= desired:
         return ConditionUpdate(
-            cond.SPECULATION_APPLIED,
-            "True",
-            Reason.ALL_PODS_APPLIED,
-            f"num_draft_tokens={num_draft_tokens} on {applied}/{desired} pods",
+            cond.SPECULATION_APPLIED, "True", Reason.ALL_PODS_APPLIED, f"{text} on {applied}/{desired} pods"
         )
-    failing = ", ".join(f"{pod}: {message}" for pod, message in sorted(errors.items()))
     return ConditionUpdate(
         cond.SPECULATION_APPLIED,
         "False",
         Reason.PARTIALLY_APPLIED,
-        f"num_draft_tokens={num_draft_tokens} on {applied}/{desired} pods; failing: {failing}"[:1000],
+        f"{text} on {applied}/{desired} pods: a rollout is under way",
     )

@@ -12,14 +12,17 @@ from typing import Any
 
 VARIANT_LABEL = "specops.dev/variant"
 DRAFT_LABEL = "specops.dev/draft"
-SERVING_CONTAINER = "triton"
+SERVING_CONTAINER = "engine"
+REVISION_LABEL = "specops.dev/revision"
+BACKEND_LABEL = "specops.dev/backend"
+MODE_LABEL = "specops.dev/mode"
 HTTP_PORT_NAME = "http"
 DEFAULT_HTTP_PORT = 8000
 
 
 @dataclass(frozen=True)
 class PodEndpoint:
-    """Address of one serving pod's Triton HTTP endpoint."""
+    """Address of one serving pod's engine HTTP endpoint."""
 
     name: str
     namespace: str
@@ -29,12 +32,21 @@ class PodEndpoint:
     draft: str = ""
     """The pod's ``specops.dev/draft`` label: which draft it serves."""
     incarnation: str = ""
-    """The pod's uid and its serving container's restart count: a restarted container reads its
-    model configuration from the repository again, so what it confirmed before no longer holds."""
+    """The pod's uid and its serving container's restart count (a restarted engine starts afresh)."""
+    revision: str = ""
+    """The pod's ``specops.dev/revision`` label: the configuration revision it runs."""
+    backend: str = ""
+    """The pod's ``specops.dev/backend`` label: which engine API it speaks."""
+    mode: str = ""
+    """The pod's ``specops.dev/mode`` label: plain or spec."""
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.address}"
 
     @property
     def address(self) -> str:
-        """host:port, the form tritonclient expects (no scheme)."""
+        """host:port."""
         return f"{self.host}:{self.http_port}"
 
 
@@ -68,6 +80,9 @@ def ready_endpoint(pod: Mapping[str, Any]) -> PodEndpoint | None:
         variant=str((metadata.get("labels") or {}).get(VARIANT_LABEL, "stable")),
         draft=str((metadata.get("labels") or {}).get(DRAFT_LABEL, "")),
         incarnation=_incarnation(pod),
+        revision=str((metadata.get("labels") or {}).get(REVISION_LABEL, "")),
+        backend=str((metadata.get("labels") or {}).get(BACKEND_LABEL, "")),
+        mode=str((metadata.get("labels") or {}).get(MODE_LABEL, "")),
     )
 
 

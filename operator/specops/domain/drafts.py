@@ -7,14 +7,14 @@ canary of the new draft is promoted. These helpers convert between the two forms
 
 from __future__ import annotations
 
-from specops.api.models import DraftEngine, DraftSpec
+from specops.api.models import DraftSpec
 from specops.api.status import DraftSource, DraftStatus, LosslessCheck, SpeculativeDeploymentStatus
 from specops.domain.names import draft_label
 
 
 def draft_key(draft: DraftSpec) -> str:
-    """Identity of a draft for change detection: version and engine location."""
-    return f"{draft.version}@{draft.engine.uri}"
+    """Identity of a draft for change detection: version and checkpoint (or method, without one)."""
+    return f"{draft.version}@{draft.uri or draft.method}"
 
 
 def draft_identity(draft: DraftSpec) -> str:
@@ -28,9 +28,10 @@ def draft_to_status(
     return DraftStatus(
         model=draft.model,
         version=draft.version,
+        method=draft.method,
         kind=draft.kind,
         parameters=draft.parameters,
-        engine_uri=draft.engine.uri,
+        uri=draft.uri,
         source=source,
         lossless_check=lossless_check,
     )
@@ -48,14 +49,20 @@ def speculation_allowed(status: SpeculativeDeploymentStatus) -> bool:
 
 def draft_from_status(recorded: DraftStatus | None, fallback: DraftSpec) -> DraftSpec:
     """The draft a status block describes; fields it lacks come from `fallback` (spec.draft)."""
-    if recorded is None or not recorded.version or not recorded.engine_uri:
+    if recorded is None or not recorded.version:
         return fallback
-    return DraftSpec(
-        model=recorded.model or fallback.model,
-        version=recorded.version,
-        kind=recorded.kind or fallback.kind,
-        parameters=recorded.parameters or fallback.parameters,
-        engine=DraftEngine(uri=recorded.engine_uri),
+    method = recorded.method or fallback.method
+    if method in ("draftModel", "eagle3") and not recorded.uri:
+        return fallback
+    return DraftSpec.model_validate(
+        {
+            "model": recorded.model or fallback.model,
+            "version": recorded.version,
+            "method": method,
+            "kind": recorded.kind or fallback.kind,
+            "parameters": recorded.parameters or fallback.parameters,
+            "uri": recorded.uri if method in ("draftModel", "eagle3") else None,
+        }
     )
 
 

@@ -1,18 +1,11 @@
-"""The control loop's learning: calibration from its own measurements, bounded probes, the slowdown guard.
+"""The control loop's learning: calibration from its own measurements.
 
-Each decision of the control loop in the Dynamic phase goes through three steps here, around
-`policy.decide`:
-
-1. `observe`: the stable variant's measurement (batch per pod, per-token latency p50,
-   alpha) becomes one calibration sample (`calibration.update`) of the setting the pods
-   ran, but only once that setting has held for a full rate window plus scrape lag
-   (`settle_s`), so no sample mixes two settings;
-2. the policy decides from `model(...)`, the roofline prior corrected by those samples;
-3. `guard` switches speculation off when measurements show it slower than plain at the
-   current load with confidence, whatever the model says; `explore` may then replace the
-   decision for one probe duration by a probe (on while off, off while on) within the
-   budget of `spec.speculation.exploration`. A probe is not a toggle: the policy's own
-   state does not change.
+`observe` turns the stable variant's measurement (batch per pod, mean per-token latency,
+alpha) into one calibration sample (`calibration.update`) of the draft length the engine used
+at that batch, but only once that setting has held for a full rate window plus scrape lag
+(`settle_s`) and the load held over the window, so no sample mixes two settings. The fitted
+model (`model`) is the prior corrected by those samples; `break_even` and `announce` report
+where it crosses 1.
 
 Pure: times come in as datetimes (seconds since the Unix epoch inside the calibration).
 """
@@ -23,20 +16,14 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from specops.api.status import CalibrationStatistics, CalibrationStatus, ProbeLedgerStatus
+from specops.api.status import CalibrationStatistics, CalibrationStatus
 from specops.domain.calibration import (
     N_BUCKETS,
     N_PARAMS,
     CalibratedModel,
     CalibrationConfig,
     CalibrationState,
-    ProbeConfig,
-    ProbeLedger,
     StepSample,
-    account,
-    budget_allows,
-    plan_probe,
-    start_probe,
     update,
 )
 from specops.domain.perf import ModelSetup
@@ -44,21 +31,15 @@ from specops.domain.records import replace
 
 BREAK_EVEN_CHANGE = 0.25  # an Event when calibration moves the break-even by more than this share
 NO_BREAK_EVEN = 2048  # "none up to 1024" counts as this in that comparison
-GUARD_MARGIN = 0.03  # the guard acts below 1 - this measured speedup ...
-GUARD_MIN_OFF_SAMPLES = 2.0  # ... when plain speed near the batch rests on this many samples ...
-GUARD_STREAK = 3  # ... for this many measurements in a row
-GUARD_RELEASE = 0.8  # the guard's hold ends when the batch falls below this share of its batch
-MEASURED_FIRST = 2.0  # effective samples of the setting in force near the batch before probing the other
 LOAD_SPREAD = 2.0  # a measurement counts only while max/min of the batch over its window stays below this
 
 
 @dataclass(frozen=True)
 class LearningConfig:
-    enabled: bool = True  # False: the roofline alone decides, nothing is probed
+    enabled: bool = True  # False: the prior alone decides
     guard: bool = True
     settle_s: float = 12.0  # a setting's samples count only after it held this long
     calibration: CalibrationConfig = field(default_factory=CalibrationConfig)
-    probes: ProbeConfig = field(default_factory=ProbeConfig)
 
 
 def settle_seconds(rate_window_s: float, interval_s: float) -> float:
@@ -68,31 +49,14 @@ def settle_seconds(rate_window_s: float, interval_s: float) -> float:
 
 
 def learning_config(
-    *,
-    enabled: bool,
-    guard: bool,
-    half_life_s: float,
-    max_probe_fraction: float,
-    min_spacing_s: float,
-    interval_s: float,
-    rate_window_s: float,
+    *, enabled: bool, guard: bool, half_life_s: float, interval_s: float, rate_window_s: float
 ) -> LearningConfig:
-    """A probe lasts one rate window plus three decisions (so it yields clean samples); the budget's
-    window is at least one hour and long enough for one probe at the configured fraction."""
-    settle = settle_seconds(rate_window_s, interval_s)
-    duration = settle + interval_s
-    window = 3600.0 if max_probe_fraction <= 0 else duration / max_probe_fraction
+    """Samples settle for one rate window plus two decisions; the fit's half-life from the spec."""
     return LearningConfig(
         enabled=enabled,
         guard=guard,
-        settle_s=settle,
+        settle_s=settle_seconds(rate_window_s, interval_s),
         calibration=CalibrationConfig(half_life_s=half_life_s),
-        probes=ProbeConfig(
-            max_fraction=max_probe_fraction,
-            budget_window_s=window,
-            min_spacing_s=min_spacing_s,
-            probe_duration_s=duration,
-        ),
     )
 
 
@@ -101,15 +65,8 @@ class LearningState:
     """What learning keeps between decisions; persisted in status.speculation.calibration."""
 
     calibration: CalibrationState = field(default_factory=CalibrationState)
-    ledger: ProbeLedger = field(default_factory=ProbeLedger)
     applied_length: int | None = None
     applied_since: datetime | None = None
-    probe_length: int | None = None
-    last_probe_at: datetime | None = None
-    last_probe_length: int | None = None
-    last_probe_reason: str | None = None
-    slowdown_streak: int = 0
-    slowdown_batch: float | None = None
     announced: int | None = None  # break-even at the last announcement (NO_BREAK_EVEN = none)
     announced_known: bool = False
     decided_at: datetime | None = None  # the last decision (for the probe ledger's clock)
@@ -186,161 +143,11 @@ def observe(
     return replace(state, calibration=calibration)
 
 
-@dataclass(frozen=True)
-class GuardVerdict:
-    state: LearningState
-    fired: bool = False
-    evidence: str = ""
-    blind: bool = False
-    """Speculation ran settled at a held load, but plain speed near this batch rests on too few
-    samples to compare with: a slowdown here is one the guard cannot see (only a new solve of the
-    model, with this sample, might)."""
-
-
-def guard(
-    state: LearningState,
-    fitted: CalibratedModel,
-    seen: Observed,
-    decided_length: int,
-    config: LearningConfig,
-    now: datetime,
-) -> GuardVerdict:
-    """Measured slowdown: speculation on (not a probe), yet slower than plain at this batch.
-
-    Plain speed comes from the fit where at least GUARD_MIN_OFF_SAMPLES effective samples with
-    speculation off lie near this batch; GUARD_STREAK settled measurements in a row below
-    1 - GUARD_MARGIN fire it.
-    """
-    if state.slowdown_batch is not None and seen.batch < GUARD_RELEASE * state.slowdown_batch:
-        state = replace(state, slowdown_batch=None)
-    length = state.applied_length
-    if (
-        not config.enabled
-        or not config.guard
-        or length is None
-        or length <= 0
-        or decided_length <= 0
-        or state.probe_length is not None
-        or seen.tpot_s is None
-        or seen.tpot_s <= 0
-        or not settled(state, config, now)
-        or not load_held(state, config, now)
-    ):
-        return GuardVerdict(state)
-    off_samples = fitted.confidence(seen.batch).off
-    if off_samples < GUARD_MIN_OFF_SAMPLES:
-        return GuardVerdict(replace(state, slowdown_streak=0), blind=True)
-    plain_s = fitted.step_s(0, seen.batch, seen.context_tokens)
-    measured = plain_s / seen.tpot_s
-    if measured >= 1.0 - GUARD_MARGIN:
-        return GuardVerdict(replace(state, slowdown_streak=0))
-    streak = state.slowdown_streak + 1
-    if streak < GUARD_STREAK:
-        return GuardVerdict(replace(state, slowdown_streak=streak))
-    evidence = (
-        f"measured per-token latency {seen.tpot_s * 1e3:.2f} ms at draft length {length} against "
-        f"{plain_s * 1e3:.2f} ms plain at batch {seen.batch:.0f} (fitted from {off_samples:.1f} samples "
-        f"off near this batch): {measured:.2f}x, {streak} measurements in a row"
-    )
-    return GuardVerdict(replace(state, slowdown_streak=0, slowdown_batch=seen.batch), True, evidence)
-
-
-def holds_off(state: LearningState, seen: Observed) -> bool:
-    """Whether the guard's hold keeps speculation off at this batch."""
-    return state.slowdown_batch is not None and seen.batch >= GUARD_RELEASE * state.slowdown_batch
-
-
-@dataclass(frozen=True)
-class Exploration:
-    state: LearningState
-    num_draft_tokens: int  # what the pods run over the next interval
-    probe: bool
-    reason: str = ""
-
-
-def explore(
-    state: LearningState,
-    fitted: CalibratedModel,
-    *,
-    allowed: bool,
-    enabled: bool,
-    decided_length: int,
-    decision_changed: bool,
-    alpha: float,
-    batch: float,
-    bounds: tuple[int, int],
-    dt_s: float,
-    config: LearningConfig,
-    now: datetime,
-    probe_share: float = 1.0,
-) -> Exploration:
-    """Account the last interval, continue a probe in progress, or start one where the model is unsure.
-
-    `probe_share` is the share of token throughput the probe in progress took (a split-fleet
-    probe sets only some pods apart): its cost is that share of the interval.
-    """
-    now_s = now.timestamp()
-    ledger = account(state.ledger, now_s, dt_s, probing=state.probe_length is not None)
-    if state.probe_length is not None and probe_share < 1.0:
-        ledger = replace(ledger, probe_s=ledger.probe_s - dt_s * (1.0 - max(0.0, probe_share)))
-    state = replace(state, ledger=ledger)
-    reached = (
-        state.probe_length is not None
-        and decision_changed
-        and (decided_length > 0) == (state.probe_length > 0)
-    )
-    if state.probe_length is not None and (ledger.probing_until_s is None or reached or not allowed):
-        # ended: its time is up, or the decision itself switched to the probe's side
-        ledger = replace(ledger, probing_until_s=None, last_probe_end_s=now_s)
-        state = replace(state, ledger=ledger, probe_length=None)
-    if state.probe_length is not None:
-        return Exploration(state, state.probe_length, True, state.last_probe_reason or "")
-    if not allowed or not config.enabled or config.probes.max_fraction <= 0 or decision_changed:
-        return Exploration(state, decided_length, False)
-    seen = fitted.confidence(batch)
-    unseen = (seen.off if enabled else seen.on) < 0.25  # nothing measured on the other side here
-    if unseen and (seen.on if enabled else seen.off) < MEASURED_FIRST:
-        # what runs now is measured at this load first: the comparison needs both sides
-        return Exploration(state, decided_length, False)
-    if (
-        not unseen
-        and state.applied_since is not None
-        and (now - state.applied_since).total_seconds() < config.probes.probe_duration_s
-        and state.applied_length == decided_length
-    ):
-        # a setting just taken is measured by itself first
-        return Exploration(state, decided_length, False)
-    plan = plan_probe(
-        fitted,
-        ledger,
-        now_s,
-        enabled=enabled,
-        alpha=alpha,
-        batch=batch,
-        bounds=bounds,
-        current_length=decided_length,
-        config=config.probes,
-    )
-    if not plan.probe or plan.draft_length == decided_length:
-        return Exploration(state, decided_length, False)
-    if not budget_allows(ledger, now_s, config.probes, urgent=True):
-        return Exploration(state, decided_length, False)
-    state = replace(
-        state,
-        ledger=start_probe(ledger, now_s, config.probes),
-        probe_length=plan.draft_length,
-        last_probe_at=now,
-        last_probe_length=plan.draft_length,
-        last_probe_reason=plan.reason,
-    )
-    return Exploration(state, plan.draft_length, True, plan.reason)
-
-
 def applied(state: LearningState, num_draft_tokens: int, now: datetime) -> LearningState:
     """Record what the pods were set to; a change restarts the settle clock."""
     if state.applied_length == num_draft_tokens and state.applied_since is not None:
         return state
-    return replace(state, applied_length=num_draft_tokens, applied_since=now, slowdown_streak=0)
+    return replace(state, applied_length=num_draft_tokens, applied_since=now)
 
 
 BREAK_EVEN_ALPHA_DECIMALS = 2
@@ -422,27 +229,9 @@ def from_status(status: CalibrationStatus, last_decision: datetime | None = None
             samples=status.samples,
             updated_at_s=stats.updated_at,
         )
-    led = status.ledger
-    ledger = ProbeLedger(
-        started_at_s=led.started_at,
-        elapsed_s=led.elapsed_seconds,
-        probe_s=led.probe_seconds,
-        last_probe_end_s=led.last_probe_end,
-        probing_until_s=led.probing_until,
-        probes=led.probes,
-    )
     announced = status.announced_break_even_batch
     return LearningState(
         calibration=calibration,
-        ledger=ledger,
-        applied_length=status.applied_length,
-        applied_since=status.applied_since,
-        probe_length=status.probe_length if status.probing else None,
-        last_probe_at=status.last_probe_time,
-        last_probe_length=status.last_probe_length,
-        last_probe_reason=status.last_probe_reason,
-        slowdown_streak=status.slowdown_streak,
-        slowdown_batch=status.slowdown_batch,
         announced=NO_BREAK_EVEN if announced is None else announced,
         announced_known=status.break_even_known,
         decided_at=last_decision,
@@ -465,9 +254,7 @@ def to_status(
 ) -> CalibrationStatus:
     """status.speculation.calibration for the state (the fit's numbers rounded for reading)."""
     c = state.calibration
-    ledger = state.ledger
     source = "calibrated" if config.enabled and c.weight > 0 else "prior"
-    confidence = fitted.confidence(batch) if fitted is not None and batch is not None else None
     announced = state.announced if state.announced_known else None
     return CalibrationStatus(
         model_source=source,
@@ -478,19 +265,6 @@ def to_status(
         prior_break_even_batch=prior_break_even_batch,
         announced_break_even_batch=None if announced is None or announced >= NO_BREAK_EVEN else announced,
         relative_fit_error=_round(fitted.relative_fit_error()) if fitted is not None else None,
-        confidence_on=_round(confidence.on, 2) if confidence is not None else None,
-        confidence_off=_round(confidence.off, 2) if confidence is not None else None,
-        applied_length=state.applied_length,
-        applied_since=state.applied_since,
-        probing=state.probe_length is not None,
-        probe_length=state.probe_length,
-        last_probe_time=state.last_probe_at,
-        last_probe_length=state.last_probe_length,
-        last_probe_reason=state.last_probe_reason,
-        probe_duration_seconds=config.probes.probe_duration_s,
-        probe_cost_fraction=_round(ledger.cost_fraction),
-        slowdown_streak=state.slowdown_streak,
-        slowdown_batch=_round(state.slowdown_batch, 2),
         statistics=CalibrationStatistics(
             xtx=list(c.xtx),
             xty=list(c.xty),
@@ -499,13 +273,5 @@ def to_status(
             on_counts=list(c.on_counts),
             off_counts=list(c.off_counts),
             updated_at=c.updated_at_s,
-        ),
-        ledger=ProbeLedgerStatus(
-            started_at=ledger.started_at_s,
-            elapsed_seconds=round(ledger.elapsed_s, 3),
-            probe_seconds=round(ledger.probe_s, 3),
-            last_probe_end=ledger.last_probe_end_s,
-            probing_until=ledger.probing_until_s,
-            probes=ledger.probes,
         ),
     )

@@ -225,13 +225,13 @@ def readiness(desired_replicas: int, deployments: Sequence[Mapping[str, Any] | N
 def advisories(spec: SpeculativeDeploymentSpec) -> tuple[ConditionUpdate, ...]:
     """Advice, never refusal: draft kind vs target architecture, and draft size vs usefulness."""
     target, draft = spec.target, spec.draft
-    if draft.model == target.model or draft.engine.uri == target.engine.uri:
-        same = "model" if draft.model == target.model else "engine"
+    if draft.method in ("draftModel", "eagle3") and (draft.model == target.model or draft.uri == target.uri):
+        same = "model" if draft.model == target.model else "checkpoint"
         mismatch = ConditionUpdate(
             DRAFT_MISMATCH,
             "True",
             Reason.DRAFT_IS_TARGET,
-            f"draft and target are the same {same} ({draft.model if same == 'model' else draft.engine.uri}): "
+            f"draft and target are the same {same} ({draft.model if same == 'model' else draft.uri}): "
             "every drafted token costs a full target step, so speculation cannot pay; use a smaller draft",
         )
     elif target.architecture == "moe" and draft.kind != "expertDistilled":
@@ -247,11 +247,11 @@ def advisories(spec: SpeculativeDeploymentSpec) -> tuple[ConditionUpdate, ...]:
     setup = perf.ModelSetup(
         gpu=perf.GPUS[spec.serving.gpu.type],
         target_params=target.active_parameter_count,
-        draft_params=draft.parameter_count,
+        draft_params=draft.parameter_count_for(target.active_parameter_count),
         tensor_parallel=spec.serving.tensor_parallel,
     )
     ratio = perf.latency_ratio(setup)
-    share = draft.parameter_count / target.active_parameter_count
+    share = draft.parameter_count_for(target.active_parameter_count) / target.active_parameter_count
     if ratio >= MAX_USEFUL_LATENCY_RATIO:
         size = ConditionUpdate(
             DRAFT_SIZE_ADVISORY,
@@ -260,7 +260,7 @@ def advisories(spec: SpeculativeDeploymentSpec) -> tuple[ConditionUpdate, ...]:
             f"draft/target step-time ratio c={ratio:.2f} ({share:.1%} of the target's parameters): speculation "
             f"pays only while per-token acceptance exceeds c, and little even then; a smaller draft is advised",
         )
-    elif draft.kind != "eagle" and share < MIN_USEFUL_PARAMETER_SHARE:
+    elif draft.method == "draftModel" and share < MIN_USEFUL_PARAMETER_SHARE:
         size = ConditionUpdate(
             DRAFT_SIZE_ADVISORY,
             "True",

@@ -33,7 +33,7 @@ ANNOTATION_CONFIG_HASH = "specops.dev/config-hash"
 APP_NAME = "specops-serving"
 """A fixed app name: model names may be longer than a label value allows or hold '/'."""
 COMPONENT_SERVING = "serving"
-COMPONENT_REPOSITORY = "model-repository"
+COMPONENT_REPOSITORY = "engine-config"
 COMPONENT_MONITORING = "monitoring"
 
 _MAX_NAME = 63
@@ -116,9 +116,9 @@ def service_name(resource_name: str) -> str:
 
 
 def repository_configmap_name(resource_name: str, variant: str) -> str:
-    """The variant's model-repository ConfigMap: ``<child>-model-repository``."""
+    """The variant's engine config ConfigMap: ``<child>-engine-config``."""
     prefix = resource_name if variant == STABLE else f"{resource_name}-{variant}"
-    return dns1123_name(f"{prefix}-model-repository")
+    return dns1123_name(f"{prefix}-engine-config")
 
 
 def label_value(resource_name: str) -> str:

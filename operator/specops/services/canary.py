@@ -1,8 +1,8 @@
 """Canary rollout of a new draft: gather this tick's evidence, take one pure step, act.
 
 The state machine is `domain.canary_rollout.step`; this service gathers its inputs (golden
-prompts run on a canary pod, this tick's samples of both variants, whether the stable
-variant rolled out) and carries out the actions it returns, in order. When an action fails
+prompts run through the engines' own API on a canary pod and on a stable pod, this tick's
+samples of both variants, whether the stable variant rolled out) and carries out the actions it returns, in order. When an action fails
 (a route write answered an error, say) the canary keeps its previous state, so the step is
 tried again next tick and status never claims what did not happen.
 
@@ -27,14 +27,17 @@ from specops.api.models import API_VERSION, KIND, DraftSpec, SpeculativeDeployme
 from specops.api.status import CanaryStatus, DraftSource, SpeculativeDeploymentStatus
 from specops.domain import canary as judgement
 from specops.domain import canary_rollout as rollout
-from specops.domain import drafts
+from specops.domain import drafts, lossless, profile_prior
+from specops.domain.calibration import CalibrationConfig
 from specops.domain.discovery import PodEndpoint
+from specops.domain.engines.schedule import Revision
 from specops.domain.lifecycle import EventRecord
 from specops.domain.names import CANARY, LABEL_DEPLOYMENT, LABEL_VARIANT, STABLE, child_name, label_value
 from specops.domain.render import render_children
+from specops.domain.revision_step import config_from_spec, first_revision, speculating
 from specops.domain.traffic import canary_replicas_for
-from specops.ports import MERGE_PATCH, KubePort, MetricsSource, ModelControl, TrafficRouter, TrafficRouting
-from specops.services.reconciler import Reconciler
+from specops.ports import MERGE_PATCH, EngineClient, KubePort, MetricsSource, TrafficRouter, TrafficRouting
+from specops.services.reconciler import Reconciler, stable_revision
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +78,7 @@ class CanaryService:
         self,
         kube: KubePort,
         metrics: MetricsSource,
-        triton: ModelControl,
+        engines: EngineClient,
         reconciler: Reconciler,
         *,
         routers: Mapping[TrafficRouting, TrafficRouter],
@@ -84,7 +87,8 @@ class CanaryService:
     ) -> None:
         self.kube = kube
         self.metrics = metrics
-        self.triton = triton
+        self.engines = engines
+        self.engine_deadline_s = 30.0
         self.reconciler = reconciler
         self.routers = routers
         self.gateway_api = gateway_api
@@ -107,6 +111,9 @@ class CanaryService:
         detected by the step itself.
         """
         repaired = await self._repair_route(resource, status)
+        if status.canary is None and status.draft.lossless_check != "Pending":
+            if any(e.variant == CANARY for e in endpoints):  # the first draft's check pod, done with
+                await self._delete_canary(resource.metadata["namespace"], resource.metadata["name"])
         inputs = await self._gather(resource, status, endpoints, now, candidate)
         result = rollout.step(inputs)
         canary = result.status.canary or status.canary
@@ -181,11 +188,13 @@ class CanaryService:
         if canary is None and status.draft.lossless_check == "Pending" and not inputs.paused:
             if not rollout.first_check_due(status, now):
                 return inputs  # the last try could not run: waiting before the next
-            # The first draft: its golden prompts run on a stable pod serving it.
-            identity = drafts.draft_identity(drafts.stable_draft(spec.draft, status))
-            pods = [e for e in endpoints if e.variant == STABLE and e.draft == identity]
-            if pods:
-                return replace(inputs, lossless=await self._lossless(resource, pods[0]))
+            # The first draft: a check pod speculating with it (never in traffic) against a plain
+            # stable pod, at temperature 0; the check pod goes once the verdict is written.
+            checks = [e for e in endpoints if e.variant == CANARY and e.mode == "spec"]
+            references = [e for e in endpoints if e.variant == STABLE and e.mode == "plain"]
+            if checks and references:
+                return replace(inputs, lossless=await self._lossless(resource, checks[0], references[0]))
+            await self._apply_check_pod(resource, drafts.stable_draft(spec.draft, status))
             return inputs
         if canary is None or inputs.action is not None or inputs.paused:
             return inputs
@@ -194,7 +203,14 @@ class CanaryService:
             canary_pods = [endpoint for endpoint in endpoints if endpoint.variant == CANARY]
             if not canary_pods:
                 return replace(inputs, canary_missing=await self._canary_missing(namespace, name))
-            return replace(inputs, lossless=await self._lossless(resource, canary_pods[0]))
+            stable_pods = sorted(
+                (e for e in endpoints if e.variant == STABLE), key=lambda e: (e.mode != "plain", e.name)
+            )
+            if not stable_pods:
+                return replace(
+                    inputs, lossless=rollout.LosslessUnrunnable("no ready stable pod to compare with")
+                )
+            return replace(inputs, lossless=await self._lossless(resource, canary_pods[0], stable_pods[0]))
         if canary.phase == "Progressing":
             url, backend = spec.metrics.prometheus.url, spec.serving.backend
             # Each variant's series of its own draft only: never what an earlier draft left in the window.
@@ -237,22 +253,39 @@ class CanaryService:
         return prompts or list(DEFAULT_GOLDEN_PROMPTS)
 
     async def _lossless(
-        self, resource: SpeculativeDeployment, endpoint: PodEndpoint
+        self, resource: SpeculativeDeployment, candidate: PodEndpoint, reference: PodEndpoint
     ) -> rollout.LosslessOutcome:
-        """Golden prompts at temperature 0 with speculation on and off: token for token, or not."""
+        """The golden prompts at temperature 0 on a speculating pod and on a reference pod (plain
+        where one serves) through the engine's own API: token for token, or within the allowed
+        divergence; a failure says where the outputs part."""
         spec = resource.spec
-        length = min(spec.speculation.draft_length.initial, spec.target.engine.max_draft_len)
-        max_tokens = spec.canary.golden_prompts.max_tokens
+        golden = spec.canary.golden_prompts
+        backend, model = spec.serving.backend, spec.target.model
+        comparisons = []
         for index, prompt in enumerate(await self._golden_prompts(resource)):
-            plain = await self.triton.generate(endpoint, prompt, max_tokens, num_draft_tokens=0)
-            speculative = await self.triton.generate(endpoint, prompt, max_tokens, num_draft_tokens=length)
+            plain = await self.engines.generate(
+                reference.url, backend, model, prompt, golden.max_tokens, self.engine_deadline_s
+            )
+            speculative = await self.engines.generate(
+                candidate.url, backend, model, prompt, golden.max_tokens, self.engine_deadline_s
+            )
             if not (plain.ok and speculative.ok):
-                return rollout.LosslessUnrunnable(plain.message or speculative.message)
-            if plain.text != speculative.text:
+                failed = reference if not plain.ok else candidate
+                return rollout.LosslessUnrunnable(f"{failed.name}: {plain.error or speculative.error}")
+            comparison = lossless.compare(plain.text, speculative.text)
+            comparisons.append(comparison)
+            if golden.max_divergence == 0 and not comparison.identical:
                 return rollout.LosslessDiffers(
-                    f"golden prompt #{index + 1} differs with speculation on (num_draft_tokens={length}) "
-                    f"vs off at temperature 0: {speculative.text[:80]!r} != {plain.text[:80]!r}"
+                    f"golden prompt #{index + 1} at temperature 0: {candidate.name} (revision "
+                    f"{candidate.revision}) parts from {reference.name} ({reference.mode or 'reference'}): "
+                    f"{comparison.describe()}"
                 )
+        rate = lossless.match_rate(comparisons)
+        if not lossless.passes(comparisons, golden.max_divergence):
+            return rollout.LosslessDiffers(
+                f"token match rate {rate:.4f} over {len(comparisons)} golden prompts is below "
+                f"{1 - golden.max_divergence:.4f} (canary.goldenPrompts.maxDivergence {golden.max_divergence})"
+            )
         return rollout.LosslessPassed()
 
     # ------------------------------------------------------------------ act
@@ -278,7 +311,10 @@ class CanaryService:
                 await self._apply_canary(resource, canary_draft, replicas=replicas, traffic=True)
         elif isinstance(action, rollout.RolloutStable):
             await self.reconciler.apply(
-                render_children(resource, self.reconciler.render_options, draft=action.draft), uid
+                render_children(
+                    resource, self.reconciler.render_options, stable_revision(resource), draft=action.draft
+                ),
+                uid,
             )
         elif isinstance(action, rollout.DeleteCanary):
             await self._delete_canary(namespace, name)
@@ -292,12 +328,17 @@ class CanaryService:
         children = render_children(
             resource,
             self.reconciler.render_options,
+            canary_revision(resource, draft),
             variant=CANARY,
             draft=draft,
             replicas=replicas,
             receives_traffic=traffic,
         )
         await self.reconciler.apply(children, resource.metadata.get("uid", ""))
+
+    async def _apply_check_pod(self, resource: SpeculativeDeployment, draft: DraftSpec) -> None:
+        """The first draft's check pod: one canary-variant pod speculating with it, out of traffic."""
+        await self._apply_canary(resource, draft, replicas=1, traffic=False)
 
     async def _delete_canary(self, namespace: str, name: str) -> None:
         labels = {LABEL_DEPLOYMENT: label_value(name), LABEL_VARIANT: CANARY}
@@ -324,6 +365,17 @@ class CanaryService:
         if not result.ok:
             raise RouteNotReleased(result.message)
         return [EventRecord("Normal", Reason.ROUTE_RELEASED, result.message)] if result.message else []
+
+
+def canary_revision(resource: SpeculativeDeployment, draft: DraftSpec) -> Revision:
+    """What canary pods run: the stable's schedule with the draft under test (a like-for-like
+    comparison), or, while the stable pods run plain, the draft's first schedule from the prior."""
+    config = config_from_spec(resource.spec, draft)
+    stable = stable_revision(resource)
+    if stable.mode == "spec" and stable.schedule is not None:
+        return speculating(config, stable.schedule)
+    prior = profile_prior.prior_model(config.setup, CalibrationConfig(), None)
+    return first_revision(config, prior)
 
 
 def _rolled_out(deployment: Mapping[str, Any] | None, replicas: int, draft_version: str) -> bool:

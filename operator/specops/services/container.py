@@ -11,11 +11,11 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from specops.adapters.engine_client import EngineHttpClient
 from specops.adapters.kube import KubeClient, load_connection_settings
 from specops.adapters.prometheus import MetricsHub
 from specops.adapters.routing import GatewayApiRouter, ReplicaRatioRouter
-from specops.adapters.triton import TritonModelControl
-from specops.assets import bls_model_source
+from specops.assets import llmapi_model_source
 from specops.domain.discovery import PodEndpoint
 from specops.domain.metrics import Measurement, rate_window_s
 from specops.domain.render import RenderOptions
@@ -42,7 +42,7 @@ class Services:
     retraining: RetrainingService
     canary: CanaryService
     ticker: ResourceTick
-    triton_control: TritonModelControl | None = None  # closed with the services
+    engines: EngineHttpClient | None = None  # closed with the services
     rests: RestPass = field(default_factory=RestPass)
     """The daemons' shared look at resources at rest (handlers/control.py)."""
     wakeups: Wakeups = field(init=False)
@@ -82,8 +82,8 @@ class Services:
     async def close(self) -> None:
         await self.rests.close()
         await self.metrics.close()
-        if self.triton_control is not None:
-            await self.triton_control.aclose()
+        if self.engines is not None:
+            await self.engines.close()
         await self.kube.close()
 
 
@@ -94,17 +94,13 @@ async def build_services(config: OperatorConfig | None = None) -> Services:
     if pod_monitor is None:
         pod_monitor = await kube.api_served("monitoring.coreos.com/v1")
     options = RenderOptions(
-        bls_source=bls_model_source(), default_image=config.default_image, pod_monitor=pod_monitor
+        triton_model_source=llmapi_model_source(), default_image=config.default_image, pod_monitor=pod_monitor
     )
     metrics = MetricsHub(scrape_interval_s=config.scrape_interval_s, window_s=config.rate_window_s)
-    triton = TritonModelControl(
-        apply_deadline_s=config.triton_deadline_s, confirm_ttl_s=config.triton_confirm_s
-    )
+    engines = EngineHttpClient()
     reconciler = Reconciler(kube, options)
     control = ControlLoop(
         metrics,
-        triton,
-        retries=config.triton_retries,
         rate_window_s=config.rate_window_s or rate_window_s(config.scrape_interval_s),
         kube=kube,
     )
@@ -116,7 +112,7 @@ async def build_services(config: OperatorConfig | None = None) -> Services:
     canary = CanaryService(
         kube,
         metrics,
-        triton,
+        engines,
         reconciler,
         routers=routers,
         gateway_api=gateway_api,
@@ -133,5 +129,5 @@ async def build_services(config: OperatorConfig | None = None) -> Services:
         retraining=retraining,
         canary=canary,
         ticker=ticker,
-        triton_control=triton,
+        engines=engines,
     )

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from pydantic import ValidationError
@@ -19,7 +19,10 @@ from specops.api import conditions as cond
 from specops.api.conditions import ConditionUpdate, Reason
 from specops.api.models import API_VERSION, KIND, SpeculativeDeployment
 from specops.api.status import SpeculativeDeploymentStatus
-from specops.domain import drafts, lifecycle, phases
+from specops.domain import drafts, lifecycle, phases, profile_prior
+from specops.domain.calibration import CalibrationConfig
+from specops.domain.control_status import revision_from_status
+from specops.domain.engines.schedule import Revision
 from specops.domain.lifecycle import EventRecord
 from specops.domain.names import LABEL_DEPLOYMENT, STABLE, label_value, selector_labels
 from specops.domain.render import (
@@ -29,6 +32,7 @@ from specops.domain.render import (
     render_children,
     serving_deployment_name,
 )
+from specops.domain.revision_step import config_from_spec, initial_state
 from specops.domain.status_patch import merge_patch
 from specops.ports import KubeApiError, KubePort
 
@@ -43,7 +47,6 @@ MANAGED_KINDS: tuple[tuple[str, str], ...] = (
     ("monitoring.coreos.com/v1", "PodMonitor"),
 )
 
-SUPPORTED_BACKENDS = frozenset({"triton-trtllm"})
 REFUSED_STATUSES = frozenset({400, 422})
 """Answers to a child write that say the object itself is wrong (BadRequest, Invalid)."""
 
@@ -97,6 +100,21 @@ def _key(obj: Mapping[str, Any]) -> str:
     return f"{obj['kind']}/{obj['metadata']['name']}"
 
 
+def stable_revision(resource: SpeculativeDeployment) -> Revision:
+    """The revision recorded in status, else the one a new resource starts with (plain through its
+    baseline, or the roofline prior's first schedule)."""
+    recorded = revision_from_status(resource.status.speculation.revision)
+    if recorded is not None:
+        return recorded
+    config = config_from_spec(
+        resource.spec,
+        drafts.stable_draft(resource.spec.draft, resource.status),
+        off_reason=None if drafts.speculation_allowed(resource.status) else "unchecked",
+    )
+    prior = profile_prior.prior_model(config.setup, CalibrationConfig(), None)
+    return initial_state(config, prior, datetime.now(UTC)).revision
+
+
 class Reconciler:
     """Owns the stable variant's serving objects and the lifecycle part of status."""
 
@@ -138,14 +156,6 @@ class Reconciler:
         meta = body["metadata"]
         namespace, name = meta["namespace"], meta["name"]
         generation = int(meta.get("generation") or 1)
-        if resource.spec.serving.backend not in SUPPORTED_BACKENDS:
-            message = (
-                f"spec.serving.backend: {resource.spec.serving.backend} is not served by this operator version "
-                f"(supported: {', '.join(sorted(SUPPORTED_BACKENDS))})"
-            )
-            return await self._invalid(
-                namespace, name, generation, message, now, Reason.BACKEND_NOT_SUPPORTED
-            )
         try:
             children = self.render_stable(resource, body)
         except RenderError as error:
@@ -175,11 +185,21 @@ class Reconciler:
         events += await self.write_status(resource, children, report, now, base=body)
         return events
 
-    def render_stable(self, resource: SpeculativeDeployment, body: Mapping[str, Any]) -> list[dict[str, Any]]:
-        """The stable variant serves the draft recorded in status (spec.draft only reaches it via a canary)."""
+    def render_stable(
+        self, resource: SpeculativeDeployment, body: Mapping[str, Any] | None = None
+    ) -> list[dict[str, Any]]:
+        """The stable variant serves the draft and the revision recorded in status (spec.draft only
+        reaches it through a canary; a revision only through the control loop)."""
         return render_children(
-            resource, self.render_options, draft=drafts.stable_draft(resource.spec.draft, resource.status)
+            resource,
+            self.render_options,
+            stable_revision(resource),
+            draft=drafts.stable_draft(resource.spec.draft, resource.status),
         )
+
+    async def roll_stable(self, resource: SpeculativeDeployment) -> ApplyReport:
+        """Render the stable variant from status again: a new revision rolls out pod by pod."""
+        return await self.apply(self.render_stable(resource), resource.metadata.get("uid", ""))
 
     async def refresh(
         self,

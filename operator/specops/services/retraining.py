@@ -14,7 +14,7 @@ from typing import Any
 
 from specops.api import conditions as cond
 from specops.api.conditions import ConditionUpdate, Reason
-from specops.api.models import DraftEngine, DraftSpec, SpeculativeDeployment, SpeculativeDeploymentSpec
+from specops.api.models import DraftSpec, SpeculativeDeployment, SpeculativeDeploymentSpec
 from specops.api.status import RetrainingStatus, SpeculativeDeploymentStatus
 from specops.domain import retraining as rt
 from specops.domain.lifecycle import EventRecord
@@ -33,13 +33,14 @@ class RetrainingResult:
 
 
 def trained_to_draft(spec_draft: DraftSpec, trained: rt.TrainedDraft) -> DraftSpec:
-    """The trained draft as a DraftSpec: same model, kind and size, new version and engine."""
+    """The trained draft as a DraftSpec: same model, method, kind and size, new version and checkpoint."""
     return DraftSpec(
         model=spec_draft.model,
         version=trained.draft_version,
+        method=spec_draft.method,
         kind=spec_draft.kind,
         parameters=spec_draft.parameters,
-        engine=DraftEngine(uri=trained.engine_uri),
+        uri=trained.checkpoint_uri,
     )
 
 

@@ -534,6 +534,7 @@ class ResourceTick:
             now,
             draft_stale=draft_stale,
             draft_unchecked=not drafts.speculation_allowed(status),
+            canary_running=status.canary is not None,
         )
         parts.update({block: getattr(control.status, block) for block in CONTROL_BLOCKS})
         updates += control.updates
@@ -560,6 +561,12 @@ class ResourceTick:
         )
         if written is not None:
             outcome.body = written
+            if control.roll_to is not None:
+                # the new revision is in status: the stable pods follow it (a reconcile would too)
+                try:
+                    await self.canary.reconciler.roll_stable(self._validated(namespace, name, written)[0])
+                except KubeApiError as error:
+                    log.warning("rolling out a revision of %s/%s failed: %s", namespace, name, error)
             if canary is not None and canary.after_write:
                 try:
                     await self.canary.after_write(

@@ -7,7 +7,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from specops.api.models import ENGINE_URI_PATTERN
+from specops.api.models import CHECKPOINT_URI_PATTERN
 from specops.domain.redaction import redact_text
 from specops.domain.retraining.jobs import job_kind
 from specops.domain.retraining.naming import (
@@ -24,7 +24,7 @@ from specops.domain.retraining.state import Failed, Outcome, Running, Succeeded
 def training_outcome(job: Mapping[str, Any], pods: Sequence[Mapping[str, Any]]) -> Outcome:
     """Running, Succeeded (with the published draft) or Failed, from the Job and its pods.
 
-    The result is the trainer's JSON ``{"draftVersion", "engineUri", "metrics"}``, taken
+    The result is the trainer's JSON ``{"draftVersion", "checkpointUri", "metrics"}``, taken
     from the Job's ``specops.dev/result`` annotation or else from the termination message
     of a container that exited 0. A run that completed without a valid result failed.
     """
@@ -85,7 +85,7 @@ def _published_result(
     if not sources:
         return Failed(
             "the training job completed but published no result: write "
-            '{"draftVersion": ..., "engineUri": ...} to $SPECOPS_RESULT_PATH or to the '
+            '{"draftVersion": ..., "checkpointUri": ...} to $SPECOPS_RESULT_PATH or to the '
             f"{ANNOTATION_RESULT} annotation"
         )
     results: list[tuple[str, Succeeded]] = []
@@ -100,9 +100,9 @@ def _published_result(
         return Failed(
             redact_text("the training job completed with an invalid result: " + "; ".join(problems))
         )
-    published = {(r.draft_version, r.engine_uri) for _, r in results}
+    published = {(r.draft_version, r.checkpoint_uri) for _, r in results}
     if len(published) > 1:
-        listing = ", ".join(f"{where} -> {r.draft_version} at {r.engine_uri}" for where, r in results)
+        listing = ", ".join(f"{where} -> {r.draft_version} at {r.checkpoint_uri}" for where, r in results)
         return Failed(
             redact_text(f"containers published different drafts ({listing}); publish from one rank only")
         )
@@ -117,13 +117,13 @@ def _parse_result(text: str, expected: str | None) -> Succeeded | str:
         return "not JSON"
     if not isinstance(data, dict):
         return "not a JSON object"
-    version, uri, metrics = data.get("draftVersion"), data.get("engineUri"), data.get("metrics", {})
+    version, uri, metrics = data.get("draftVersion"), data.get("checkpointUri"), data.get("metrics", {})
     if not isinstance(version, str) or not VERSION_PATTERN.match(version) or len(version) > MAX_VERSION:
         return f"draftVersion {version!r} is not a valid draft version"
     if expected and version != expected:
         return f"draftVersion {version!r} differs from SPECOPS_OUTPUT_VERSION {expected!r}"
-    if not isinstance(uri, str) or not re.match(ENGINE_URI_PATTERN, uri) or len(uri) > 1024:
-        return f"engineUri {uri!r} is not a pvc://, s3://, gs:// or file:// uri"
+    if not isinstance(uri, str) or not re.match(CHECKPOINT_URI_PATTERN, uri) or len(uri) > 1024:
+        return f"checkpointUri {uri!r} is not a pvc://, s3://, gs:// or hf://ORG/NAME@REVISION uri"
     if not isinstance(metrics, dict) or not all(
         isinstance(v, (int, float)) and not isinstance(v, bool) for v in metrics.values()
     ):

@@ -54,7 +54,7 @@ class TrainedDraft:
     """A draft a finished round published, waiting for its canary (or for a person)."""
 
     draft_version: str
-    engine_uri: str
+    checkpoint_uri: str
     target_version: str
     metrics: Mapping[str, float] = field(default_factory=dict)
 
@@ -102,7 +102,7 @@ class RetrainingState:
             if trained is None
             else TrainedDraft(
                 draft_version=trained.draft_version,
-                engine_uri=trained.engine_uri,
+                checkpoint_uri=trained.checkpoint_uri,
                 target_version=trained.target_version,
                 metrics=dict(trained.metrics),
             ),
@@ -137,7 +137,7 @@ class RetrainingState:
             if trained is None
             else TrainedDraftStatus(
                 draft_version=trained.draft_version,
-                engine_uri=trained.engine_uri,
+                checkpoint_uri=trained.checkpoint_uri,
                 target_version=trained.target_version,
                 metrics=dict(trained.metrics),
             ),
@@ -280,7 +280,7 @@ class Running:
 @dataclass(frozen=True)
 class Succeeded:
     draft_version: str
-    engine_uri: str
+    checkpoint_uri: str
     metrics: Mapping[str, float] = field(default_factory=dict)
 
 
@@ -304,7 +304,7 @@ def finish_round(
             state,
             active=None,
             trained=TrainedDraft(
-                outcome.draft_version, outcome.engine_uri, active.target_version, outcome.metrics
+                outcome.draft_version, outcome.checkpoint_uri, active.target_version, outcome.metrics
             ),
             last_finished_at=now,
             last_result="Succeeded",

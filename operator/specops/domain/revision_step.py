@@ -1,0 +1,352 @@
+"""The control loop's one pure step: what revision the stable pods should run, and why.
+
+``step(config, state, inputs, model, now) -> Decision``. The engine applies its schedule at
+every iteration; this step only learns where the curve lies (the model comes in fitted) and
+picks the revision, which is rare because each change restarts every pod:
+
+- Baseline: the pods run plain for ``rollout.baseline`` so plain speed at the deployment's
+  own load is measured; then the first speculating revision rolls out (phase Fixed) with the
+  prior's schedule capped at ``draftLength.initial``.
+- Fixed: that revision soaks for ``rollout.soak``; then Dynamic.
+- Dynamic: the best schedule for the fitted curve at the smoothed acceptance
+  (revision_policy.best_schedule) is proposed, and rolled out when it pays for the restarts
+  (revision_policy.verdict). A revision the model, fed by measurements, now finds slower than
+  plain on the load seen skips the minimum interval.
+- Speculation off (``mode: off``, a draft that has not passed its lossless check, or a stale
+  draft with ``retraining.whileStale: off``): plain pods, at once.
+
+A resource whose inputs did not move takes the same path and returns the same decision
+(nothing is written); there is no second decision path.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Literal
+
+from specops.api.models import DraftSpec, SpeculativeDeploymentSpec
+from specops.api.units import parse_duration
+from specops.domain import drafts, perf
+from specops.domain.engines.schedule import PLAIN, Revision, Schedule
+from specops.domain.records import replace
+from specops.domain.revision_policy import (
+    BAND_EDGES,
+    SpeedupModel,
+    best_schedule,
+    expected_speedup,
+    verdict,
+)
+
+Phase = Literal["Baseline", "Fixed", "Dynamic"]
+PRIOR_ALPHA = 0.7
+"""Acceptance assumed until one is measured: middling for a same-family draft."""
+ALPHA_WEIGHT = 0.2
+"""Weight of a new acceptance measurement in the smoothed value."""
+BASELINE_SAMPLES = 3
+"""Plain measurements the Baseline phase waits for, besides its duration."""
+
+
+@dataclass(frozen=True)
+class StepConfig:
+    mode: Literal["auto", "on", "off"]
+    method: str
+    draft: str | None
+    """The stable draft's identity (None for methods without a checkpoint)."""
+    min_k: int
+    max_k: int
+    initial_k: int
+    baseline_s: float
+    soak_s: float
+    min_gain: float
+    min_interval_s: float
+    margin: float
+    half_life_s: float
+    setup: perf.ModelSetup
+    off_reason: str | None = None
+    """Why speculation must stay off now (an unchecked or stale draft), or None."""
+
+
+@dataclass(frozen=True)
+class Baseline:
+    p50_s: float | None = None
+    p95_s: float | None = None
+    p99_s: float | None = None
+    tokens_per_s: float | None = None
+    samples: int = 0
+
+
+@dataclass(frozen=True)
+class StepState:
+    phase: Phase
+    phase_since: datetime
+    revision: Revision
+    last_change: datetime | None = None
+    alpha: float | None = None
+    batch_seconds: tuple[float, ...] = ()
+    decided_at: datetime | None = None
+    baseline: Baseline = Baseline()
+
+
+@dataclass(frozen=True)
+class StepInputs:
+    batch: float | None
+    alpha: float | None
+    tpot_p50_s: float | None = None
+    tpot_p95_s: float | None = None
+    tpot_p99_s: float | None = None
+    tokens_per_s: float | None = None
+    rollout_running: bool = False
+    canary_running: bool = False
+
+
+@dataclass(frozen=True)
+class Decision:
+    state: StepState
+    proposed: Revision
+    reason: str
+    message: str
+    gain: float | None = None
+    predicted_speedup: float | None = None
+    changed: bool = False
+    """The revision changes: a rollout starts (an Event names the evidence)."""
+    warning: bool = False
+
+
+def config_from_spec(
+    spec: SpeculativeDeploymentSpec, draft: DraftSpec, *, off_reason: str | None = None
+) -> StepConfig:
+    speculation = spec.speculation
+    length = speculation.draft_length
+    setup = perf.ModelSetup(
+        gpu=perf.GPUS[spec.serving.gpu.type],
+        target_params=spec.target.active_parameter_count,
+        draft_params=draft.parameter_count_for(spec.target.active_parameter_count),
+        bytes_per_param=perf.BYTES_PER_PARAM[spec.target.precision],
+        tensor_parallel=spec.serving.tensor_parallel,
+        context_tokens=perf.DEFAULT_CONTEXT_TOKENS,
+    )
+    return StepConfig(
+        mode=speculation.mode,
+        method=draft.method,
+        draft=drafts.draft_identity(draft) if draft.uri else None,
+        min_k=length.min,
+        max_k=length.max,
+        initial_k=length.initial,
+        baseline_s=parse_duration(speculation.rollout.baseline),
+        soak_s=parse_duration(speculation.rollout.soak),
+        min_gain=speculation.reconfigure.min_gain,
+        min_interval_s=parse_duration(speculation.reconfigure.min_interval),
+        margin=speculation.reconfigure.margin,
+        half_life_s=parse_duration(speculation.calibration.half_life),
+        setup=setup,
+        off_reason=off_reason,
+    )
+
+
+def speculating(config: StepConfig, schedule: Schedule) -> Revision:
+    return Revision(mode="spec", method=config.method, draft=config.draft, schedule=schedule)  # type: ignore[arg-type]
+
+
+def initial_state(config: StepConfig, model: SpeedupModel, now: datetime) -> StepState:
+    """A new resource: plain for its baseline, or the first speculating revision at once."""
+    if config.mode == "off" or config.off_reason or config.baseline_s > 0:
+        return StepState(phase="Baseline", phase_since=now, revision=PLAIN)
+    return StepState(phase="Fixed", phase_since=now, revision=first_revision(config, model), last_change=now)
+
+
+def first_revision(config: StepConfig, model: SpeedupModel) -> Revision:
+    """The prior's schedule capped at draftLength.initial (at least K=initial at batch 1)."""
+    schedule = best_schedule(model, PRIOR_ALPHA, config.initial_k, min_k=config.min_k, margin=config.margin)
+    if schedule is None:
+        schedule = Schedule.of([[1, config.initial_k], [None, 0]]) if config.mode == "on" else None
+    if schedule is None:
+        schedule = Schedule.of([[1, config.initial_k], [None, 0]])
+    return speculating(config, schedule)
+
+
+def _band(batch: float) -> int:
+    for index, edge in enumerate(BAND_EDGES):
+        if batch <= edge:
+            return index
+    return len(BAND_EDGES) - 1
+
+
+def track_batches(state: StepState, batch: float | None, half_life_s: float, now: datetime) -> StepState:
+    """Decay the seconds per band by the half-life and add the time since the last decision."""
+    seconds = list(state.batch_seconds) or [0.0] * len(BAND_EDGES)
+    if len(seconds) != len(BAND_EDGES):
+        seconds = [0.0] * len(BAND_EDGES)
+    dt = 0.0 if state.decided_at is None else max(0.0, (now - state.decided_at).total_seconds())
+    if dt and half_life_s > 0:
+        factor = 0.5 ** (dt / half_life_s)
+        seconds = [s * factor for s in seconds]
+    if batch is not None and batch > 0 and dt:
+        seconds[_band(batch)] += dt
+    return replace(state, batch_seconds=tuple(round(s, 3) for s in seconds), decided_at=now)
+
+
+def batches_seen(state: StepState, current_batch: float | None) -> dict[float, float]:
+    """The load a revision is judged on: decayed seconds per band (the current batch while empty)."""
+    seen = {
+        float(edge): weight
+        for edge, weight in zip(BAND_EDGES, state.batch_seconds, strict=False)
+        if weight > 0
+    }
+    if not seen and current_batch:
+        seen = {float(current_batch): 1.0}
+    return seen
+
+
+def _accumulate(baseline: Baseline, inputs: StepInputs) -> Baseline:
+    if inputs.tpot_p50_s is None:
+        return baseline
+    n = baseline.samples
+
+    def mean(old: float | None, new: float | None) -> float | None:
+        if new is None or not math.isfinite(new):
+            return old
+        return new if old is None or n == 0 else (old * n + new) / (n + 1)
+
+    return Baseline(
+        p50_s=mean(baseline.p50_s, inputs.tpot_p50_s),
+        p95_s=mean(baseline.p95_s, inputs.tpot_p95_s),
+        p99_s=mean(baseline.p99_s, inputs.tpot_p99_s),
+        tokens_per_s=mean(baseline.tokens_per_s, inputs.tokens_per_s),
+        samples=n + 1,
+    )
+
+
+def step(
+    config: StepConfig, state: StepState, inputs: StepInputs, model: SpeedupModel, now: datetime
+) -> Decision:
+    """The next state and the revision the stable pods should run (see the module docstring)."""
+    state = track_batches(state, inputs.batch, config.half_life_s, now)
+    if inputs.alpha is not None and state.revision.mode == "spec":
+        smoothed = (
+            inputs.alpha
+            if state.alpha is None
+            else (1 - ALPHA_WEIGHT) * state.alpha + ALPHA_WEIGHT * inputs.alpha
+        )
+        state = replace(state, alpha=round(smoothed, 4))
+    alpha = state.alpha if state.alpha is not None else PRIOR_ALPHA
+    seen = batches_seen(state, inputs.batch)
+    current = state.revision
+
+    def predicted(revision: Revision) -> float:
+        return expected_speedup(model, alpha, revision.schedule, seen)
+
+    if config.mode == "off" or config.off_reason:
+        reason = "SpeculationOff" if config.mode == "off" else "SpeculationHeld"
+        message = (
+            "spec.speculation.mode is off: the pods run plain"
+            if config.mode == "off"
+            else str(config.off_reason)
+        )
+        if current.mode == "plain":
+            return Decision(state, PLAIN, reason, message, predicted_speedup=1.0)
+        if inputs.rollout_running:
+            return Decision(
+                state, PLAIN, "RolloutRunning", f"plain waits for the rollout in progress ({message})"
+            )
+        moved = replace(state, revision=PLAIN, last_change=now)
+        return Decision(moved, PLAIN, reason, message, predicted_speedup=1.0, changed=True)
+
+    if state.phase == "Baseline":
+        if current.mode == "spec":  # speculating pods with a Baseline phase: start it plain
+            return Decision(
+                replace(state, revision=PLAIN, last_change=now),
+                PLAIN,
+                "Baseline",
+                "measuring plain speed first",
+                changed=True,
+            )
+        if not inputs.rollout_running:
+            state = replace(state, baseline=_accumulate(state.baseline, inputs))
+        elapsed = (now - state.phase_since).total_seconds()
+        if elapsed < config.baseline_s or (
+            state.baseline.samples < BASELINE_SAMPLES and elapsed < 3 * config.baseline_s
+        ):
+            return Decision(
+                state,
+                PLAIN,
+                "Baseline",
+                f"measuring plain speed ({state.baseline.samples} samples, {elapsed:.0f} s of {config.baseline_s:.0f} s)",
+                predicted_speedup=1.0,
+            )
+        if inputs.canary_running or inputs.rollout_running:
+            return Decision(
+                state,
+                PLAIN,
+                "Baseline",
+                "the first speculating revision waits for the rollout or canary in progress",
+                predicted_speedup=1.0,
+            )
+        first = first_revision(config, model)
+        moved = replace(state, phase="Fixed", phase_since=now, revision=first, last_change=now)
+        p50 = state.baseline.p50_s
+        baseline_text = (
+            f"plain p50 {p50 * 1000:.2f} ms/token" if p50 is not None else "no plain latency measured"
+        )
+        return Decision(
+            moved,
+            first,
+            "BaselineRecorded",
+            f"{baseline_text}; rolling out {first.describe()}",
+            predicted_speedup=predicted(first),
+            changed=True,
+        )
+
+    if state.phase == "Fixed":
+        if (now - state.phase_since).total_seconds() < config.soak_s:
+            return Decision(
+                state,
+                current,
+                "Soaking",
+                f"{current.describe()} soaks before the loop tunes it",
+                predicted_speedup=predicted(current),
+            )
+        state = replace(state, phase="Dynamic", phase_since=now)
+
+    schedule = best_schedule(model, alpha, config.max_k, min_k=config.min_k, margin=config.margin)
+    if schedule is None and config.mode == "on":
+        schedule = Schedule.of([[1, config.min_k], [None, 0]])
+    proposed = PLAIN if schedule is None else speculating(config, schedule)
+    current_speed, proposed_speed = predicted(current), predicted(proposed)
+    slowdown = current.mode == "spec" and current_speed < 1.0 - config.margin
+    result = verdict(
+        current.schedule,
+        proposed.schedule,
+        current_speed,
+        proposed_speed,
+        min_gain=config.min_gain,
+        min_interval_s=0.0 if slowdown else config.min_interval_s,
+        last_change=state.last_change,
+        now=now,
+        canary_running=inputs.canary_running,
+        rollout_running=inputs.rollout_running,
+    )
+    if proposed == current or not result.roll:
+        reason = result.reason if proposed != current else "AlreadyServing"
+        return Decision(
+            state, proposed, reason, result.message, gain=result.gain, predicted_speedup=current_speed
+        )
+    reason = "MeasuredSlowdown" if slowdown else result.reason
+    message = (
+        f"{current.describe()} is predicted {current_speed - 1:+.1%} against plain on the batches seen "
+        f"(alpha {alpha:.2f}); {result.message}"
+        if slowdown
+        else f"{result.message} (alpha {alpha:.2f})"
+    )
+    moved = replace(state, revision=proposed, last_change=now)
+    return Decision(
+        moved,
+        proposed,
+        reason,
+        message,
+        gain=result.gain,
+        predicted_speedup=proposed_speed,
+        changed=True,
+        warning=slowdown,
+    )
