@@ -612,7 +612,7 @@ async def scene_retraining(demo: Demo) -> None:
         demo.say(f"  {key}={env.get(key, '')}")
     version = env["SPECOPS_OUTPUT_VERSION"]
     demo.say("--- the trainer finishes and publishes its draft (this demo plays the Job controller)")
-    result = {"draftVersion": version, "engineUri": f"pvc://engines/llama-70b-draft/{version}"}
+    result = {"draftVersion": version, "checkpointUri": f"pvc://engines/llama-70b-draft/{version}"}
     await stack.kube.patch(
         "batch/v1",
         "Job",

@@ -679,7 +679,7 @@ class Soak:
                 env = {e["name"]: e.get("value", "") for e in container.get("env") or []}
                 version = env.get("SPECOPS_OUTPUT_VERSION", "")
                 self.drafts[version] = DraftBehaviour(alpha=round(self.schedule.uniform(0.75, 0.92), 2))
-                result = {"draftVersion": version, "engineUri": f"pvc://engines/soak/{version}"}
+                result = {"draftVersion": version, "checkpointUri": f"pvc://engines/soak/{version}"}
                 cluster, job_name = self.stack.cluster, job["metadata"]["name"]
                 res = cluster.resource("jobs")
                 patch = {"metadata": {"annotations": {"specops.dev/result": json.dumps(result)}}}

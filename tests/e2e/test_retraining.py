@@ -82,7 +82,7 @@ async def test_target_bump_retrains_once_and_promotes_the_new_draft(
     # When the trainer finishes and publishes its draft (the test plays the Job controller)
     job = jobs[0]
     version = env["SPECOPS_OUTPUT_VERSION"]
-    result = {"draftVersion": version, "engineUri": f"pvc://engines/llama-70b-draft/{version}", "metrics": {}}
+    result = {"draftVersion": version, "checkpointUri": f"pvc://engines/llama-70b-draft/{version}", "metrics": {}}
     await kube.patch(
         "batch/v1",
         "Job",

@@ -41,7 +41,7 @@ DRAFT_VERSION = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
 CONTRACT = {
     "SPECOPS_TARGET_MODEL",
     "SPECOPS_TARGET_VERSION",
-    "SPECOPS_TARGET_ENGINE_URI",
+    "SPECOPS_TARGET_URI",
     "SPECOPS_DRAFT_MODEL",
     "SPECOPS_DRAFT_VERSION",
     "SPECOPS_DRAFT_KIND",
@@ -795,7 +795,7 @@ def pod(name: str, exit_code: int | None, message: str = "", container: str = "t
 
 
 RESULT = json.dumps(
-    {"draftVersion": "v3-rt1-2026-10-01", "engineUri": "pvc://engines/d/v3-rt1", "metrics": {"alpha": 0.81}}
+    {"draftVersion": "v3-rt1-2026-10-01", "checkpointUri": "pvc://engines/d/v3-rt1", "metrics": {"alpha": 0.81}}
 )
 SUCCEEDED = Succeeded("v3-rt1-2026-10-01", "pvc://engines/d/v3-rt1", {"alpha": 0.81})
 DONE = {"Job": "Complete", "JobSet": "Completed", "TrainJob": "Complete", "PyTorchJob": "Succeeded"}
@@ -857,18 +857,18 @@ BAD_RESULTS: list[tuple[str, list[dict[str, Any]], str]] = [
     ("a JSON list", [pod("a", 0, "[1]")], "not a JSON object"),
     (
         "bad version",
-        [pod("a", 0, json.dumps({"draftVersion": "-x", "engineUri": "pvc://e/d"}))],
+        [pod("a", 0, json.dumps({"draftVersion": "-x", "checkpointUri": "pvc://e/d"}))],
         "not a valid draft version",
     ),
     (
         "another version than asked",
-        [pod("a", 0, json.dumps({"draftVersion": "v9", "engineUri": "pvc://e/d"}))],
+        [pod("a", 0, json.dumps({"draftVersion": "v9", "checkpointUri": "pvc://e/d"}))],
         "differs from SPECOPS_OUTPUT_VERSION",
     ),
     (
         "bad engine uri",
-        [pod("a", 0, json.dumps({"draftVersion": "v3-rt1-2026-10-01", "engineUri": "/mnt/d"}))],
-        "engineUri",
+        [pod("a", 0, json.dumps({"draftVersion": "v3-rt1-2026-10-01", "checkpointUri": "/mnt/d"}))],
+        "checkpointUri",
     ),
     (
         "metrics not numbers",
@@ -877,7 +877,7 @@ BAD_RESULTS: list[tuple[str, list[dict[str, Any]], str]] = [
                 "a",
                 0,
                 json.dumps(
-                    {"draftVersion": "v3-rt1-2026-10-01", "engineUri": "pvc://e/d", "metrics": {"a": "high"}}
+                    {"draftVersion": "v3-rt1-2026-10-01", "checkpointUri": "pvc://e/d", "metrics": {"a": "high"}}
                 ),
             )
         ],
@@ -888,7 +888,7 @@ BAD_RESULTS: list[tuple[str, list[dict[str, Any]], str]] = [
         [
             pod("a", 0, RESULT),
             pod(
-                "b", 0, json.dumps({"draftVersion": "v3-rt1-2026-10-01", "engineUri": "pvc://engines/other"})
+                "b", 0, json.dumps({"draftVersion": "v3-rt1-2026-10-01", "checkpointUri": "pvc://engines/other"})
             ),
         ],
         "publish from one rank only",
@@ -921,7 +921,7 @@ def test_rendered_job_and_trainer_result_close_the_round() -> None:
     assert decided is not None
     manifest = rt.render_training_job(res, decided)
     finished = {**manifest, "status": {"conditions": [{"type": "Complete", "status": "True"}]}}
-    result = json.dumps({"draftVersion": decided.output_version, "engineUri": "pvc://engines/d/new"})
+    result = json.dumps({"draftVersion": decided.output_version, "checkpointUri": "pvc://engines/d/new"})
     assert rt.training_outcome(finished, [pod("p", 0, result)]) == Succeeded(
         decided.output_version, "pvc://engines/d/new"
     )
@@ -958,7 +958,7 @@ def test_a_trainer_log_tail_reaches_status_and_the_event_without_its_secrets(kin
 
 def test_a_result_the_trainer_mangled_is_reported_without_its_secrets() -> None:
     mangled = json.dumps(
-        {"draftVersion": "v3-rt1-2026-10-01", "engineUri": "https://trainer:hunter2-pw@store.local/d/v3"}
+        {"draftVersion": "v3-rt1-2026-10-01", "checkpointUri": "https://trainer:hunter2-pw@store.local/d/v3"}
     )
     outcome = rt.training_outcome(job("Job", "Complete"), [pod("a", 0, mangled)])
     assert isinstance(outcome, Failed)
