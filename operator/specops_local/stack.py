@@ -1,9 +1,12 @@
-"""The whole local stack in one block: emulated API server, Debian's Prometheus, simulated Triton pods,
-and the real operator, for the demo, the benchmarks and tests that need all of it.
+"""The whole local stack in one block: emulated API server, Debian's Prometheus, simulated serving
+engines (Triton's LLM API model, trtllm-serve, vLLM, SGLang), and the real operator, for the demo,
+the benchmarks and tests that need all of it.
 
 ``async with local_stack(workdir, load=LoadPoint(...)) as stack:`` starts, in order, the emulated
 cluster (with the generated CRD), Prometheus scraping every ``scrape_interval``, the
-ServingController (Deployment controller + kubelet for serving Deployments) and the operator
+ServingController (Deployment controller + kubelet for serving Deployments: each pod runs the
+simulated engine its rendered command, args and config files name, ready ``restart_s`` after it
+starts) and the operator
 with the production handlers, and stops them in reverse order. The operator reads its settings
 and credentials from the environment, so the SPECOPS_* variables and KUBECONFIG are set for the
 lifetime of the block and restored afterwards.
@@ -19,7 +22,7 @@ import os
 import signal
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -34,25 +37,28 @@ from specops_local.cluster import EmulatedCluster, emulated_cluster
 from specops_local.kopf_runner import OperatorRun, run_kopf
 from specops_local.prometheus import PrometheusProcess, run_prometheus
 from specops_local.serving import DraftBehaviour, ServingController
-from specops_local.sim import LoadPoint, SimPod
+from specops_local.sim import LoadPoint, SimEngine
 
 ROOT = Path(__file__).resolve().parents[2]
 CRD_PATH = ROOT / "crds" / "specops.dev_speculativedeployments.yaml"
 EXAMPLES = ROOT / "docs" / "examples"
-DEMO_IMAGE = "registry.example.com/tritonserver:local"
+RESTART_S = 2.0
+"""Seconds from a simulated engine's start to ready in the local stack (a real one takes minutes)."""
+ENGINE_DEADLINE_S = 5.0
+"""How long one call to a (local, simulated) engine may take."""
 
 
 def operator_environment(
     kubeconfig: Path, scrape_interval_s: float, decision_interval_s: float
 ) -> dict[str, str]:
-    """What the chart would set: a default image, no PodMonitor CRD here, fast loops, one Triton retry."""
+    """What the chart would set: each backend's default image, no PodMonitor CRD here, fast loops,
+    short engine calls."""
     return {
         "KUBECONFIG": str(kubeconfig),
-        "SPECOPS_DEFAULT_IMAGE": DEMO_IMAGE,
         "SPECOPS_POD_MONITOR": "false",
         "SPECOPS_DEFAULT_INTERVAL_SECONDS": f"{decision_interval_s:g}",
         "SPECOPS_SCRAPE_INTERVAL_SECONDS": f"{scrape_interval_s:g}",
-        "SPECOPS_TRITON_RETRIES": "1",
+        "SPECOPS_ENGINE_DEADLINE_SECONDS": f"{ENGINE_DEADLINE_S:g}",
     }
 
 
@@ -113,13 +119,15 @@ class LocalStack:
     operator: OperatorHandle
     scrape_interval_s: float
     decision_interval_s: float
+    loads: dict[str, LoadPoint] = field(default_factory=dict)
+    """Load per SpeculativeDeployment set by set_load (new pods of a rollout start with it)."""
 
     @property
     def namespace(self) -> str:
         return self.cluster.namespace
 
-    def pods(self, owner: str, variant: str | None = None) -> list[SimPod]:
-        """The simulated pods serving one SpeculativeDeployment (all variants unless one is named)."""
+    def pods(self, owner: str, variant: str | None = None) -> list[SimEngine]:
+        """The simulated engines serving one SpeculativeDeployment (all variants unless one is named)."""
         return [
             pod
             for serving in self.serving.sets.values()
@@ -130,9 +138,11 @@ class LocalStack:
     def set_load(self, owner: str, load: LoadPoint) -> None:
         """Change what one resource's pods serve, effective now: the batch gauge moves at once.
 
-        The pods integrate their model every 0.2 s; advancing a millisecond publishes the
-        new batch immediately, so timings measured from here do not include the sim's tick.
+        The engines integrate their model every 0.2 s; advancing a millisecond publishes the
+        new batch (and the K their schedule gives at it) immediately, so timings measured from
+        here do not include the sim's tick. Pods started later get it too.
         """
+        self.loads[owner] = load
         for pod in self.pods(owner):
             pod.set_load(load)
             pod.advance(0.001)
@@ -147,9 +157,12 @@ def fast_resource(
     interval: str = "1s",
     baseline: str = "3s",
     soak: str = "3s",
-    min_dwell: str = "2s",
+    min_interval: str = "5s",
+    backend: str | None = None,
 ) -> dict[str, Any]:
-    """A docs/examples resource with a local Prometheus, fast rollout phases and fast decisions."""
+    """A docs/examples resource with a local Prometheus, fast rollout phases, fast decisions and
+    revision changes allowed every ``min_interval`` (each restarts the pods: seconds here);
+    ``backend`` replaces the example's serving.backend."""
     body: dict[str, Any] = yaml.safe_load((EXAMPLES / example).read_text())
     body = copy.deepcopy(body)
     body["metadata"]["namespace"] = namespace
@@ -158,7 +171,9 @@ def fast_resource(
     spec["metrics"] = {"prometheus": {"url": prometheus_url}, "interval": interval}
     speculation = spec.setdefault("speculation", {})
     speculation["rollout"] = {"baseline": baseline, "soak": soak}
-    speculation["batchGuard"] = {**speculation.get("batchGuard", {}), "minDwell": min_dwell}
+    speculation["reconfigure"] = {**speculation.get("reconfigure", {}), "minInterval": min_interval}
+    if backend is not None:
+        spec["serving"]["backend"] = backend
     return body
 
 
@@ -172,11 +187,29 @@ async def local_stack(
     pod_options: Callable[[Any, str], dict[str, Any]] | None = None,
     drafts: dict[str, DraftBehaviour] | None = None,
     extra_crds: Sequence[Mapping[str, Any]] = (),
+    restart_s: float = RESTART_S,
 ) -> AsyncIterator[LocalStack]:
-    """Start everything, yield the handles, stop everything in reverse order (also on errors)."""
+    """Start everything, yield the handles, stop everything in reverse order (also on errors).
+
+    ``restart_s``: every simulated engine's start-to-ready time (each revision change restarts
+    the pods one by one, so this sets how long a rollout takes)."""
     workdir.mkdir(parents=True, exist_ok=True)  # noqa: ASYNC240 (once, before anything runs)
     scrape_interval_s = parse_duration(scrape_interval)
     decision_interval_s = parse_duration(decision_interval)
+    loads: dict[str, LoadPoint] = {}
+
+    def options(owner: Any, variant: str) -> dict[str, Any]:
+        """The caller's engine options, and the load set for the owner (pods restart on a rollout)."""
+        found = dict(pod_options(owner, variant)) if pod_options is not None else {}
+        name = (
+            owner.metadata.get("name")
+            if hasattr(owner, "metadata")
+            else (owner.get("metadata") or {}).get("name")
+        )
+        if name in loads:
+            found["load"] = loads[name]
+        return found
+
     async with contextlib.AsyncExitStack() as exits:
         # The CRD generated from the API models: what crds/ holds in a clone (a test checks), and
         # available in an installed package too.
@@ -185,7 +218,9 @@ async def local_stack(
         )
         prometheus = await exits.enter_async_context(run_prometheus(workdir, scrape_interval=scrape_interval))
         serving = await exits.enter_async_context(
-            ServingController(cluster, prometheus, load=load, pod_options=pod_options, drafts=drafts)
+            ServingController(
+                cluster, prometheus, load=load, pod_options=options, drafts=drafts, restart_s=restart_s
+            )
         )
         exits.enter_context(
             environment(operator_environment(cluster.kubeconfig_path, scrape_interval_s, decision_interval_s))
@@ -204,6 +239,7 @@ async def local_stack(
             operator=operator,
             scrape_interval_s=scrape_interval_s,
             decision_interval_s=decision_interval_s,
+            loads=loads,
         )
 
 
