@@ -21,7 +21,7 @@ from typing import Any, Literal, TypeVar
 from specops.domain.acceptance import alpha_from_acceptance_rate
 from specops.domain.engines.base import MetricNames
 from specops.domain.engines.sglang import Sglang
-from specops.domain.engines.trtllm import TrtllmServe
+from specops.domain.engines.trtllm import Triton, TrtllmServe
 from specops.domain.engines.vllm import Vllm
 
 DRAFT_LABEL = "specops_draft"
@@ -172,7 +172,10 @@ PROFILES: dict[str, BackendProfile] = {
     # The engines' own names, from their adapters (domain/engines): trtllm-serve counts tokens
     # but not steps (g is the configured draft length); vLLM counts steps too; SGLang publishes
     # an acceptance-rate gauge, which cannot tell "all drafts rejected" from "not speculating".
-    **{engine.name: profile_of(engine.name, engine.metrics) for engine in (TrtllmServe(), Vllm(), Sglang())},
+    **{
+        engine.name: profile_of(engine.name, engine.metrics)
+        for engine in (Triton(), TrtllmServe(), Vllm(), Sglang())
+    },
 }
 
 
