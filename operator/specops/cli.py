@@ -296,17 +296,269 @@ def bench(ctx: click.Context, args: tuple[str, ...]) -> None:
     sys.exit(bench_main(list(args)))
 
 
-@main.command(
-    context_settings={"ignore_unknown_options": True, "allow_extra_args": True, "help_option_names": []},
-    add_help_option=False,
-    short_help="measure a live engine's speedup curve into a serving profile",
-)
-@click.argument("args", nargs=-1, type=click.UNPROCESSED)
-def profile(args: tuple[str, ...]) -> None:
-    """specops profile --url HOST:PORT [...] --out FILE (specops profile --help lists the options)."""
-    from specops.profiling import main as profile_main
+# ---------------------------------------------------------------- profile
 
-    sys.exit(profile_main(list(args)))
+
+class OneLineErrors(click.Command):
+    """A command whose usage mistakes are one line (no usage block), naming what replaced an old option."""
+
+    def make_context(
+        self, info_name: str | None, args: list[str], parent: click.Context | None = None, **extra: Any
+    ) -> click.Context:
+        try:
+            return super().make_context(info_name, args, parent, **extra)
+        except click.UsageError as error:
+            raise UsageLine(usage_line(error, info_name or self.name or "")) from None
+
+
+class UsageLine(click.ClickException):
+    exit_code = 2
+
+
+def usage_line(error: click.UsageError, command: str) -> str:
+    from specops.profiling import OLD_OPTIONS
+
+    if isinstance(error, click.NoSuchOption) and error.option_name in OLD_OPTIONS:
+        return f"there is no option {error.option_name}: {OLD_OPTIONS[error.option_name]}"
+    message = " ".join(error.format_message().split()).rstrip(".")
+    return f"{message} (see specops {command} --help)"
+
+
+PROFILE_HELP = """Measure a serving profile from live engines, one revision per draft length.
+
+\b
+Start one engine per draft length to measure (a speculating engine drafts what it was started
+with), then name each with that length:
+  specops profile --backend vllm --engine 0=http://plain:8000 \\
+      --engine 2=http://spec-k2:8000 --engine 4=http://spec-k4:8000 --out profile.json
+
+For each engine and batch N, N greedy requests are held in flight through the engine's own
+completions (OpenAI) or generate (Triton) endpoint; after a warm-up, one window of --duration
+is measured between two scrapes of the engine's metrics: its own per-token latency (else the
+client's) and, for K engines, tokens per round from its speculation counters. The profile
+(docs/profiles.md) gets plain_ms from engine 0, round_ms[K] from each K engine and, from a k0
+engine, k0_ms; a summary table follows. Engines must be otherwise idle."""
+
+
+class ProfileBar:
+    """A rich progress bar on stderr, one step per engine and batch, with a line per result."""
+
+    def __init__(self) -> None:
+        from rich.console import Console
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+            TimeRemainingColumn,
+        )
+
+        self.bar = Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            TimeRemainingColumn(),
+            console=Console(stderr=True, soft_wrap=True, markup=False, highlight=False),
+            transient=True,
+        )
+        self.task: Any = None
+
+    def start(self, total: int) -> None:
+        self.bar.start()
+        self.task = self.bar.add_task("measuring", total=total)
+
+    def begin(self, label: str, batch: int) -> None:
+        self.bar.update(self.task, description=f"engine {label}, batch {batch}")
+
+    def cell(self, cell: Any) -> None:
+        e = "" if cell.tokens_per_step is None else f", {cell.tokens_per_step:.2f} tokens per round"
+        self.bar.console.print(
+            f"engine {cell.label} batch {cell.batch}: {cell.per_token_s * 1e3:.2f} ms per token "
+            f"({cell.timing}){e}"
+        )
+        self.bar.advance(self.task)
+
+    def warn(self, text: str) -> None:
+        self.bar.console.print(f"warning: {text}")
+
+    def stop(self) -> None:
+        self.bar.stop()
+
+
+@main.command(
+    cls=OneLineErrors,
+    context_settings=CONTEXT_SETTINGS,
+    help=PROFILE_HELP,
+    short_help="measure a serving profile from live engines, one revision per draft length",
+)
+@click.option(
+    "-e",
+    "--engine",
+    "engines",
+    multiple=True,
+    required=True,
+    metavar="K=URL",
+    help="an engine and the draft length it was started with (repeatable): 0 = plain (no speculation), "
+    "K >= 1 = a constant schedule drafting K, k0 = speculating with a schedule that gives K=0 at every "
+    "batch swept (gives k0_ms). Needs 0 and at least one K.",
+)
+@click.option(
+    "--backend",
+    type=click.Choice(["triton", "trtllm-serve", "vllm", "sglang"]),
+    default="triton",
+    show_default=True,
+    help="the engines' backend: its API, health endpoint and metric names",
+)
+@click.option(
+    "--model",
+    metavar="NAME",
+    help="served model name sent in OpenAI requests (default: the first one the engine lists on "
+    "/v1/models; Triton: not used)",
+)
+@click.option(
+    "--batches",
+    metavar="N,N,...",
+    default="1,2,4,8,16,32",
+    show_default=True,
+    help="batches to sweep: requests held in flight, comma-separated",
+)
+@click.option(
+    "--duration",
+    metavar="DURATION",
+    default="30s",
+    show_default=True,
+    help="measured window per engine and batch, e.g. 30s",
+)
+@click.option("--warmup", metavar="DURATION", help="load before each window (default: a tenth of --duration)")
+@click.option(
+    "--max-tokens",
+    type=click.IntRange(1, 1_000_000),
+    default=128,
+    show_default=True,
+    help="tokens per request (OpenAI engines are asked to ignore the end token)",
+)
+@click.option(
+    "--metrics",
+    "metrics",
+    multiple=True,
+    metavar="K=URL",
+    help="metrics endpoint of engine K (repeatable; default: the engine's host with the backend's "
+    "metrics port and path, e.g. :8002/metrics for Triton, /prometheus/metrics for trtllm-serve)",
+)
+@click.option(
+    "--no-metrics",
+    is_flag=True,
+    help="read no metrics: time requests at the client and take acceptance from --alpha",
+)
+@click.option(
+    "--client-timing",
+    is_flag=True,
+    help="time requests at the client even where the engines export their latency "
+    "(acceptance still from their counters)",
+)
+@click.option(
+    "--alpha",
+    type=click.FloatRange(0.0, 1.0, max_open=True),
+    help="per-token acceptance where the engines do not measure it (default: measured)",
+)
+@click.option(
+    "--prompt",
+    metavar="TEXT",
+    default=None,
+    help="prompt of every request, numbered per request (default: a fixed one-paragraph question)",
+)
+@click.option(
+    "--timeout", metavar="DURATION", default="5m", show_default=True, help="longest wait for one request"
+)
+@click.option("--name", default="measured", show_default=True, help="the profile's name")
+@click.option(
+    "-o",
+    "--out",
+    default="profile.json",
+    show_default=True,
+    metavar="FILE",
+    help="where to write the profile JSON ('-': stdout, the summary then goes to stderr)",
+)
+def profile(**options: Any) -> None:
+    from specops.profiling import ProfilingError
+
+    try:
+        measure_profile(**options)
+    except ProfilingError as error:
+        raise click.ClickException(str(error)) from None
+
+
+def measure_profile(
+    *,
+    engines: tuple[str, ...],
+    backend: str,
+    model: str | None,
+    batches: str,
+    duration: str,
+    warmup: str | None,
+    max_tokens: int,
+    metrics: tuple[str, ...],
+    no_metrics: bool,
+    client_timing: bool,
+    alpha: float | None,
+    prompt: str | None,
+    timeout: str,
+    name: str,
+    out: str,
+) -> None:
+    import json
+    from pathlib import Path
+
+    from specops.api.units import parse_duration
+    from specops.domain.profile import ServingProfile
+    from specops.profiling import PROMPT, ProfilingError, Settings, parse_batches, parse_engines, run, summary
+
+    def seconds(option: str, text: str, minimum: float) -> float:
+        try:
+            value = parse_duration(text)
+        except ValueError as error:
+            raise ProfilingError(f"{option}: {error}") from None
+        if value < minimum:
+            raise ProfilingError(f"{option} {text!r}: must be at least {minimum:g} s")
+        return value
+
+    if not name.strip():
+        raise ProfilingError("--name must not be empty")
+    window = seconds("--duration", duration, 0.05)
+    settings = Settings(
+        backend=backend,
+        engines=parse_engines(engines, metrics),
+        batches=parse_batches(batches),
+        duration_s=window,
+        warmup_s=window / 10 if warmup is None else seconds("--warmup", warmup, 0.0),
+        max_tokens=max_tokens,
+        model=model,
+        prompt=prompt or PROMPT,
+        alpha=alpha,
+        use_metrics=not no_metrics,
+        client_timing=client_timing,
+        timeout_s=seconds("--timeout", timeout, 0.1),
+        name=name,
+    )
+    bar = ProfileBar()
+    try:
+        measured = asyncio.run(run(settings, bar))
+    finally:
+        bar.stop()
+    text = json.dumps(measured, indent=1) + "\n"
+    if out == "-":
+        sys.stdout.write(text)
+    else:
+        try:
+            Path(out).write_text(text)
+        except OSError as error:
+            raise ProfilingError(f"cannot write {out}: {error.strerror or error}") from None
+    table = summary(ServingProfile.from_dict(measured), "--alpha" if alpha is not None else "measured")
+    click.echo(table, err=out == "-")
+    if out != "-":
+        click.echo(f"wrote {out}")
 
 
 # ---------------------------------------------------------------- local (the optional package)

@@ -25,19 +25,25 @@ def example(name: str = "dense-70b-7b.yaml") -> dict[str, Any]:
 @pytest.mark.parametrize("path", sorted(EXAMPLES.glob("*.yaml")), ids=lambda p: p.name)
 def test_examples_parse(path: Path) -> None:
     resource = SpeculativeDeployment.model_validate(yaml.safe_load(path.read_text()))
-    assert resource.spec.target.parameter_count > resource.spec.draft.parameter_count
+    target = resource.spec.target.active_parameter_count
+    assert target > resource.spec.draft.parameter_count_for(target)
 
 
 def test_minimal_resource_gets_sane_defaults() -> None:
     body = {
         "metadata": {"name": "m", "namespace": "ns"},
         "spec": {
-            "target": {"model": "t", "version": "1", "parameters": "70B", "engine": {"uri": "pvc://e/t"}},
-            "draft": {"model": "d", "version": "v1", "parameters": "1B", "engine": {"uri": "pvc://e/d"}},
+            "target": {"model": "t", "version": "1", "parameters": "70B", "uri": "pvc://models/t"},
+            "draft": {"model": "d", "version": "v1", "parameters": "1B", "uri": "pvc://models/d"},
         },
     }
     spec = SpeculativeDeployment.model_validate(body).spec
-    assert spec.serving.backend == "triton-trtllm" and spec.serving.replicas == 1
+    assert spec.serving.backend == "triton" and spec.serving.replicas == 1
+    assert spec.draft.method == "draftModel"
+    assert (spec.serving.max_surge, spec.serving.max_unavailable) == (1, 0)
+    assert (
+        spec.speculation.reconfigure.min_gain == 0.03 and spec.speculation.reconfigure.min_interval == "30m"
+    )
     assert spec.speculation.mode == "auto"
     assert (spec.speculation.draft_length.initial, spec.speculation.draft_length.max) == (4, 8)
     assert [s.weight for s in spec.canary.steps] == [5, 10, 25, 50, 100]
@@ -51,10 +57,20 @@ def test_minimal_resource_gets_sane_defaults() -> None:
             lambda s: s["speculation"].update(draftLength={"initial": 9, "min": 1, "max": 8}),
             "speculation.draftLength",
         ),
-        (lambda s: s["speculation"].update(draftLength={"initial": 4, "min": 1, "max": 12}), "maxDraftLen"),
+        (
+            lambda s: s["speculation"].update(draftLength={"initial": 4, "min": 1, "max": 17}),
+            "draftLength.max",
+        ),
         (lambda s: s["serving"].update(tensorParallel=3), "serving.tensorParallel"),
         (lambda s: s.update(canary={"steps": [{"weight": 50}, {"weight": 10}]}), "canary.steps"),
-        (lambda s: s["target"]["engine"].update(uri="s3://bucket/engine"), "serving.engineFetcherImage"),
+        (lambda s: s["target"].update(uri="s3://bucket/target"), "serving.checkpointFetcherImage"),
+        (lambda s: s["target"].update(uri="hf://meta-llama/Llama-3.1-70B"), "target.uri"),
+        (lambda s: s["draft"].update(method="mtp"), "draft.uri"),
+        (lambda s: s["draft"].pop("uri"), "draft.uri"),
+        (lambda s: s["draft"].update(parameters="70B"), "draft.parameters"),
+        (lambda s: s["draft"].update(uri=s["target"]["uri"]), "draft.uri"),
+        (lambda s: s["serving"].update(maxSurge=0, maxUnavailable=0), "serving.maxUnavailable"),
+        (lambda s: s["serving"].update(backend="triton-trtllm"), "serving.backend"),
         (lambda s: s["target"].update(parameters="seventy"), "target.parameters"),
         (lambda s: s["speculation"].update(mode="sometimes"), "speculation.mode"),
     ],

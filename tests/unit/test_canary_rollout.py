@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
-from specops.api.models import DraftEngine, DraftSpec, SpeculativeDeployment
+from specops.api.models import DraftSpec, SpeculativeDeployment
 from specops.api.status import (
     CanarySample,
     CanarySamples,
@@ -36,17 +36,15 @@ from specops.domain.canary_rollout import (
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "docs" / "examples" / "dense-70b-7b.yaml"
 T0 = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
-V3 = "v3@pvc://engines/llama-70b-draft/v3"
-V4 = DraftSpec(
-    model="llama-3.1-8b-draft", version="v4", parameters="7B", engine=DraftEngine(uri="pvc://engines/d/v4")
-)
+V3 = "v3@pvc://models/llama-70b-draft/v3"
+V4 = DraftSpec(model="llama-3.1-8b-draft", version="v4", parameters="7B", uri="pvc://engines/d/v4")
 
 
 def resource(**canary: Any) -> SpeculativeDeployment:
     body = yaml.safe_load(EXAMPLE.read_text())
     body["metadata"] = {"name": "chat", "namespace": "inference", "uid": "u-1"}
     body["spec"]["draft"]["version"] = "v4"
-    body["spec"]["draft"]["engine"]["uri"] = "pvc://engines/d/v4"
+    body["spec"]["draft"]["uri"] = "pvc://engines/d/v4"
     body["spec"]["canary"] = {
         "steps": [{"weight": 10, "pause": "1m"}, {"weight": 50, "pause": "1m"}],
         **canary,
@@ -61,9 +59,7 @@ def serving(**changes: Any) -> SpeculativeDeploymentStatus:
     base = SpeculativeDeploymentStatus(
         phase="Dynamic",
         observed_spec_draft=V3,
-        draft=DraftStatus(
-            model="llama-3.1-8b-draft", version="v3", engine_uri="pvc://engines/llama-70b-draft/v3"
-        ),
+        draft=DraftStatus(model="llama-3.1-8b-draft", version="v3", uri="pvc://models/llama-70b-draft/v3"),
     )
     return base.model_copy(update=changes)
 
@@ -72,9 +68,7 @@ def canary_status(**changes: Any) -> CanaryStatus:
     base = CanaryStatus(
         phase="Progressing",
         source="Spec",
-        draft=DraftStatus(
-            model=V4.model, version="v4", parameters="7B", engine_uri=V4.engine.uri, source="Spec"
-        ),
+        draft=DraftStatus(model=V4.model, version="v4", parameters="7B", uri=V4.uri, source="Spec"),
         started_at=T0,
         step=0,
         weight=10,
@@ -122,7 +116,7 @@ def test_a_changed_spec_draft_starts_a_canary_held_out_of_traffic() -> None:
 def test_a_rejected_draft_is_not_tried_again_but_a_trained_candidate_is() -> None:
     rejected = serving(rejected_draft="v4@pvc://engines/d/v4")
     assert rollout.step(inputs(rejected)).status.canary is None
-    trained = V4.model_copy(update={"version": "v5", "engine": DraftEngine(uri="pvc://engines/d/v5")})
+    trained = V4.model_copy(update={"version": "v5", "uri": "pvc://engines/d/v5"})
     step = rollout.step(inputs(rejected, candidate=trained))
     assert step.status.canary is not None and step.status.canary.source == "Retraining"
     assert step.status.canary.draft.version == "v5"
@@ -490,9 +484,7 @@ def first_draft(check: str | None = "Pending") -> SpeculativeDeploymentStatus:
     """A resource just created (or deleted and created again): its spec draft serves, unchecked."""
     return serving(
         observed_spec_draft="v4@pvc://engines/d/v4",
-        draft=DraftStatus(
-            model=V4.model, version="v4", engine_uri=V4.engine.uri, source="Spec", lossless_check=check
-        ),
+        draft=DraftStatus(model=V4.model, version="v4", uri=V4.uri, source="Spec", lossless_check=check),
     )
 
 
@@ -560,7 +552,7 @@ def test_a_new_draft_takes_the_place_of_a_first_draft_that_failed_and_is_checked
         draft=DraftStatus(
             model="llama-3.1-8b-draft",
             version="v3",
-            engine_uri="pvc://engines/llama-70b-draft/v3",
+            uri="pvc://models/llama-70b-draft/v3",
             source="Spec",
             lossless_check="Failed",
         )
@@ -585,7 +577,7 @@ def test_a_promoted_canary_records_its_draft_as_checked() -> None:
 
 def test_a_trained_draft_takes_the_place_of_a_failed_first_draft_and_retraining_counts_it_current() -> None:
     failed = first_draft("Failed")
-    trained = V4.model_copy(update={"version": "v4-rt1", "engine": DraftEngine(uri="pvc://engines/d/v4-rt1")})
+    trained = V4.model_copy(update={"version": "v4-rt1", "uri": "pvc://engines/d/v4-rt1"})
     step = rollout.step(inputs(failed, candidate=trained))
     assert step.status.canary is None
     assert (step.status.draft.version, step.status.draft.source) == ("v4-rt1", "Retraining")

@@ -70,7 +70,7 @@ def test_names_status_subresource_and_printer_columns() -> None:
     version = crd["spec"]["versions"][0]
     assert version["name"] == "v1alpha1" and version["subresources"] == {"status": {}}
     columns = [c["name"] for c in version["additionalPrinterColumns"]]
-    for wanted in ("Phase", "Speculation", "Draft", "Len", "Accept", "P99", "Age"):
+    for wanted in ("Phase", "Speculation", "Schedule", "Draft", "Accept", "P99", "Age"):
         assert wanted in columns
 
 
@@ -78,7 +78,9 @@ def test_cel_rules_cover_cross_field_constraints() -> None:
     rules = [
         rule["rule"] for _, node in _walk(_schema()) for rule in node.get("x-kubernetes-validations", [])
     ]
-    assert any("draftLength.max <= self.target.engine.maxDraftLen" in r for r in rules)
+    assert any("self.draft.parameters" in r and "self.target.parameters" in r for r in rules)
+    assert any("checkpointFetcherImage" in r for r in rules)
+    assert any("self.method == 'mtp'" in r for r in rules)
     assert any("self.min <= self.initial" in r for r in rules)
     assert any("self.steps[0].weight < self.steps[1].weight" in r for r in rules)
     assert sum(r == "self == oldSelf" for r in rules) >= 3

@@ -32,7 +32,7 @@ def test_examples_are_admitted_and_defaulted(path: Path) -> None:
         "inconclusiveLimit": 3,
         "consecutiveErrorLimit": 4,
     }
-    assert spec["serving"]["backend"] == "triton-trtllm"
+    assert spec["serving"]["backend"] == "triton"
     assert (
         spec["retraining"]["enabled"] is False and "acceptanceBelowSLO" not in spec["retraining"]["triggers"]
     )

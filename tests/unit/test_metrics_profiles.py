@@ -370,7 +370,7 @@ def pod(
         containers = [
             {"name": "metrics-sidecar", "ports": [{"name": "http", "containerPort": 9000}]},
             {
-                "name": "triton",
+                "name": "engine",
                 "ports": [
                     {"name": "metrics", "containerPort": 8002},
                     {"name": "http", "containerPort": 8123},
@@ -380,7 +380,7 @@ def pod(
     return {"metadata": metadata, "spec": {"containers": containers}, "status": status}
 
 
-def test_ready_endpoints_reads_the_triton_http_port_and_variant() -> None:
+def test_ready_endpoints_reads_the_engine_http_port_and_variant() -> None:
     assert ready_endpoints([pod("a")]) == [PodEndpoint("a", "ns", "10.0.0.1", 8123, "canary")]
 
 
@@ -389,7 +389,7 @@ def test_a_restarted_serving_container_is_a_new_incarnation_of_the_pod() -> None
     body["metadata"]["uid"] = "u1"
     body["status"]["containerStatuses"] = [
         {"name": "metrics-sidecar", "restartCount": 7},
-        {"name": "triton", "restartCount": 0},
+        {"name": "engine", "restartCount": 0},
     ]
     before = ready_endpoint(body)
     body["status"]["containerStatuses"][1]["restartCount"] = 1

@@ -1,5 +1,5 @@
 """The wheel is what gets installed (pip install . in the image): it must carry everything the
-operator needs at run time, the BLS model the serving pods load above all, and run on its own."""
+operator needs at run time, the Triton model the serving pods load above all, and run on its own."""
 
 from __future__ import annotations
 
@@ -41,9 +41,9 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-def test_the_wheel_carries_the_bls_model_and_the_traces(wheel: Path) -> None:
+def test_the_wheel_carries_the_triton_model_and_the_traces(wheel: Path) -> None:
     names = set(zipfile.ZipFile(wheel).namelist())
-    assert "specops/assets/tensorrt_llm_bls/model.py" in names
+    assert "specops/assets/llmapi_model/model.py" in names
     assert "specops/cli.py" in names and "specops/rbac.py" in names
     assert {
         "specops/bench/traces/bursty.csv",
@@ -69,7 +69,7 @@ def test_the_installed_wheel_runs_without_the_source_tree(wheel: Path, tmp_path:
     script = (
         "import sys, specops, specops.cli, specops.assets\n"
         f"assert specops.__file__.startswith({str(target)!r}), specops.__file__\n"
-        "assert 'def execute' in specops.assets.bls_model_source()\n"
+        "assert 'def execute' in specops.assets.llmapi_model_source()\n"
         "sys.exit(specops.cli.main(sys.argv[1:]))\n"
     )
     for args, expect in ((["crd"], "kind: CustomResourceDefinition"), (["run", "--help"], "--metrics-port")):

@@ -14,13 +14,15 @@ import yaml
 from pydantic import ValidationError
 
 from specops.api.models import DraftSpec, SpeculativeDeployment
+from specops.domain.engines.schedule import Revision, Schedule
 from specops.domain.names import CANARY
 from specops.domain.render import RenderError, RenderOptions, render_children
 from specops_local.admission import AdmissionError, CrdAdmission
 
 ROOT = Path(__file__).resolve().parents[2]
 CRD = yaml.safe_load((ROOT / "crds" / "specops.dev_speculativedeployments.yaml").read_text())
-OPTIONS = RenderOptions(bls_source="# bls\n")
+REVISION = Revision(mode="spec", method="draftModel", draft="d", schedule=Schedule.constant(4))
+OPTIONS = RenderOptions(triton_model_source="# model\n")
 PLACEMENT: dict[str, Any] = {
     "resources": {"requests": {"cpu": "8", "memory": "64Gi"}, "limits": {"memory": "128Gi", "cpu": 16}},
     "nodeSelector": {"node.kubernetes.io/instance-type": "p5.48xlarge"},
@@ -70,7 +72,9 @@ def pod_template(objects: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def test_placement_reaches_the_serving_pods() -> None:
-    template = pod_template(render_children(SpeculativeDeployment.model_validate(body(**PLACEMENT)), OPTIONS))
+    template = pod_template(
+        render_children(SpeculativeDeployment.model_validate(body(**PLACEMENT)), OPTIONS, REVISION)
+    )
     pod = template["spec"]
     (container,) = pod["containers"]
     assert container["resources"] == {
@@ -96,21 +100,25 @@ def test_placement_reaches_the_serving_pods() -> None:
 def test_canary_pods_get_the_same_placement() -> None:
     resource = SpeculativeDeployment.model_validate(body(**PLACEMENT))
     draft = DraftSpec.model_validate({**body()["spec"]["draft"], "version": "v9"})
-    stable = pod_template(render_children(resource, OPTIONS))["spec"]
-    canary = pod_template(render_children(resource, OPTIONS, variant=CANARY, draft=draft, replicas=1))["spec"]
+    stable = pod_template(render_children(resource, OPTIONS, REVISION))["spec"]
+    canary = pod_template(
+        render_children(resource, OPTIONS, REVISION, variant=CANARY, draft=draft, replicas=1)
+    )["spec"]
     for field in ("nodeSelector", "tolerations", "affinity", "topologySpreadConstraints", "imagePullSecrets"):
         assert canary[field] == stable[field], field
     assert canary["containers"][0]["resources"] == stable["containers"][0]["resources"]
 
 
 def test_the_placed_deployment_passes_strict_kubernetes_validation() -> None:
-    objects = render_children(SpeculativeDeployment.model_validate(body(**PLACEMENT)), OPTIONS)
+    objects = render_children(SpeculativeDeployment.model_validate(body(**PLACEMENT)), OPTIONS, REVISION)
     (deployment,) = [obj for obj in objects if obj["kind"] == "Deployment"]
     kubernetes_validate.validate(deployment, kubernetes_validate.latest_version(), strict=True)
 
 
 def test_without_placement_the_pods_are_as_before() -> None:
-    pod = pod_template(render_children(SpeculativeDeployment.model_validate(body()), OPTIONS))["spec"]
+    pod = pod_template(render_children(SpeculativeDeployment.model_validate(body()), OPTIONS, REVISION))[
+        "spec"
+    ]
     assert not {
         "nodeSelector",
         "affinity",
@@ -172,8 +180,8 @@ EXTRAS: dict[str, Any] = {
 }
 
 
-def test_extra_env_and_volumes_reach_the_triton_container() -> None:
-    objects = render_children(SpeculativeDeployment.model_validate(body(**EXTRAS)), OPTIONS)
+def test_extra_env_and_volumes_reach_the_engine_container() -> None:
+    objects = render_children(SpeculativeDeployment.model_validate(body(**EXTRAS)), OPTIONS, REVISION)
     pod = pod_template(objects)["spec"]
     (container,) = pod["containers"]
     env = {item["name"]: item for item in container["env"]}
@@ -183,7 +191,7 @@ def test_extra_env_and_volumes_reach_the_triton_container() -> None:
         "valueFrom": {"secretKeyRef": {"name": "hub-token", "key": "token"}},
     }
     assert env["NCCL_DEBUG"]["value"] == "WARN"
-    assert env["HOME"]["value"] == "/home/triton-server" and len(container["env"]) == len(env)
+    assert env["HOME"]["value"] == "/home/engine" and len(container["env"]) == len(env)
     assert pod["volumes"][-1] == EXTRAS["volumes"][0]
     assert container["volumeMounts"][-1] == {"name": "cache", "mountPath": "/cache"}
     (deployment,) = [obj for obj in objects if obj["kind"] == "Deployment"]
@@ -209,7 +217,7 @@ def test_extra_env_and_volumes_reach_the_triton_container() -> None:
 )
 def test_extra_volumes_cannot_shadow_what_specops_mounts(serving: dict[str, Any], field: str) -> None:
     with pytest.raises(RenderError) as refused:
-        render_children(SpeculativeDeployment.model_validate(body(**serving)), OPTIONS)
+        render_children(SpeculativeDeployment.model_validate(body(**serving)), OPTIONS, REVISION)
     assert refused.value.field == field
 
 

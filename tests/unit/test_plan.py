@@ -13,7 +13,7 @@ from click.testing import CliRunner, Result
 from specops.api.models import SpeculativeDeployment
 from specops.cli import main as specops
 from specops.domain import perf
-from specops.domain.control_status import policy_config
+from specops.domain.revision_step import config_from_spec
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKED = ["--gpu", "H100", "--target-params", "70e9", "--draft-params", "7e9", "--alpha", "0.8"]
@@ -71,7 +71,7 @@ def test_plan_and_the_operator_assume_the_same_context(tmp_path: Path) -> None:
     example = ROOT / "docs" / "examples" / "dense-70b-7b.yaml"
     from_file = plan(tmp_path, "-f", str(example))
     spec = SpeculativeDeployment.model_validate(yaml.safe_load(example.read_text())).spec
-    operator_setup = policy_config(spec).setup
+    operator_setup = config_from_spec(spec, spec.draft).setup
     assert from_file["context_tokens"] == operator_setup.context_tokens == perf.DEFAULT_CONTEXT_TOKENS
     assert from_file["break_even_batch"] == perf.best_length_break_even_batch(operator_setup, 0.8, 8)
     assert (from_file["gpu"], from_file["tensor_parallel"], from_file["source"]) == (

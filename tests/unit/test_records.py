@@ -8,10 +8,11 @@ from datetime import UTC, datetime
 
 import pytest
 
-from specops.domain.calibration import CalibratedModel, ProbeLedger
+from specops.domain.calibration import CalibratedModel, CalibrationState
+from specops.domain.engines.schedule import PLAIN
 from specops.domain.perf import GPUS, ModelSetup
-from specops.domain.policy import PolicyState
 from specops.domain.records import replace
+from specops.domain.revision_step import StepState
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,16 +41,14 @@ class _Cached:
 
 def test_a_plain_record_is_the_same_as_dataclasses_replace_and_the_original_is_untouched() -> None:
     at = datetime(2026, 1, 1, tzinfo=UTC)
-    state = PolicyState(
-        "Dynamic", at, enabled=False, draft_length=4, alpha=0.7, last_toggle=at, baseline=None
-    )
-    fast = replace(state, draft_length=3, enabled=True)
-    assert fast == dataclasses.replace(state, draft_length=3, enabled=True)
-    assert type(fast) is PolicyState and fast is not state
-    assert (state.draft_length, fast.draft_length) == (4, 3)
-    assert hash(fast) == hash(dataclasses.replace(state, draft_length=3, enabled=True))
-    ledger = ProbeLedger()
-    assert replace(ledger, probe_s=2.0) == dataclasses.replace(ledger, probe_s=2.0)
+    state = StepState("Dynamic", at, PLAIN, alpha=0.7, last_change=at)
+    fast = replace(state, alpha=0.8, last_change=None)
+    assert fast == dataclasses.replace(state, alpha=0.8, last_change=None)
+    assert type(fast) is StepState and fast is not state
+    assert (state.alpha, fast.alpha) == (0.7, 0.8)
+    assert hash(fast) == hash(dataclasses.replace(state, alpha=0.8, last_change=None))
+    calibration = CalibrationState()
+    assert replace(calibration, samples=2) == dataclasses.replace(calibration, samples=2)
 
 
 @dataclasses.dataclass(frozen=True, init=False)

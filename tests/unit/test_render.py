@@ -14,12 +14,15 @@ from kubernetes_validate.utils import latest_version
 
 from specops.api.models import DraftSpec, SpeculativeDeployment
 from specops.domain import drafts, render
-from specops.domain.render import RenderError, RenderOptions, render_children
+from specops.domain.engines.schedule import PLAIN, Revision, Schedule
+from specops.domain.render import RenderError, RenderOptions
+from specops.domain.render import render_children as _render_children
 from tests.unit.golden import assert_golden
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "docs" / "examples"
 UID = "7a3c1e52-9b0d-4f6e-8c21-5d4f3a2b1c00"
-OPTIONS = RenderOptions(bls_source="# specops BLS model (fixed text for golden files)\n")
+OPTIONS = RenderOptions(triton_model_source="# specops LLM API model (fixed text for golden files)\n")
+SCHEDULE = Schedule.of([[8, 4], [32, 2], [None, 0]])
 K8S_VERSION = latest_version()
 BUILT_IN_KINDS = {"ConfigMap", "Deployment", "Service"}
 
@@ -32,6 +35,18 @@ def body(name: str = "dense-70b-7b.yaml") -> dict[str, Any]:
 
 def resource(data: dict[str, Any] | None = None) -> SpeculativeDeployment:
     return SpeculativeDeployment.model_validate(data if data is not None else body())
+
+
+def speculating(draft: DraftSpec | None = None, schedule: Schedule = SCHEDULE) -> Revision:
+    draft = draft or resource().spec.draft
+    return Revision(mode="spec", method=draft.method, draft=drafts.draft_identity(draft), schedule=schedule)
+
+
+def render_children(
+    res: SpeculativeDeployment, options: RenderOptions, revision: Revision | None = None, **kwargs: Any
+) -> list[dict[str, Any]]:
+    draft = kwargs.get("draft") or res.spec.draft
+    return _render_children(res, options, revision or speculating(draft), **kwargs)
 
 
 def by_kind(objects: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
@@ -55,13 +70,13 @@ def walk_keys(value: Any) -> Iterator[str]:
 
 def serving_container(objects: list[dict[str, Any]]) -> dict[str, Any]:
     pod = one(objects, "Deployment")["spec"]["template"]["spec"]
-    [container] = [c for c in pod["containers"] if c["name"] == "triton"]
+    [container] = [c for c in pod["containers"] if c["name"] == "engine"]
     return container
 
 
-def new_draft(version: str = "v4", uri: str = "pvc://engines/llama-70b-draft/v4") -> DraftSpec:
+def new_draft(version: str = "v4", uri: str = "pvc://models/llama-70b-draft/v4") -> DraftSpec:
     return DraftSpec.model_validate(
-        {"model": "llama-3.1-8b-draft", "version": version, "parameters": "7B", "engine": {"uri": uri}}
+        {"model": "llama-3.1-8b-draft", "version": version, "parameters": "7B", "uri": uri}
     )
 
 
@@ -90,7 +105,7 @@ def test_every_built_in_object_passes_the_kubernetes_schema(path: Path) -> None:
 def test_stable_render_has_the_expected_objects_and_names() -> None:
     objects = render_children(resource(), OPTIONS)
     assert [(o["kind"], o["metadata"]["name"]) for o in objects] == [
-        ("ConfigMap", "llama-70b-chat-model-repository"),
+        ("ConfigMap", "llama-70b-chat-engine-config"),
         ("Deployment", "llama-70b-chat"),
         ("Service", "llama-70b-chat-stable"),
         ("Service", "llama-70b-chat"),
@@ -136,130 +151,96 @@ def test_every_object_is_owned_by_the_resource_and_labelled() -> None:
 
 
 def test_pod_runs_restricted() -> None:
-    objects = render_children(resource(body("dense-70b-7b.yaml")), OPTIONS)
-    pod = one(objects, "Deployment")["spec"]["template"]["spec"]
-    assert pod["automountServiceAccountToken"] is False
+    pod = one(render_children(resource(), OPTIONS), "Deployment")["spec"]["template"]["spec"]
     assert pod["securityContext"]["runAsNonRoot"] is True
-    assert pod["securityContext"]["runAsUser"] == 1000
-    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
-    security = serving_container(objects)["securityContext"]
-    assert security["allowPrivilegeEscalation"] is False
+    assert pod["automountServiceAccountToken"] is False
+    (container,) = pod["containers"]
+    security = container["securityContext"]
+    assert security["allowPrivilegeEscalation"] is False and security["readOnlyRootFilesystem"] is True
     assert security["capabilities"] == {"drop": ["ALL"]}
-    assert security["readOnlyRootFilesystem"] is True
-    mounts = {m["mountPath"]: m["name"] for m in serving_container(objects)["volumeMounts"]}
-    volumes = {v["name"]: v for v in pod["volumes"]}
-    # Triton writes only to emptyDirs; the python backend's shared memory is RAM-backed
-    for path in ("/tmp", "/home/triton-server", "/dev/shm"):
-        assert "emptyDir" in volumes[mounts[path]]
-    assert volumes[mounts["/dev/shm"]]["emptyDir"] == {"medium": "Memory"}
+    mounts = {m["mountPath"] for m in container["volumeMounts"]}
+    assert {"/tmp", "/home/engine", "/dev/shm"} <= mounts
 
 
-def test_container_runs_tritonserver_in_explicit_mode_with_every_model() -> None:
-    container = serving_container(render_children(resource(), OPTIONS))
-    assert container["args"] == [
-        "tritonserver",
-        "--model-repository=/models",
-        "--model-control-mode=explicit",
-        "--load-model=tensorrt_llm",
-        "--load-model=tensorrt_llm_draft",
-        "--load-model=tensorrt_llm_bls",
-        "--load-model=ensemble",
-        "--http-port=8000",
-        "--grpc-port=8001",
-        "--metrics-port=8002",
-        "--allow-metrics=true",
-        "--metrics-config=histogram_latencies=true",
-    ]
-    assert {p["name"]: p["containerPort"] for p in container["ports"]} == {
-        "http": 8000,
-        "grpc": 8001,
-        "metrics": 8002,
-    }
-    assert container["readinessProbe"]["httpGet"] == {"path": "/v2/health/ready", "port": "http"}
-    assert container["livenessProbe"]["httpGet"] == {"path": "/v2/health/live", "port": "http"}
-    startup = container["startupProbe"]
-    assert startup["periodSeconds"] * startup["failureThreshold"] >= 20 * 60
-    assert container["resources"]["requests"]["nvidia.com/gpu"] == "4"
-    assert container["resources"]["limits"]["nvidia.com/gpu"] == "4"
-
-
-def test_pvc_engines_are_mounted_read_only_from_their_sub_paths() -> None:
-    objects = render_children(resource(), OPTIONS)
-    pod = one(objects, "Deployment")["spec"]["template"]["spec"]
-    mounts = {m["mountPath"]: m for m in serving_container(objects)["volumeMounts"]}
-    volumes = {v["name"]: v for v in pod["volumes"]}
-    assert mounts["/engines/target"]["subPath"] == "llama-70b/h100-tp4"
-    assert mounts["/engines/draft"]["subPath"] == "llama-70b-draft/v3"
-    for path in ("/engines/target", "/engines/draft"):
-        assert mounts[path]["readOnly"] is True
-        claim = volumes[mounts[path]["name"]]["persistentVolumeClaim"]
-        assert claim == {"claimName": "engines", "readOnly": True}
-    assert "initContainers" not in pod
-
-
-def test_object_store_engine_is_fetched_by_an_init_container() -> None:
+@pytest.mark.parametrize("backend", ["triton", "trtllm-serve", "vllm", "sglang"])
+def test_each_backend_starts_its_own_engine_with_the_revision(backend: str) -> None:
     data = body()
-    data["spec"]["target"]["engine"]["uri"] = "s3://models/llama-70b/h100-tp4"
-    data["spec"]["serving"]["engineFetcherImage"] = "registry.example.com/specops/fetch-engine:1"
+    data["spec"]["serving"]["backend"] = backend
     objects = render_children(resource(data), OPTIONS)
-    pod = one(objects, "Deployment")["spec"]["template"]["spec"]
-    [fetcher] = pod["initContainers"]
-    assert fetcher["image"] == "registry.example.com/specops/fetch-engine:1"
-    assert fetcher["args"] == ["fetch-engine", "s3://models/llama-70b/h100-tp4", "/engines/target"]
-    assert fetcher["securityContext"]["readOnlyRootFilesystem"] is True
-    target_mount = next(
-        m for m in serving_container(objects)["volumeMounts"] if m["mountPath"] == "/engines/target"
-    )
-    assert "subPath" not in target_mount and target_mount["readOnly"] is True
-    [fetched] = [m for m in fetcher["volumeMounts"] if m["mountPath"] == "/engines/target"]
-    assert fetched["name"] == target_mount["name"]
-    assert next(v for v in pod["volumes"] if v["name"] == target_mount["name"])["emptyDir"] == {}
-    kubernetes_validate.validate(one(objects, "Deployment"), K8S_VERSION, strict=True)
+    container = serving_container(objects)
+    command = " ".join(container["command"] + container["args"])
+    expected = {
+        "triton": "tritonserver",
+        "trtllm-serve": "trtllm-serve",
+        "vllm": "vllm serve",
+        "sglang": "sglang.launch_server",
+    }
+    assert expected[backend] in command
+    labels = one(objects, "Deployment")["spec"]["template"]["metadata"]["labels"]
+    assert labels["specops.dev/revision"] == speculating().digest
+    assert labels["specops.dev/mode"] == "spec" and labels["specops.dev/backend"] == backend
+    annotations = one(objects, "Deployment")["spec"]["template"]["metadata"]["annotations"]
+    assert annotations["specops.dev/schedule"] == "draftModel K=4 to batch 8, K=2 to batch 32, K=0 above 32"
 
 
-def test_model_repository_is_mounted_read_only_with_one_item_per_file() -> None:
+def test_a_plain_revision_starts_the_engine_without_speculation_or_draft() -> None:
+    objects = render_children(resource(), OPTIONS, PLAIN)
+    pod = one(objects, "Deployment")["spec"]["template"]
+    assert pod["metadata"]["labels"]["specops.dev/mode"] == "plain"
+    assert pod["metadata"]["labels"]["specops.dev/draft"] == ""
+    assert "speculative_config" not in one(objects, "ConfigMap")["data"]["tensorrt_llm.1.model.yaml"]
+    mounts = {m["mountPath"] for m in pod["spec"]["containers"][0]["volumeMounts"]}
+    assert "/models/target" in mounts and "/models/draft" not in mounts
+
+
+def test_pvc_checkpoints_are_mounted_read_only_from_their_sub_paths() -> None:
+    container = serving_container(render_children(resource(), OPTIONS))
+    mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
+    assert mounts["/models/target"]["readOnly"] is True
+    assert mounts["/models/target"]["subPath"] == "llama-3.1-70b-instruct"
+    assert mounts["/models/draft"]["subPath"] == "llama-70b-draft/v3"
+
+
+def test_object_store_checkpoints_are_fetched_by_an_init_container() -> None:
+    data = body()
+    data["spec"]["target"]["uri"] = "hf://meta-llama/Llama-3.1-70B-Instruct@0e9e39f"
+    data["spec"]["serving"]["checkpointFetcherImage"] = "registry.example.com/fetch:1"
+    pod = one(render_children(resource(data), OPTIONS), "Deployment")["spec"]["template"]["spec"]
+    (fetch,) = pod["initContainers"]
+    assert fetch["args"] == [
+        "fetch-checkpoint",
+        "hf://meta-llama/Llama-3.1-70B-Instruct@0e9e39f",
+        "/models/target",
+    ]
+    assert fetch["securityContext"]["runAsNonRoot"] is True
+
+
+def test_engine_config_is_mounted_read_only_with_one_item_per_file() -> None:
     objects = render_children(resource(), OPTIONS)
     configmap = one(objects, "ConfigMap")
     pod = one(objects, "Deployment")["spec"]["template"]["spec"]
-    [volume] = [v for v in pod["volumes"] if "configMap" in v]
-    assert volume["configMap"]["name"] == configmap["metadata"]["name"]
+    volume = next(v for v in pod["volumes"] if v["name"] == "engine-config")
     items = {item["key"]: item["path"] for item in volume["configMap"]["items"]}
-    assert items["tensorrt_llm_bls.1.model.py"] == "tensorrt_llm_bls/1/model.py"
-    assert items["tensorrt_llm.config.pbtxt"] == "tensorrt_llm/config.pbtxt"
+    assert items["tensorrt_llm.1.model.yaml"] == "tensorrt_llm/1/model.yaml"
     assert set(items) == set(configmap["data"])
-    assert configmap["data"]["tensorrt_llm_bls.1.model.py"] == OPTIONS.bls_source
-    [mount] = [m for m in serving_container(objects)["volumeMounts"] if m["name"] == volume["name"]]
-    assert mount == {"name": volume["name"], "mountPath": "/models", "readOnly": True}
+    assert configmap["data"]["tensorrt_llm.1.model.py"] == OPTIONS.triton_model_source
 
 
-def test_bls_parameters_name_the_deployment_variant_and_draft() -> None:
-    configmap = one(render_children(resource(), OPTIONS), "ConfigMap")
-    bls = configmap["data"]["tensorrt_llm_bls.config.pbtxt"]
-    for key, value in {
-        # pods start plain: speculation goes on at run time, once the draft passed its check
-        "specops_default_num_draft_tokens": "0",
-        "specops_max_draft_len": "8",
-        "specops_deployment": "llama-70b-chat",
-        "specops_variant": "stable",
-        "specops_draft_version": "v3",
-    }.items():
-        assert f'key: "{key}"\n  value {{\n    string_value: "{value}"' in bls
-
-
-def test_speculation_mode_off_starts_the_bls_with_no_drafting() -> None:
+def test_rollout_bounds_come_from_the_spec() -> None:
     data = body()
-    data["spec"]["speculation"]["mode"] = "off"
-    bls = one(render_children(resource(data), OPTIONS), "ConfigMap")["data"]["tensorrt_llm_bls.config.pbtxt"]
-    assert 'key: "specops_default_num_draft_tokens"\n  value {\n    string_value: "0"' in bls
+    data["spec"]["serving"].update(maxSurge=0, maxUnavailable=1)
+    strategy = one(render_children(resource(data), OPTIONS), "Deployment")["spec"]["strategy"]
+    assert strategy == {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}}
 
 
-def test_repository_change_rolls_the_pods() -> None:
-    def config_hash(draft: DraftSpec | None) -> str:
-        deployment = one(render_children(resource(), OPTIONS, draft=draft), "Deployment")
-        return str(deployment["spec"]["template"]["metadata"]["annotations"]["specops.dev/config-hash"])
+def test_a_new_revision_or_draft_rolls_the_pods() -> None:
+    def template(revision: Revision | None = None, draft: DraftSpec | None = None) -> dict[str, Any]:
+        deployment = one(render_children(resource(), OPTIONS, revision, draft=draft), "Deployment")
+        return dict(deployment["spec"]["template"])
 
-    assert config_hash(None) == config_hash(None)
-    assert config_hash(None) != config_hash(new_draft())
+    assert template() == template()
+    assert template() != template(draft=new_draft())
+    assert template() != template(speculating(schedule=Schedule.constant(2)))
 
 
 # ---------------------------------------------------------------- services, canary, monitoring
@@ -286,6 +267,10 @@ def test_shared_service_selects_every_variant_and_variant_services_only_theirs()
         "grpc": 8001,
         "metrics": 8002,
     }
+    data = body()
+    data["spec"]["serving"]["backend"] = "sglang"
+    sglang = one(render_children(resource(data), OPTIONS), "Service", "llama-70b-chat")
+    assert {p["name"]: p["port"] for p in sglang["spec"]["ports"]} == {"http": 30000}
     deployment = one(stable, "Deployment")
     assert deployment["spec"]["selector"]["matchLabels"] == render.selector_labels("llama-70b-chat", "stable")
 
@@ -296,25 +281,26 @@ def test_canary_render_differs_only_in_names_labels_and_draft() -> None:
         resource(),
         OPTIONS,
         variant="canary",
-        draft=new_draft("v4", "pvc://engines/llama-70b-draft/v4"),
+        draft=new_draft("v4", "pvc://models/llama-70b-draft/v4"),
         replicas=2,
     )
     # the canary brings no second user-facing Service and no second PodMonitor
     assert [(o["kind"], o["metadata"]["name"]) for o in canary] == [
-        ("ConfigMap", "llama-70b-chat-canary-model-repository"),
+        ("ConfigMap", "llama-70b-chat-canary-engine-config"),
         ("Deployment", "llama-70b-chat-canary"),
         ("Service", "llama-70b-chat-canary"),
     ]
     renames = {
-        "llama-70b-chat-model-repository": "llama-70b-chat-canary-model-repository",
+        "llama-70b-chat-engine-config": "llama-70b-chat-canary-engine-config",
         "llama-70b-chat-stable": "llama-70b-chat-canary",
         "stable": "canary",
         "v3": "v4",
         "llama-70b-draft/v3": "llama-70b-draft/v4",
-        # the draft identity label: version and a hash of version and engine
+        # the draft identity label: version and a hash of version and checkpoint
         drafts.draft_identity(resource().spec.draft): drafts.draft_identity(
-            new_draft("v4", "pvc://engines/llama-70b-draft/v4")
+            new_draft("v4", "pvc://models/llama-70b-draft/v4")
         ),
+        speculating().digest: speculating(new_draft("v4", "pvc://models/llama-70b-draft/v4")).digest,
     }
 
     def renamed(value: Any) -> Any:
@@ -322,8 +308,6 @@ def test_canary_render_differs_only_in_names_labels_and_draft() -> None:
             return {k: renamed(v) for k, v in value.items()}
         if isinstance(value, list):
             return [renamed(v) for v in value]
-        if isinstance(value, str) and "\n" in value:  # config.pbtxt: BLS parameters name variant and draft
-            return value.replace('"stable"', '"canary"').replace('"v3"', '"v4"')
         if isinstance(value, str):
             return renames.get(value, value)
         return value
@@ -333,6 +317,8 @@ def test_canary_render_differs_only_in_names_labels_and_draft() -> None:
     expected[1]["spec"]["template"]["metadata"]["annotations"]["specops.dev/config-hash"] = canary[1]["spec"][
         "template"
     ]["metadata"]["annotations"]["specops.dev/config-hash"]
+    # the engine config names nothing of the variant: the same files, the draft mounted from elsewhere
+    assert canary[0]["data"] == stable[0]["data"]
     assert canary == expected
 
 
@@ -341,12 +327,13 @@ def test_pod_monitor_scrapes_metrics_with_the_labels_the_queries_group_by() -> N
     monitor = one(objects, "PodMonitor")
     assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
     [endpoint] = monitor["spec"]["podMetricsEndpoints"]
-    assert endpoint["port"] == "metrics" and endpoint["interval"] == "15s"
+    assert endpoint["port"] == "metrics" and endpoint["path"] == "/metrics" and endpoint["interval"] == "15s"
     targets = {r["targetLabel"]: r["sourceLabels"] for r in endpoint["relabelings"]}
     assert targets == {
         "specops_deployment": ["__meta_kubernetes_pod_label_specops_dev_deployment"],
         "variant": ["__meta_kubernetes_pod_label_specops_dev_variant"],
         "specops_draft": ["__meta_kubernetes_pod_label_specops_dev_draft"],
+        "specops_revision": ["__meta_kubernetes_pod_label_specops_dev_revision"],
         "namespace": ["__meta_kubernetes_namespace"],
         "pod": ["__meta_kubernetes_pod_name"],
     }
@@ -361,24 +348,35 @@ def test_pod_monitor_interval_is_a_prometheus_duration_and_can_be_turned_off() -
     data["spec"]["metrics"]["interval"] = "1.5m"
     monitor = one(render_children(resource(data), OPTIONS), "PodMonitor")
     assert monitor["spec"]["podMetricsEndpoints"][0]["interval"] == "90s"
-    options = RenderOptions(bls_source="", pod_monitor=False)
+    options = RenderOptions(pod_monitor=False)
     assert by_kind(render_children(resource(), options), "PodMonitor") == []
+    data["spec"]["serving"]["backend"] = "trtllm-serve"
+    monitor = one(render_children(resource(data), OPTIONS), "PodMonitor")
+    endpoint = monitor["spec"]["podMetricsEndpoints"][0]
+    assert (endpoint["port"], endpoint["path"]) == ("http", "/prometheus/metrics")
 
 
 # ---------------------------------------------------------------- images, names, errors
 
 
-def test_missing_image_everywhere_is_a_render_error_on_the_image_field() -> None:
+def test_the_image_is_the_spec_s_else_the_operator_s_else_the_backend_s_default() -> None:
     data = body()
-    del data["spec"]["serving"]["image"]
-    with pytest.raises(RenderError) as raised:
-        render_children(resource(data), OPTIONS)
-    assert raised.value.field == "spec.serving.image"
-    # the operator's default image fills the gap
-    options = RenderOptions(bls_source="", default_image="registry.example.com/triton:default")
+    data["spec"]["serving"].pop("image", None)
+    assert serving_container(render_children(resource(data), OPTIONS))["image"].startswith(
+        "nvcr.io/nvidia/tritonserver:"
+    )
+    data["spec"]["serving"]["backend"] = "vllm"
+    assert serving_container(render_children(resource(data), OPTIONS))["image"].startswith(
+        "vllm/vllm-openai:"
+    )
+    options = RenderOptions(default_image="registry.example.com/engine:default")
     assert (
         serving_container(render_children(resource(data), options))["image"]
-        == "registry.example.com/triton:default"
+        == "registry.example.com/engine:default"
+    )
+    data["spec"]["serving"]["image"] = "registry.example.com/mine:1"
+    assert (
+        serving_container(render_children(resource(data), options))["image"] == "registry.example.com/mine:1"
     )
 
 

@@ -81,13 +81,13 @@ def body(
                 "model": "llama-3.1-70b-instruct",
                 "version": target_version,
                 "parameters": "70B",
-                "engine": {"uri": "pvc://engines/llama-70b/h100-tp4"},
+                "uri": "pvc://models/llama-3.1-70b-instruct",
             },
             "draft": {
                 "model": "llama-3.1-8b-draft",
                 "version": "v3",
                 "parameters": "7B",
-                "engine": {"uri": "pvc://engines/llama-70b-draft/v3"},
+                "uri": "pvc://models/llama-70b-draft/v3",
             },
             "serving": {"gpu": {"type": "H100", "count": 4}, "tensorParallel": 4},
             "slo": {"minAcceptance": 0.5},
@@ -490,7 +490,7 @@ def test_empty_template_gives_a_valid_restricted_job_running_the_image() -> None
     assert env["SPECOPS_REJECTED_WEIGHT"] == "2.0"
     assert env["SPECOPS_RESULT_PATH"] == "/dev/termination-log"
     assert "--output-version=v3-rt1-2026-10-01" in container["args"]
-    assert "--target-engine-uri=pvc://engines/llama-70b/h100-tp4" in container["args"]
+    assert "--target-uri=pvc://models/llama-3.1-70b-instruct" in container["args"]
     assert "--result-path=/dev/termination-log" in container["args"]
 
 
@@ -795,7 +795,11 @@ def pod(name: str, exit_code: int | None, message: str = "", container: str = "t
 
 
 RESULT = json.dumps(
-    {"draftVersion": "v3-rt1-2026-10-01", "checkpointUri": "pvc://engines/d/v3-rt1", "metrics": {"alpha": 0.81}}
+    {
+        "draftVersion": "v3-rt1-2026-10-01",
+        "checkpointUri": "pvc://engines/d/v3-rt1",
+        "metrics": {"alpha": 0.81},
+    }
 )
 SUCCEEDED = Succeeded("v3-rt1-2026-10-01", "pvc://engines/d/v3-rt1", {"alpha": 0.81})
 DONE = {"Job": "Complete", "JobSet": "Completed", "TrainJob": "Complete", "PyTorchJob": "Succeeded"}
@@ -877,7 +881,11 @@ BAD_RESULTS: list[tuple[str, list[dict[str, Any]], str]] = [
                 "a",
                 0,
                 json.dumps(
-                    {"draftVersion": "v3-rt1-2026-10-01", "checkpointUri": "pvc://e/d", "metrics": {"a": "high"}}
+                    {
+                        "draftVersion": "v3-rt1-2026-10-01",
+                        "checkpointUri": "pvc://e/d",
+                        "metrics": {"a": "high"},
+                    }
                 ),
             )
         ],
@@ -888,7 +896,9 @@ BAD_RESULTS: list[tuple[str, list[dict[str, Any]], str]] = [
         [
             pod("a", 0, RESULT),
             pod(
-                "b", 0, json.dumps({"draftVersion": "v3-rt1-2026-10-01", "checkpointUri": "pvc://engines/other"})
+                "b",
+                0,
+                json.dumps({"draftVersion": "v3-rt1-2026-10-01", "checkpointUri": "pvc://engines/other"}),
             ),
         ],
         "publish from one rank only",

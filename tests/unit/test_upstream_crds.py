@@ -11,11 +11,14 @@ import pytest
 
 from specops.adapters.routing import split_backend_refs
 from specops.domain import retraining as rt
+from specops.domain.engines.schedule import Revision, Schedule
 from specops.domain.render import RenderOptions, render_children
 from specops_local.admission import AdmissionError, CrdAdmission
 from specops_local.upstream_crds import upstream_crd, upstream_crds
 from tests.unit.test_render import resource as serving_resource
 from tests.unit.test_retraining import example, trigger
+
+REVISION = Revision(mode="spec", method="draftModel", draft="d", schedule=Schedule.constant(4))
 
 
 def admit(obj: dict[str, Any]) -> dict[str, Any]:
@@ -38,7 +41,9 @@ def test_every_upstream_crd_is_registered_with_only_its_storage_version() -> Non
 
 
 def test_the_rendered_pod_monitor_passes_the_prometheus_operator_crd() -> None:
-    objects = render_children(serving_resource(), RenderOptions(bls_source="# bls\n", pod_monitor=True))
+    objects = render_children(
+        serving_resource(), RenderOptions(triton_model_source="# model\n", pod_monitor=True), REVISION
+    )
     (pod_monitor,) = [obj for obj in objects if obj["kind"] == "PodMonitor"]
     admit(pod_monitor)
 

@@ -4,12 +4,7 @@ a new pod boots with speculation off and would decode plain until then."""
 from __future__ import annotations
 
 import asyncio
-from dataclasses import replace
-from datetime import UTC, datetime
 
-from specops.domain import learning
-from specops.domain.policy import PolicyState
-from specops.services.control import ControlLoop, _Memory
 from specops.services.rest_pass import RestPass
 from specops.services.wakeups import SEEN_KEPT, Wakeups
 
@@ -125,29 +120,3 @@ async def test_unknown_and_forgotten_daemons_are_not_woken_and_memory_is_bounded
         wakeups.pod_ready(PODS, (f"pod-{index}", "uid/0"))
     assert len(wakeups._seen[PODS]) <= SEEN_KEPT
     await settle()
-
-
-def test_speculating_is_what_the_pods_were_set_to_not_the_policys_switch() -> None:
-    # Given the control loop's memory of three resources: one whose pods run length 4, one whose
-    # policy has speculation off while a probe runs length 2 on its pods, one set to plain
-    loop = ControlLoop(None, None)  # type: ignore[arg-type]  # only its memory is read
-    now = datetime(2026, 12, 6, tzinfo=UTC)
-    off = PolicyState(
-        phase="Dynamic",
-        phase_since=now,
-        enabled=False,
-        draft_length=4,
-        alpha=0.8,
-        last_toggle=None,
-        baseline=None,
-    )
-    on = replace(off, enabled=True)
-    for name, state, applied in (("on", on, 4), ("probing", off, 2), ("plain", on, 0)):
-        knowledge = learning.LearningState(applied_length=applied, applied_since=now)
-        loop._memory[("team", name)] = _Memory(uid=name, state=state, knowledge=knowledge)
-
-    # Then a new pod of the first two waits for a setting, and of the third runs it already
-    assert loop.speculating("team", "on")
-    assert loop.speculating("team", "probing")
-    assert not loop.speculating("team", "plain")
-    assert not loop.speculating("team", "unknown")

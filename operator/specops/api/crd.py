@@ -37,19 +37,19 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
         "name": "Speculation",
         "type": "string",
         "jsonPath": ".status.speculation.state",
-        "description": "Whether pods speculate now",
+        "description": "Whether the stable pods run a speculating revision",
+    },
+    {
+        "name": "Schedule",
+        "type": "string",
+        "jsonPath": ".status.speculation.schedule",
+        "description": "The revision in force: plain, or the draft-length schedule the engine applies",
     },
     {
         "name": "Draft",
         "type": "string",
         "jsonPath": ".status.draft.version",
         "description": "Draft in service",
-    },
-    {
-        "name": "Len",
-        "type": "integer",
-        "jsonPath": ".status.speculation.draftLength",
-        "description": "num_draft_tokens now (0 = off)",
     },
     {
         "name": "Accept",

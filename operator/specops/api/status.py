@@ -114,6 +114,8 @@ class CalibrationStatus(ApiModel):
 
 
 class ScheduleBand(ApiModel):
+    """One band of a draft-length schedule: batches up to maxBatch draft k tokens."""
+
     max_batch: int | None = Field(
         default=None, description="Upper edge of the band (running requests per pod); empty: no bound."
     )

@@ -91,6 +91,35 @@ def expected_speedup(
     return weighted / total
 
 
+MEASURED_NEAR = 1.0
+"""Effective speculating samples near a batch (its octave, neighbours at half) from which the
+fitted curve decides there; below it, the prior does."""
+
+
+class Confident(Protocol):
+    def confidence(self, batch: float) -> object: ...
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """The fitted curve where speculation was measured near the batch, the prior elsewhere.
+
+    One global fit extrapolates: a slowdown measured at batch 48 alone moves its per-token cost,
+    and with it the prediction at batch 1, which no speculating pod has shown. A band changes on
+    what was measured near it; elsewhere the prior speaks until a revision measures it."""
+
+    fitted: SpeedupModel
+    prior: SpeedupModel
+    confident: Confident
+
+    def predict_speedup(
+        self, alpha: float, draft_length: int, batch: float, context_tokens: float | None = None
+    ) -> float:
+        measured = getattr(self.confident.confidence(batch), "on", 0.0)
+        model = self.fitted if measured >= MEASURED_NEAR else self.prior
+        return model.predict_speedup(alpha, draft_length, batch, context_tokens)
+
+
 @dataclass(frozen=True)
 class Verdict:
     roll: bool

@@ -9,8 +9,9 @@ picks the revision, which is rare because each change restarts every pod:
   prior's schedule capped at ``draftLength.initial``.
 - Fixed: that revision soaks for ``rollout.soak``; then Dynamic.
 - Dynamic: the best schedule for the fitted curve at the smoothed acceptance
-  (revision_policy.best_schedule) is proposed, and rolled out when it pays for the restarts
-  (revision_policy.verdict). A revision the model, fed by measurements, now finds slower than
+  (revision_policy.best_schedule) is proposed, or plain when that schedule, on the batches the
+  deployment saw and with K=0's cost inside a speculating engine, is predicted no faster than
+  plain; it rolls out when it pays for the restarts (revision_policy.verdict). A revision the model, fed by measurements, now finds slower than
   plain on the load seen skips the minimum interval.
 - Speculation off (``mode: off``, a draft that has not passed its lossless check, or a stale
   draft with ``retraining.whileStale: off``): plain pods, at once.
@@ -313,6 +314,9 @@ def step(
     if schedule is None and config.mode == "on":
         schedule = Schedule.of([[1, config.min_k], [None, 0]])
     proposed = PLAIN if schedule is None else speculating(config, schedule)
+    if config.mode != "on" and proposed.mode == "spec" and predicted(proposed) <= 1.0:
+        # the bands that pay see too little of the load to outweigh K=0's cost on the rest
+        proposed = PLAIN
     current_speed, proposed_speed = predicted(current), predicted(proposed)
     slowdown = current.mode == "spec" and current_speed < 1.0 - config.margin
     result = verdict(

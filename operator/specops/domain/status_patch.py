@@ -19,16 +19,14 @@ VOLATILE_FIELDS: dict[str, frozenset[str] | None] = {
             "predictedSpeedup",
             "measuredSpeedup",
             "smoothedAlpha",
-            "enableEvidence",
-            "evidenceAt",
+            "predictedGain",
+            "batchSeconds",  # the load seen, decayed every tick
             "calibration",  # the fit's statistics move with every sample
         }
     ),
     "observed": None,
     "baseline": None,
 }
-# ... except these, within speculation.calibration: what the pods run during a probe must show at once.
-PROBE_FIELDS = frozenset({"probing", "probeLength", "probePods", "probeKind"})
 
 
 def merge_patch(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any]:
@@ -65,9 +63,6 @@ def only_volatile(patch: Mapping[str, Any], before: Mapping[str, Any] | None = N
         if volatile is None:
             continue
         if not isinstance(value, Mapping) or any(field not in volatile for field in value):
-            return False
-        calibration = value.get("calibration") if key == "speculation" else None
-        if isinstance(calibration, Mapping) and PROBE_FIELDS & set(calibration):
             return False
     return True
 

@@ -84,11 +84,13 @@ class CanaryService:
         routers: Mapping[TrafficRouting, TrafficRouter],
         gateway_api: bool,
         rate_window_s: float = 60.0,
+        engine_deadline_s: float = 30.0,
     ) -> None:
         self.kube = kube
         self.metrics = metrics
         self.engines = engines
-        self.engine_deadline_s = 30.0
+        self.engine_deadline_s = engine_deadline_s
+        """How long one golden prompt may take on one pod (a hung pod fails the try, not the tick forever)."""
         self.reconciler = reconciler
         self.routers = routers
         self.gateway_api = gateway_api
@@ -111,9 +113,9 @@ class CanaryService:
         detected by the step itself.
         """
         repaired = await self._repair_route(resource, status)
-        if status.canary is None and status.draft.lossless_check != "Pending":
-            if any(e.variant == CANARY for e in endpoints):  # the first draft's check pod, done with
-                await self._delete_canary(resource.metadata["namespace"], resource.metadata["name"])
+        checked = status.canary is None and status.draft.lossless_check != "Pending"
+        if checked and any(e.variant == CANARY for e in endpoints):  # the first draft's check pod, done
+            await self._delete_canary(resource.metadata["namespace"], resource.metadata["name"])
         inputs = await self._gather(resource, status, endpoints, now, candidate)
         result = rollout.step(inputs)
         canary = result.status.canary or status.canary
@@ -216,8 +218,21 @@ class CanaryService:
             # Each variant's series of its own draft only: never what an earlier draft left in the window.
             stable_draft = drafts.draft_identity(drafts.stable_draft(spec.draft, status))
             canary_draft = drafts.draft_identity(drafts.draft_from_status(canary.draft, spec.draft))
-            stable = self.metrics.lookup(url, backend, namespace, name, STABLE, now, draft=stable_draft)
-            tested = self.metrics.lookup(url, backend, namespace, name, CANARY, now, draft=canary_draft)
+            # g for engines that count no verification steps (Triton, trtllm-serve, SGLang): each
+            # variant's largest K, as the control loop reads it (without it no alpha, no analysis)
+            ks = [
+                r.schedule.max_k if r.schedule else None
+                for r in (
+                    stable_revision(resource),
+                    canary_revision(resource, drafts.draft_from_status(canary.draft, spec.draft)),
+                )
+            ]
+            stable = self.metrics.lookup(
+                url, backend, namespace, name, STABLE, now, ks[0], draft=stable_draft
+            )
+            tested = self.metrics.lookup(
+                url, backend, namespace, name, CANARY, now, ks[1], draft=canary_draft
+            )
             missing = not tested.ok and await self._canary_missing(namespace, name)
             return replace(
                 inputs,

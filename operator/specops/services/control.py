@@ -32,7 +32,7 @@ from specops.domain.metrics import REASON_PENDING, Measurement
 from specops.domain.names import STABLE
 from specops.domain.profile import ProfileError, ServingProfile
 from specops.domain.records import replace
-from specops.domain.revision_policy import SpeedupModel
+from specops.domain.revision_policy import Evidence, SpeedupModel
 from specops.domain.revision_step import PRIOR_ALPHA, StepConfig, config_from_spec, step
 from specops.ports import KubeApiError, KubePort, MetricsSource
 
@@ -204,7 +204,7 @@ class ControlLoop:
             config.setup, remembered.knowledge.calibration, learn.calibration, prior_stats, previous
         )
         prior_model = profile_prior.prior_model(config.setup, learn.calibration, prior_stats)
-        model = fitted if learn.enabled else prior_model
+        model: SpeedupModel = Evidence(fitted, prior_model, fitted) if learn.enabled else prior_model
         state = cs.state_from_status(status.speculation, status.baseline, config, prior_model, now)
         current = state.revision
         mine = [e for e in endpoints if e.variant == STABLE]
@@ -275,7 +275,7 @@ class ControlLoop:
                 fitted = profile_prior.model(
                     config.setup, knowledge.calibration, learn.calibration, prior_stats, fitted.fit
                 )
-                model = fitted
+                model = Evidence(fitted, prior_model, fitted)
         else:
             knowledge = replace(knowledge, applied_length=None, applied_since=None)
 
@@ -283,11 +283,9 @@ class ControlLoop:
         decision = step(config, state, inputs, model, now)
         alpha = decision.state.alpha if decision.state.alpha is not None else PRIOR_ALPHA
         bounds = (max(1, config.min_k), max(1, config.min_k, config.max_k))
-        break_even = (
-            learning.break_even(fitted, alpha, bounds)
-            if learn.enabled
-            else learning.break_even(prior_model, alpha, bounds)
-        )
+        break_even = learning.break_even(fitted, alpha, bounds) if learn.enabled else None
+        if not learn.enabled:
+            break_even = learning.break_even(prior_model, alpha, bounds)
         prior_break_even = learning.break_even(prior_model, alpha, bounds)
         knowledge, moved = learning.announce(knowledge, break_even, prior_break_even)
         if moved is not None:
