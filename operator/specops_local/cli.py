@@ -1,6 +1,6 @@
 """`specops local ...`: the local stack as commands (loaded by `specops` only when used).
 
-- `up`: the emulated API server, Debian's Prometheus, simulated Triton pods and the operator,
+- `up`: the emulated API server, Debian's Prometheus, simulated serving engines and the operator,
   until Ctrl-C or SIGTERM; kubectl works against it with the kubeconfig it writes.
 - `demo`: the scripted scenario on a fresh stack, ending with a timeline picture.
 - `reaction`: the reaction benchmark (arguments passed through).
@@ -25,7 +25,7 @@ CONTEXT_SETTINGS: dict[str, Any] = {"help_option_names": ["-h", "--help"], "max_
 
 @click.group(context_settings=CONTEXT_SETTINGS)
 def local() -> None:
-    """The local stack: an emulated Kubernetes API, Debian's Prometheus, simulated pods, the operator."""
+    """The local stack: an emulated Kubernetes API, Debian's Prometheus, simulated engines, the operator."""
 
 
 def _require_prometheus() -> None:
@@ -137,12 +137,19 @@ def up(workdir: Path) -> None:
     help="the timeline picture (PNG; an HTML page is written beside it)",
 )
 @click.option("--live/--no-live", default=None, help="the live view (default: when stdout is a terminal)")
-def demo(fast: bool, workdir: Path | None, out: Path, live: bool | None) -> None:
-    """Run the scripted scenario: rollout, load past break-even and back, a canary, a retraining round."""
+@click.option(
+    "--backend",
+    type=click.Choice(["triton", "trtllm-serve", "vllm", "sglang"]),
+    default="triton",
+    show_default=True,
+    help="the serving engine the examples run on (simulated from the args and config files specops renders)",
+)
+def demo(fast: bool, workdir: Path | None, out: Path, live: bool | None, backend: str) -> None:
+    """Run the scripted scenario: revision rollouts, load past break-even and back, a canary, a retraining round."""
     from specops_local.demo import run_demo
 
     try:
-        result = asyncio.run(run_demo(fast=fast, workdir=workdir, picture=out, live=live))
+        result = asyncio.run(run_demo(fast=fast, workdir=workdir, picture=out, live=live, backend=backend))
     except (KeyboardInterrupt, asyncio.CancelledError):
         click.echo("Stopped.")
         sys.exit(130)
@@ -156,7 +163,7 @@ def demo(fast: bool, workdir: Path | None, out: Path, live: bool | None) -> None
 )
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 def reaction(args: tuple[str, ...]) -> None:
-    """Seconds from load passing break-even until every pod stops speculating, on the local stack."""
+    """Seconds from load passing break-even until every engine drafts K=0, on the local stack."""
     from specops_local.reaction import main
 
     sys.exit(main(list(args)))

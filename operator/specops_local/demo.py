@@ -1,7 +1,9 @@
-"""The local demo: apply the two examples, watch the rollout, push one past break-even and back.
+"""The local demo: apply the two examples, watch their revisions roll out, push one past break-even and back.
 
 Everything runs on this machine: the emulated Kubernetes API, Debian's Prometheus scraping
-simulated Triton + TensorRT-LLM pods every second, and the real operator (production handlers).
+simulated serving engines every second (``--backend``: Triton's LLM API model by default,
+trtllm-serve, vLLM or SGLang; each started from the very args and config files specops renders,
+ready a couple of seconds after it starts), and the real operator (production handlers).
 The demo is a list of scenes; each is ``async def scene_xxx(demo: Demo) -> None`` that prints a
 heading and adds lines to its summary. Append a function to ``SCENES`` to add one.
 
@@ -10,8 +12,10 @@ recorder samples the dense resource every half second. At the end it draws the t
 (``specops_local.timeline``: PNG and a self-contained HTML page), prints where, and prints a
 summary per scene.
 
-Exit status: 0 when speculation switched off past break-even and back on below it, 1 when
-something did not happen in time (the message says what), 2 when Prometheus is not installed.
+Exit status: 0 when the configuration revisions rolled out pod by pod (plain for the baseline,
+then a speculating schedule) and the engines' schedule gave K=0 past break-even and K>0 again
+below it, 1 when something did not happen in time (the message says what), 2 when Prometheus is
+not installed.
 """
 
 from __future__ import annotations
@@ -40,16 +44,17 @@ from rich.text import Text
 from specops.adapters.routing import achieved_weight, canary_replicas_for
 from specops.api import columns
 from specops.api.crd import build_crd
-from specops.api.models import API_VERSION, KIND, SpeculativeDeployment
+from specops.api.models import API_VERSION, BACKENDS, KIND, SpeculativeDeployment
 from specops.api.units import parse_duration
 from specops.domain import perf
-from specops.domain.control_status import policy_config
 from specops.domain.learning import settle_seconds
 from specops.domain.metrics import PROFILES, Q_TPOT_P50, Q_TPOT_P99, rate_window_s
+from specops.domain.revision_step import config_from_spec
 from specops.views import list_table
 from specops_local.serving import DraftBehaviour
-from specops_local.sim import LoadPoint
+from specops_local.sim import LoadPoint, SimEngine
 from specops_local.stack import (
+    RESTART_S,
     LocalStack,
     fast_resource,
     interrupt_cancels,
@@ -81,7 +86,8 @@ FAST_CANARY = {
         "maxTokens": 32,
     },
 }
-ON_OFF_REASONS = ("SpeculationDisabledHighBatch", "SpeculationEnabledLowBatch")
+REVISION_REASONS = ("BaselineRecorded", "RevisionProposed", "MeasuredSlowdown")
+"""Events of a revision change (each one a rollout of the stable pods)."""
 
 
 class DemoFailed(Exception):
@@ -94,7 +100,10 @@ class Pace:
 
     baseline: str = "5s"
     soak: str = "5s"
-    min_dwell: str = "2s"
+    min_interval: str = "10s"
+    """speculation.reconfigure.minInterval: revision changes this often at most (each restarts the pods)."""
+    restart_s: float = RESTART_S
+    """Start-to-ready seconds of every simulated engine."""
     low_hold_s: float = 6.0
     high_hold_s: float = 6.0
     settle_hold_s: float = 6.0
@@ -107,7 +116,14 @@ class Pace:
 
 
 FAST = Pace(
-    baseline="2s", soak="2s", low_hold_s=1.0, high_hold_s=1.0, settle_hold_s=2.0, measure_timeout_s=10.0
+    baseline="2s",
+    soak="2s",
+    min_interval="5s",
+    restart_s=1.0,
+    low_hold_s=1.0,
+    high_hold_s=1.0,
+    settle_hold_s=2.0,
+    measure_timeout_s=10.0,
 )
 SAMPLE_INTERVAL_S = 0.5
 LOG_LINES_SHOWN = 14
@@ -164,6 +180,7 @@ class Demo:
     stack: LocalStack
     pace: Pace
     out: TextIO
+    backend: str = "triton"
     started: float = field(default_factory=time.monotonic)
     display: Display | None = None
     timeline: Timeline = field(default_factory=lambda: Timeline(DENSE))
@@ -171,8 +188,12 @@ class Demo:
     high_load: LoadPoint = HIGH
     scene_number: int = 0
     off_after_s: float | None = None
+    """Seconds from the load passing break-even to K=0 on every engine (its schedule, no restart)."""
     on_after_s: float | None = None
+    """Seconds from the load falling to K>0 on every engine again."""
     retrained: str | None = None
+    revisions: list[str] = field(default_factory=list)
+    """The revisions the dense resource's stable pods were told to run, in order (digest: schedule)."""
 
     def __post_init__(self) -> None:
         if self.display is None:
@@ -283,8 +304,36 @@ def owned_children(stack: LocalStack) -> list[list[str]]:
 # ---------------------------------------------------------------- status lines
 
 
-def draft_tokens(demo: Demo, name: str) -> list[int]:
-    return [pod.draft_length for pod in demo.stack.pods(name)]
+def serving_engines(demo: Demo, name: str) -> list[SimEngine]:
+    """The stable variant's ready engines (a pod that is still loading drafts nothing)."""
+    return [pod for pod in demo.stack.pods(name, "stable") if pod.ready]
+
+
+def engine_k(demo: Demo, name: str) -> list[int]:
+    """The K each stable engine drafted at its last iteration (its schedule at its batch)."""
+    return [pod.k for pod in serving_engines(demo, name)]
+
+
+def pod_revisions(demo: Demo, name: str) -> list[str]:
+    """The configuration revision label of each stable pod (ready or not)."""
+    return [
+        slot.revision
+        for serving in demo.stack.serving.sets.values()
+        if serving.owner == name and serving.variant == "stable"
+        for slot in serving.slots
+    ]
+
+
+def revision_text(speculation: dict[str, Any]) -> str:
+    revision = speculation.get("revision") or {}
+    return f"{revision.get('digest', '-')} ({speculation.get('schedule') or 'none yet'})"
+
+
+def rollout_text(speculation: dict[str, Any]) -> str:
+    rollout = speculation.get("rollout")
+    if not rollout:
+        return "settled"
+    return f"rolling {rollout.get('updated', 0)}/{rollout.get('replicas', 0)}"
 
 
 async def rollout_line(demo: Demo) -> str:
@@ -292,8 +341,8 @@ async def rollout_line(demo: Demo) -> str:
     for _, name in EXAMPLES:
         speculation = (await demo.resource(name)).get("status", {}).get("speculation", {})
         parts.append(
-            f"{name}: {speculation.get('controlPhase', 'Pending'):<8} "
-            f"{speculation.get('state', 'off'):>3} pods {draft_tokens(demo, name)}"
+            f"{name}: {speculation.get('controlPhase', 'Pending'):<8} revision {revision_text(speculation)}, "
+            f"{rollout_text(speculation)}; engines K {engine_k(demo, name)}"
         )
     return " | ".join(parts)
 
@@ -301,18 +350,33 @@ async def rollout_line(demo: Demo) -> str:
 async def load_line(demo: Demo) -> str:
     status = (await demo.resource(DENSE)).get("status", {})
     speculation, observed = status.get("speculation", {}), status.get("observed", {})
-    pods = demo.stack.pods(DENSE)
+    pods = demo.stack.pods(DENSE, "stable")
     offered = pods[0].load_point.batch if pods else 0.0
     return (
-        f"offered batch {offered:>4.0f}/pod | pods num_draft_tokens {draft_tokens(demo, DENSE)} | "
-        f"sdep {speculation.get('state', '?'):>3} len {speculation.get('draftLength', '?')} "
+        f"offered batch {offered:>4.0f}/pod | engines batch {[p.batch for p in serving_engines(demo, DENSE)]} "
+        f"K {engine_k(demo, DENSE)} | schedule {speculation.get('schedule', '?')} "
         f"(seen batch {observed.get('batch', '?')}): {speculation.get('reason', '')}"
     )
 
 
 async def all_pods(demo: Demo, name: str, speculating: bool) -> bool:
-    lengths = draft_tokens(demo, name)
-    return bool(lengths) and all((n > 0) == speculating for n in lengths)
+    """Every ready stable engine drafts (K>0) or not (K=0) at the batch it carries."""
+    ks = engine_k(demo, name)
+    return bool(ks) and all((k > 0) == speculating for k in ks)
+
+
+async def on_revision(demo: Demo, name: str) -> bool:
+    """Every stable pod runs the revision status names, is ready, and no rollout is under way."""
+    speculation = (await demo.resource(name)).get("status", {}).get("speculation", {})
+    digest = (speculation.get("revision") or {}).get("digest")
+    revisions = pod_revisions(demo, name)
+    return (
+        digest is not None
+        and not speculation.get("rollout")
+        and bool(revisions)
+        and all(r == digest for r in revisions)
+        and len(serving_engines(demo, name)) == len(revisions)
+    )
 
 
 # ---------------------------------------------------------------- scenes
@@ -321,8 +385,9 @@ async def all_pods(demo: Demo, name: str, speculating: bool) -> bool:
 async def scene_apply(demo: Demo) -> None:
     stack, pace = demo.stack, demo.pace
     demo.heading(
-        f"Apply the two examples (decisions every 1 s, baseline {pace.baseline}, soak {pace.soak}, "
-        "2 replicas, the local Prometheus)",
+        f"Apply the two examples on {demo.backend} (decisions every 1 s, baseline {pace.baseline}, soak "
+        f"{pace.soak}, revisions at most every {pace.min_interval}, engines ready {pace.restart_s:g} s after "
+        "they start, the local Prometheus)",
         short="apply",
     )
     for example, name in EXAMPLES:
@@ -332,16 +397,16 @@ async def scene_apply(demo: Demo) -> None:
             namespace=stack.namespace,
             baseline=pace.baseline,
             soak=pace.soak,
-            min_dwell=pace.min_dwell,
+            min_interval=pace.min_interval,
+            backend=demo.backend,
         )
         await stack.kube.create(body)
         demo.say(f"speculativedeployment.specops.dev/{name} created")
 
     async def serving() -> bool:
-        expected = {name: 2 for _, name in EXAMPLES}
-        return {name: len(stack.pods(name)) for _, name in EXAMPLES} == expected
+        return all(len(serving_engines(demo, name)) == 2 for _, name in EXAMPLES)
 
-    await demo.watch("serving pods started", serving, lambda: rollout_line(demo), timeout_s=30)
+    await demo.watch("serving pods ready", serving, lambda: rollout_line(demo), timeout_s=30)
     demo.say()
     children = owned_children(stack)
     kinds = ",".join(sorted({row[0].lower() for row in children}))
@@ -351,42 +416,78 @@ async def scene_apply(demo: Demo) -> None:
     )
     demo.say(table([["KIND", "NAME", "OWNER"], *children]))
     demo.say()
-    demo.say("serving pods (simulated Triton, one HTTP and one metrics port each, scraped by Prometheus):")
-    rows = [["POD", "OWNER", "TRITON", "METRICS"]]
+    demo.say(
+        f"serving pods (simulated {demo.backend} engines started from the rendered command, args and config "
+        "files; API and metrics ports scraped by Prometheus):"
+    )
+    rows = [["POD", "OWNER", "REVISION", "ENGINE", "API", "METRICS"]]
     for _, name in EXAMPLES:
         rows += [
-            [pod.name, name, pod.url, pod.metrics_url.removeprefix("http://")] for pod in stack.pods(name)
+            [
+                pod.name,
+                name,
+                pod_revision(demo, pod),
+                pod.backend,
+                pod.url,
+                pod.metrics_url.removeprefix("http://"),
+            ]
+            for pod in stack.pods(name)
         ]
     demo.say(table(rows))
+    pod = next(iter(stack.pods(DENSE, "stable")), None)
+    if pod is not None:
+        stored = stack.cluster.get("pods", pod.name, namespace=stack.namespace) or {}
+        container = ((stored.get("spec") or {}).get("containers") or [{}])[0]
+        demo.say()
+        demo.say(f"$ kubectl get pod {pod.name} -o jsonpath='{{.spec.containers[0].command}} {{...args}}'")
+        demo.say(" ".join([*container.get("command", []), *container.get("args", [])]))
     demo.summarize(
-        f"{len(EXAMPLES)} resources applied; {len(children)} owned children; "
-        f"{sum(len(stack.pods(name)) for _, name in EXAMPLES)} simulated pods serving"
+        f"{len(EXAMPLES)} resources applied on {demo.backend}; {len(children)} owned children; "
+        f"{sum(len(stack.pods(name)) for _, name in EXAMPLES)} simulated engines serving"
     )
 
 
+def pod_revision(demo: Demo, pod: SimEngine) -> str:
+    for serving in demo.stack.serving.sets.values():
+        for slot in serving.slots:
+            if slot.engine is pod:
+                return slot.revision
+    return ""
+
+
 async def scene_rollout(demo: Demo) -> None:
-    demo.heading("Rollout: baseline with speculation off, a fixed soak, then dynamic tuning", short="rollout")
+    demo.heading(
+        "Revisions roll out pod by pod: plain for the baseline, then a speculating schedule that soaks, "
+        "then tuning (Dynamic)",
+        short="rollout",
+    )
     started = demo.elapsed()
 
     async def dynamic_and_speculating() -> bool:
         for _, name in EXAMPLES:
             speculation = (await demo.resource(name)).get("status", {}).get("speculation", {})
-            if speculation.get("controlPhase") != "Dynamic" or not await all_pods(demo, name, True):
+            if (
+                speculation.get("controlPhase") != "Dynamic"
+                or (speculation.get("revision") or {}).get("mode") != "spec"
+            ):
+                return False
+            if not await on_revision(demo, name) or not await all_pods(demo, name, True):
                 return False
         return True
 
     await demo.watch(
-        "both resources in the Dynamic phase and speculating",
+        "both resources in the Dynamic phase, every pod on the speculating revision in status",
         dynamic_and_speculating,
         lambda: rollout_line(demo),
         demo.pace.rollout_timeout_s,
     )
     demo.summarize(
-        f"both resources tuning (Dynamic) and speculating {demo.elapsed() - started:.1f} s after apply"
+        f"both resources tuning (Dynamic), every pod on its speculating revision "
+        f"{demo.elapsed() - started:.1f} s after apply"
     )
-    # The speedup is measured once the setting held a rate window and two decisions (the operator's
-    # settle time, about 12 s here): the window entering Dynamic still holds the baseline's
-    # samples. The MoE's sub-millisecond TPOT shows whether the latency histogram resolves it.
+    # The speedup is measured once the revision held a rate window and two decisions (the operator's
+    # settle time): the window entering Dynamic still holds the baseline's samples. The MoE's
+    # sub-millisecond TPOT shows whether the latency histogram resolves it.
     with contextlib.suppress(DemoFailed):  # the summary then shows what was measured so far
         await demo.watch(
             "measured speedups settled",
@@ -395,14 +496,22 @@ async def scene_rollout(demo: Demo) -> None:
             settle_seconds(rate_window_s(demo.stack.scrape_interval_s), demo.stack.decision_interval_s)
             + demo.pace.measure_timeout_s,
         )
+    with contextlib.suppress(DemoFailed):  # a settled rollout, for the table below
+        await demo.watch(
+            "every pod on the revision in status",
+            lambda: on_revision(demo, DENSE),
+            lambda: rollout_line(demo),
+            demo.pace.rollout_timeout_s,
+        )
     for _, name in EXAMPLES:
         status = (await demo.resource(name)).get("status", {})
         speculation, baseline = status.get("speculation", {}), status.get("baseline", {})
         demo.summarize(
             f"{name}: measured speedup {speculation.get('measuredSpeedup')}x over the baseline (modelled "
-            f"{speculation.get('predictedSpeedup')}x; TPOT p50 {baseline.get('perTokenLatencyP50')} off), "
-            f"draft length {speculation.get('draftLength')}"
+            f"{speculation.get('predictedSpeedup')}x; TPOT p50 {baseline.get('perTokenLatencyP50')} plain), "
+            f"schedule {speculation.get('schedule')}"
         )
+    demo.summarize(f"{DENSE} revisions so far: {'; '.join(demo.revisions)}")
     await print_sdeps(demo)
 
 
@@ -417,49 +526,62 @@ async def all_measured(demo: Demo) -> bool:
     return True
 
 
+def model_setup(body: dict[str, Any]) -> perf.ModelSetup:
+    """The roofline world of a resource's spec (what the operator's prior starts from)."""
+    spec = SpeculativeDeployment.model_validate(body).spec
+    return config_from_spec(spec, spec.draft).setup
+
+
 async def scene_load_cycle(demo: Demo) -> None:
     stack, pace, low, high = demo.stack, demo.pace, demo.low_load, demo.high_load
     body = await demo.resource(DENSE)
-    setup = policy_config(SpeculativeDeployment.model_validate(body).spec).setup
+    setup = model_setup(body)
     break_even = perf.best_length_break_even_batch(setup, ALPHA, 8)
+    schedule = (body.get("status") or {}).get("speculation", {}).get("schedule")
     demo.heading(f"Load on {DENSE} rises past break-even and falls again", short="load past break-even")
     demo.say(
         f"modelled at alpha {ALPHA}: best speedup {perf.best_draft_length(setup, ALPHA, low.batch, 8)[1]:.2f}x "
         f"at batch {low.batch:.0f}, none at or above batch {break_even} (the engine runs at most 256)"
     )
+    demo.say(
+        f"the engines were started with the schedule {schedule}: each applies it at every iteration, at "
+        "the batch it carries, so no restart is needed to stop or resume drafting"
+    )
     line = lambda: load_line(demo)  # noqa: E731
     await demo.hold(pace.low_hold_s, line)
+    pods_before = sorted(pod.name for pod in serving_engines(demo, DENSE))
 
     demo.say(f"--- offered load rises to {high.batch:.0f} requests per pod")
     stack.set_load(DENSE, high)
     demo.off_after_s = await demo.watch(
-        "speculation off on every pod past break-even",
+        "the engines' schedule at K=0 on every pod past break-even",
         lambda: all_pods(demo, DENSE, False),
         line,
         pace.off_timeout_s,
     )
-    demo.say(f"--- speculation off on every pod {demo.off_after_s:.1f} s after the load passed break-even")
+    demo.say(f"--- every engine drafts K=0 {demo.off_after_s:.1f} s after the load passed break-even")
     await demo.hold(pace.high_hold_s, line)
 
     demo.say(f"--- offered load falls to {low.batch:.0f} requests per pod")
     stack.set_load(DENSE, low)
     demo.on_after_s = await demo.watch(
-        "speculation back on every pod below break-even",
+        "the engines' schedule back at K>0 on every pod below break-even",
         lambda: all_pods(demo, DENSE, True),
         line,
         pace.on_timeout_s,
     )
     demo.say(
-        f"--- speculation back on every pod {demo.on_after_s:.1f} s after the load fell "
-        "(switching on waits for sustained evidence of a gain, and for the minimum dwell)"
+        f"--- every engine drafts again (K {engine_k(demo, DENSE)}) {demo.on_after_s:.1f} s after the load fell"
     )
     await demo.hold(pace.settle_hold_s, line)
+    restarted = sorted(pod.name for pod in serving_engines(demo, DENSE)) != pods_before
     demo.summarize(
         f"offered batch {low.batch:.0f} -> {high.batch:.0f} -> {low.batch:.0f} per pod (break-even {break_even})"
     )
-    demo.summarize(f"speculation off on every pod {demo.off_after_s:.1f} s after the load passed break-even")
     demo.summarize(
-        f"back on every pod {demo.on_after_s:.1f} s after it fell (sustained evidence + minimum dwell)"
+        f"K=0 on every engine {demo.off_after_s:.1f} s after the load passed break-even, K>0 again "
+        f"{demo.on_after_s:.1f} s after it fell: the schedule the engines were started with "
+        + ("(a revision rolled out meanwhile)" if restarted else "(same pods, no restart)")
     )
     await print_sdeps(demo)
 
@@ -528,11 +650,11 @@ async def scene_canary(demo: Demo) -> None:
     demo.say(
         f"steps {' -> '.join(f'{w}%' for w in CANARY_WEIGHTS)} -> promote, 6 s bake each; without an HTTPRoute "
         f"the split is by replicas: beside {stable} stable pods that is "
-        f"{' -> '.join(f'{s}%' for s in shares)} of the traffic; golden prompts must match with "
-        "speculation on and off first"
+        f"{' -> '.join(f'{s}%' for s in shares)} of the traffic; first the golden prompts must "
+        "come out of a canary engine (speculating with v4) token for token as a stable one gives them"
     )
     await stack.kube.patch(API_VERSION, KIND, stack.namespace, DENSE, {"spec": {"canary": FAST_CANARY}})
-    draft = {"version": "v4", "engine": {"uri": "pvc://engines/llama-70b-draft/v4"}}
+    draft = {"version": "v4", "uri": "pvc://models/llama-70b-draft/v4"}
     await stack.kube.patch(API_VERSION, KIND, stack.namespace, DENSE, {"spec": {"draft": draft}})
     demo.say(
         f'$ kubectl patch sdep {DENSE} --type merge -p \'{{"spec": {{"draft": {{"version": "v4", ...}}}}}}\''
@@ -612,7 +734,7 @@ async def scene_retraining(demo: Demo) -> None:
         demo.say(f"  {key}={env.get(key, '')}")
     version = env["SPECOPS_OUTPUT_VERSION"]
     demo.say("--- the trainer finishes and publishes its draft (this demo plays the Job controller)")
-    result = {"draftVersion": version, "checkpointUri": f"pvc://engines/llama-70b-draft/{version}"}
+    result = {"draftVersion": version, "checkpointUri": f"pvc://models/llama-70b-draft/{version}"}
     await stack.kube.patch(
         "batch/v1",
         "Job",
@@ -670,7 +792,7 @@ class Recorder:
     def __init__(self, demo: Demo) -> None:
         self.demo = demo
         self.prometheus = httpx.AsyncClient(base_url=demo.stack.prometheus.url, timeout=2.0)
-        queries = PROFILES["triton-trtllm"].queries(5.0)
+        queries = PROFILES[demo.backend].queries(5.0)
         self.queries = {"p50": queries[Q_TPOT_P50], "p99": queries[Q_TPOT_P99]}
         self.seen_events: set[str] = set()
         self.last_decision: str | None = None
@@ -702,7 +824,7 @@ class Recorder:
             return None
         key = (body["metadata"].get("resourceVersion", ""), round(alpha, 2))
         if key not in self._break_even:
-            setup = policy_config(SpeculativeDeployment.model_validate(body).spec).setup
+            setup = model_setup(body)
             self._break_even[key] = perf.best_length_break_even_batch(setup, round(alpha, 2), 8)
         return self._break_even[key]
 
@@ -717,8 +839,13 @@ class Recorder:
         status = body.get("status") or {}
         speculation, observed = status.get("speculation") or {}, status.get("observed") or {}
         pods = stack.pods(DENSE, "stable")
+        engines = serving_engines(demo, DENSE)
         alpha = observed.get("alpha")
         tpot = await self.tpot_ms()
+        revision = speculation.get("revision") or {}
+        seen = f"{revision.get('digest')}: {speculation.get('schedule')}"
+        if revision.get("digest") and (not demo.revisions or demo.revisions[-1] != seen):
+            demo.revisions.append(seen)
         demo.timeline.samples.append(
             Sample(
                 t=t,
@@ -726,7 +853,8 @@ class Recorder:
                 observed_batch=observed.get("batch"),
                 break_even_batch=self.break_even(body, alpha),
                 alpha=alpha,
-                draft_length=sum(p.draft_length for p in pods) / len(pods) if pods else None,
+                k=sum(p.k for p in engines) / len(engines) if engines else None,
+                schedule_k=speculation.get("draftLength"),
                 tpot_p50_ms=tpot["p50"],
                 tpot_p99_ms=tpot["p99"],
                 canary_weight=float((status.get("canary") or {}).get("weight") or 0),
@@ -777,13 +905,17 @@ class DemoResult:
     wall_s: float
     off_after_s: float | None = None
     on_after_s: float | None = None
+    revisions: list[str] = field(default_factory=list)
+    """The dense resource's revisions in order ("digest: schedule")."""
+    backend: str = "triton"
     failure: str | None = None
     picture: Path | None = None
     page: Path | None = None
     timeline: Timeline | None = None
 
     @property
-    def switched_off_and_on(self) -> bool:
+    def schedule_followed_load(self) -> bool:
+        """The engines drafted K=0 past break-even and K>0 below it."""
         return self.off_after_s is not None and self.on_after_s is not None
 
 
@@ -801,6 +933,7 @@ async def run_demo(
     scenes: Sequence[Scene] = SCENES,
     picture: Path | None = None,
     live: bool | None = None,
+    backend: str = "triton",
 ) -> DemoResult:
     """Run the scenes on a fresh local stack and draw the timeline; never raises for a failed scene.
 
@@ -820,18 +953,20 @@ async def run_demo(
         picture = (picture or workdir / "specops-demo.png").resolve()
         cleanup.enter_context(log_to_file(workdir / "operator.log"))
         print(
-            "Starting the local stack: emulated Kubernetes API, Prometheus (1 s scrape), simulated Triton "
-            "pods, the specops operator",
+            "Starting the local stack: emulated Kubernetes API, Prometheus (1 s scrape), simulated "
+            f"{backend} engines, the specops operator",
             file=out,
             flush=True,
         )
         failure: str | None = None
-        async with local_stack(workdir, load=LOW, drafts=DRAFTS) as stack:
+        pace = pace or (FAST if fast else Pace())
+        async with local_stack(workdir, load=LOW, drafts=DRAFTS, restart_s=pace.restart_s) as stack:
             display = cleanup.enter_context(Display(out, live))
             demo = Demo(
                 stack=stack,
-                pace=pace or (FAST if fast else Pace()),
+                pace=pace,
                 out=out,
+                backend=backend,
                 started=started,
                 display=display,
             )
@@ -858,15 +993,20 @@ async def run_demo(
         if live:
             print("\n".join(display.lines), file=out)
         if failure is None and not (demo.off_after_s is not None and demo.on_after_s is not None):
-            failure = "speculation was not seen switching off and back on"
+            failure = "the engines' schedule was not seen at K=0 past break-even and K>0 below it"
+            print(f"\nDEMO FAILED: {failure}", file=out, flush=True)
+        if failure is None and not any(": plain" not in seen for seen in demo.revisions):
+            failure = f"no speculating revision rolled out (revisions seen: {demo.revisions})"
             print(f"\nDEMO FAILED: {failure}", file=out, flush=True)
         print_summary(demo, out)
         png, page = draw(demo, picture)
         print(f"\nTimeline picture: {png}\n          web page: {page}", file=out, flush=True)
         if failure is None:
             print(
-                f"\nDone in {wall_s:.0f} s: speculation went off {demo.off_after_s:.1f} s after the load "
-                f"passed break-even and came back {demo.on_after_s:.1f} s after it fell.",
+                f"\nDone in {wall_s:.0f} s on {backend}: {len(demo.revisions)} revisions of {DENSE} rolled out "
+                f"pod by pod; its engines drafted K=0 {demo.off_after_s:.1f} s after the load passed "
+                f"break-even and drafted again {demo.on_after_s:.1f} s after it fell, from the schedule they "
+                "were started with.",
                 file=out,
                 flush=True,
             )
@@ -875,6 +1015,8 @@ async def run_demo(
             wall_s=wall_s,
             off_after_s=demo.off_after_s,
             on_after_s=demo.on_after_s,
+            revisions=list(demo.revisions),
+            backend=backend,
             failure=failure,
             picture=png,
             page=page,
@@ -889,9 +1031,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--workdir", type=Path, help="keep Prometheus data and operator.log here")
     parser.add_argument("--out", type=Path, help="the timeline picture (PNG; HTML beside it)")
+    parser.add_argument(
+        "--backend",
+        choices=BACKENDS,
+        default="triton",
+        help="the serving engine the examples run on (simulated): Triton's LLM API model (default), "
+        "trtllm-serve, vllm or sglang",
+    )
     args = parser.parse_args(argv)
     try:
-        result = asyncio.run(run_demo(fast=args.fast, workdir=args.workdir, picture=args.out))
+        result = asyncio.run(
+            run_demo(fast=args.fast, workdir=args.workdir, picture=args.out, backend=args.backend)
+        )
     except (KeyboardInterrupt, asyncio.CancelledError):
         print("Stopped.", flush=True)
         return 130

@@ -1,7 +1,7 @@
 """The demo's timeline: what was measured and decided, second by second, as a picture and a web page.
 
 The demo samples one resource while it runs (offered and observed batch, the model's break-even
-batch at the current acceptance, alpha, draft length, TPOT p50/p99 from Prometheus, canary weight)
+batch at the current acceptance, alpha, the K the engines drafted and the schedule's largest K, TPOT p50/p99 from Prometheus, canary weight)
 and records the decisions (status reasons and Events). ``render_png`` draws five panels sharing
 the time axis with the scenes shaded and the decisions as markers; ``render_html`` wraps the
 picture (embedded, so the page is self-contained), the per-scene summary and the decisions.
@@ -24,7 +24,10 @@ class Sample:
     observed_batch: float | None = None
     break_even_batch: float | None = None
     alpha: float | None = None
-    draft_length: float | None = None
+    k: float | None = None
+    """The K the stable engines drafted at their last iteration (their schedule at their batch), averaged."""
+    schedule_k: float | None = None
+    """The largest K of the schedule in force (0: plain pods)."""
     tpot_p50_ms: float | None = None
     tpot_p99_ms: float | None = None
     canary_weight: float | None = None
@@ -74,18 +77,22 @@ class Timeline:
         return cls(
             resource=data["resource"],
             slo_p99_ms=data.get("slo_p99_ms"),
-            samples=[Sample(**s) for s in data.get("samples", [])],
+            samples=[
+                Sample(**{k: v for k, v in s.items() if k in Sample.__dataclass_fields__})
+                for s in data.get("samples", [])
+            ],
             markers=[Marker(**m) for m in data.get("markers", [])],
             scenes=[SceneSpan(**s) for s in data.get("scenes", [])],
         )
 
 
-# Decisions worth a marker, and their colours: speculation switches, draft length, canary, retraining.
+# Decisions worth a marker, and their colours: revision rollouts, canary, retraining.
 MARKER_COLOURS = {
-    "SpeculationDisabledHighBatch": "#d62728",
-    "SpeculationEnabledLowBatch": "#2ca02c",
-    "DraftLengthIncreased": "#1f77b4",
-    "DraftLengthDecreased": "#1f77b4",
+    "BaselineRecorded": "#2ca02c",
+    "RevisionProposed": "#1f77b4",
+    "MeasuredSlowdown": "#d62728",
+    "SpeculationOff": "#7f7f7f",
+    "SpeculationHeld": "#7f7f7f",
     "CanaryStarted": "#9467bd",
     "LosslessCheckPassed": "#9467bd",
     "CanaryStepAdvanced": "#9467bd",
@@ -108,7 +115,8 @@ def _series(samples: list[Sample], name: str) -> tuple[list[float], list[float]]
 
 
 def render_png(timeline: Timeline, path: Path) -> Path:
-    """Five panels over time: batch vs break-even, alpha, draft length, TPOT vs SLO, canary weight."""
+    """Five panels over time: batch vs break-even, alpha, the K the engines drafted (and the
+    schedule's largest), TPOT vs SLO, canary weight."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -132,8 +140,11 @@ def render_png(timeline: Timeline, path: Path) -> Path:
     alpha_ax.plot(*_series(samples, "alpha"), color="#2ca02c")
     alpha_ax.set_ylabel("alpha")
     alpha_ax.set_ylim(0, 1)
-    length_ax.step(*_series(samples, "draft_length"), where="post", color="#9467bd")
-    length_ax.set_ylabel("draft length\n(0 = off)")
+    length_ax.step(
+        *_series(samples, "schedule_k"), where="post", color="#c5b0d5", ls="--", label="schedule's largest K"
+    )
+    length_ax.step(*_series(samples, "k"), where="post", color="#9467bd", label="K the engines drafted")
+    length_ax.set_ylabel("draft length K\n(0 = not drafting)")
     tpot_ax.plot(*_series(samples, "tpot_p50_ms"), label="TPOT p50", color="#1f77b4")
     tpot_ax.plot(*_series(samples, "tpot_p99_ms"), label="TPOT p99", color="#ff7f0e")
     if timeline.slo_p99_ms is not None:
@@ -174,8 +185,7 @@ def render_png(timeline: Timeline, path: Path) -> Path:
         length_ax.plot([marker.t], [0], marker="v", color=colour, ms=7, label=label, ls="none", clip_on=False)
     batch_ax.legend(loc="upper left", fontsize=8)
     tpot_ax.legend(loc="upper left", fontsize=8)
-    if seen_labels:
-        length_ax.legend(loc="upper left", fontsize=7, ncol=4)
+    length_ax.legend(loc="upper left", fontsize=7, ncol=4)
     figure.suptitle(f"specops local demo: {timeline.resource}", y=0.995)
     figure.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -203,7 +213,7 @@ def render_html(timeline: Timeline, png: Path, path: Path) -> Path:
 <style>body{{font-family:sans-serif;max-width:1200px;margin:2em auto;color:#222}}img{{width:100%}}
 td{{padding:2px 8px;vertical-align:top;font-size:90%}}.t{{color:#777;font-size:80%}}</style></head>
 <body><h1>specops local demo: {html.escape(timeline.resource)}</h1>
-<img alt="timeline of batch, break-even, alpha, draft length, TPOT and canary weight" src="data:image/png;base64,{image}">
+<img alt="timeline of batch, break-even, alpha, the engines' draft length, TPOT and canary weight" src="data:image/png;base64,{image}">
 <h2>Scenes</h2>{scenes}
 <h2>Decisions</h2><table><tr><th>time</th><th>reason</th><th>message</th></tr>{decisions}</table>
 <script type="application/json" id="timeline">{data}</script>
