@@ -1,15 +1,18 @@
 """Specs the CRD admits never crash the operator's pure code: a hypothesis property and its bench.
 
 ``bodies()`` draws SpeculativeDeployments over the whole spec (names like model names, edge
-durations and parameter counts, every draft and speculation bound, canary steps, retraining
-templates of every supported kind). Each body goes through ``CrdAdmission`` built from the
-generated CRD (defaulting, schema, CEL) first, as the API server would; only what it admits
-is checked. ``check_admitted`` then runs what the reconciler and the tick run without I/O
-(model validation, rendering of the stable and canary children, advisories, readiness,
-policy_config, the tick interval, the control policy's decisions from Baseline through
-Dynamic, the training Job) and asserts that nothing raises except the deliberate
-refusals (RenderError, TemplateError), and that every rendered name and label is one the
-API server accepts (``object_names``).
+durations and parameter counts, checkpoint URIs of every scheme (hf://ORG/NAME@REVISION
+included, and some without their revision), every backend and draft method (with and without a
+draft checkpoint), rollout bounds, every draft-length and reconfigure bound, canary steps,
+retraining templates of every supported kind). Each body goes through ``CrdAdmission`` built
+from the generated CRD (defaulting, schema, CEL) first, as the API server would; only what it
+admits is checked. ``check_admitted`` then runs what the reconciler and the tick run without I/O
+(model validation, the revision step's config, the tick interval, the revision step's decisions
+from Baseline through Dynamic with status written and read back between them
+(control_status.state_from_status), rendering of the stable and canary children for the
+revisions decided, advisories, readiness, the training Job) and asserts that nothing raises
+except the deliberate refusals (RenderError, TemplateError), and that every rendered name and
+label is one the API server accepts (``object_names``).
 
 ``specops bench fuzz [--examples N] [--json OUT]`` runs thousands of examples and reports
 how many were admitted and every crash class found (exception type and where it was raised).
@@ -35,24 +38,25 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from specops.api.models import TEMPLATE_KINDS, SpeculativeDeployment
+from specops.api.models import BACKENDS, TEMPLATE_KINDS, SpeculativeDeployment
+from specops.api.status import PodsApplied, SpeculativeDeploymentStatus
 from specops.api.units import PARAMETERS_PATTERN
-from specops.domain import control_status, drafts, lifecycle
+from specops.domain import control_status, drafts, lifecycle, profile_prior, revision_step
+from specops.domain.calibration import CalibrationConfig
+from specops.domain.engines.schedule import Revision
 from specops.domain.metrics import Measurement
 from specops.domain.names import CANARY, STABLE
-from specops.domain.policy import decide
 from specops.domain.render import RenderError, RenderOptions, render_children
 from specops.domain.retraining import TemplateError, Trigger, render_training_job
 from specops.domain.retraining.naming import output_version
+from specops.services.canary import canary_revision
 from specops.services.tick import interval_of
 from specops_local.admission import AdmissionError, CrdAdmission
 from specops_local.object_names import metadata_causes
 
 ROOT = Path(__file__).resolve().parents[2]
 CRD_PATH = ROOT / "crds" / "specops.dev_speculativedeployments.yaml"
-OPTIONS = RenderOptions(
-    bls_source="# bls\n", default_image="registry.example.com/triton:fuzz", pod_monitor=True
-)
+OPTIONS = RenderOptions(triton_model_source="# the LLM API model\n", pod_monitor=True)
 
 _UNITS = st.sampled_from(["ms", "s", "m", "h"])
 _NUMBER = st.one_of(
@@ -100,10 +104,26 @@ model_names = st.one_of(
     st.sampled_from(["llama-3.1-70b", "llama-3.1-8b", "org/model:tag", "Qwen/Qwen3-32B"]),
     st.text(min_size=1, max_size=253),
 )
-engine_uris = st.one_of(
+checkpoint_uris = st.one_of(
     st.from_regex(r"\Apvc://[a-z0-9-]{1,20}/[a-zA-Z0-9._/-]{0,40}\Z"),
-    st.from_regex(r"\A(s3|gs|file)://[a-zA-Z0-9._/-]{1,40}\Z"),
+    st.from_regex(r"\A(s3|gs)://[a-zA-Z0-9._/-]{1,40}\Z"),
+    st.from_regex(r"\Ahf://[A-Za-z0-9._-]{1,20}/[A-Za-z0-9._-]{1,30}@[A-Za-z0-9._-]{1,40}\Z"),
 )
+refused_uris = st.one_of(  # past the rules: a hub checkpoint without its revision, a scheme not served
+    st.from_regex(r"\Ahf://[A-Za-z0-9._-]{1,20}/[A-Za-z0-9._-]{1,30}\Z"),
+    st.from_regex(r"\A(file|https)://[a-zA-Z0-9._/-]{1,40}\Z"),
+)
+target_parameters = st.sampled_from(["70B", "8B", "235B", "405B", "32B", "70e9"])
+draft_parameters = st.sampled_from(["1B", "0.5B", "7B", "500M", "1.5e9", "250M"])
+
+
+@st.composite
+def uris(draw: st.DrawFn) -> str:
+    """A checkpoint URI of any scheme, now and then one the CRD refuses."""
+    return draw(refused_uris) if draw(st.integers(0, 19)) == 19 else draw(checkpoint_uris)
+
+
+methods = st.sampled_from(["draftModel", "eagle3", "mtp", "ngram"])
 versions = st.from_regex(r"\A[A-Za-z0-9]([-A-Za-z0-9_.]{0,20}[A-Za-z0-9])?\Z")
 optional = st.booleans()
 
@@ -111,42 +131,51 @@ optional = st.booleans()
 @st.composite
 def bodies(draw: st.DrawFn) -> dict[str, Any]:
     """A SpeculativeDeployment over the whole spec, mostly inside the CRD's rules, sometimes at or past them."""
-    max_draft_len = draw(st.integers(1, 32))
+    max_draft_len = draw(st.integers(1, 16)) if draw(st.integers(0, 9)) else draw(st.integers(1, 32))
     low = draw(st.integers(1, max_draft_len))
     high = draw(st.integers(low, max_draft_len))
     gpus = draw(st.sampled_from([1, 2, 4, 8, 16]))
     tensor_parallel = draw(st.sampled_from([d for d in (1, 2, 4, 8, 16) if gpus % d == 0]))
-    target_uri, draft_uri = draw(engine_uris), draw(engine_uris)
+    method = draw(methods)
+    # a checkpoint where the method loads one, mostly; now and then the other way round
+    with_checkpoint = (method in ("draftModel", "eagle3")) != (draw(st.integers(0, 9)) == 9)
+    draft: dict[str, Any] = {
+        "model": draw(model_names),
+        "version": draw(versions),
+        "method": method,
+        "kind": draw(st.sampled_from(["standalone", "expertDistilled"])),
+    }
+    if with_checkpoint:
+        draft["uri"] = draw(uris())
+    if method == "draftModel" or draw(optional):
+        draft["parameters"] = draw(draft_parameters) if draw(st.integers(0, 4)) else draw(parameters)
+    surge = draw(st.integers(0, 3))
     spec: dict[str, Any] = {
         "target": {
             "model": draw(model_names),
             "version": draw(versions),
             "architecture": draw(st.sampled_from(["dense", "moe"])),
-            "parameters": draw(parameters),
+            "parameters": draw(target_parameters) if draw(st.integers(0, 4)) else draw(parameters),
             "precision": draw(st.sampled_from(["bf16", "fp16", "fp8", "int8", "int4"])),
-            "engine": {"uri": target_uri, "maxDraftLen": max_draft_len},
+            "uri": draw(uris()),
         },
-        "draft": {
-            "model": draw(model_names),
-            "version": draw(versions),
-            "kind": draw(st.sampled_from(["standalone", "expertDistilled", "eagle"])),
-            "parameters": draw(parameters),
-            "engine": {"uri": draft_uri},
-        },
+        "draft": draft,
         "serving": {
+            "backend": draw(st.sampled_from(BACKENDS)),
             "replicas": draw(st.integers(0, 1000)),
             "gpu": {"type": draw(st.sampled_from(["H100", "H200", "A100", "L40S", "B200"])), "count": gpus},
             "tensorParallel": tensor_parallel,
-            "engineFetcherImage": "registry.example.com/fetch:1",
+            "maxSurge": surge,
+            "maxUnavailable": draw(st.integers(0 if surge else 1, 3)),
         },
         "speculation": {
             "mode": draw(st.sampled_from(["auto", "on", "off"])),
             "draftLength": {"min": low, "initial": draw(st.integers(low, high)), "max": high},
             "rollout": {"baseline": draw(durations(0, 86400)), "soak": draw(durations(0, 86400))},
-            "batchGuard": {
+            "reconfigure": {
+                "minGain": draw(st.floats(0.0, 1.0)),
+                "minInterval": draw(durations(0, 2592000)),
                 "margin": draw(st.floats(0.0, 1.0)),
-                "hysteresis": draw(st.floats(0.0, 2.0)),
-                "minDwell": draw(durations(0, 86400)),
             },
         },
         "slo": {"minAcceptance": draw(st.floats(0.0, 1.0))},
@@ -165,14 +194,23 @@ def bodies(draw: st.DrawFn) -> dict[str, Any]:
         label_values = st.one_of(st.from_regex(r"\A[A-Za-z0-9._-]{0,64}\Z"), st.text(max_size=10))
         spec["serving"]["podLabels"] = draw(st.dictionaries(label_keys, label_values, max_size=3))
         spec["serving"]["nodeSelector"] = draw(st.dictionaries(label_keys, label_values, max_size=2))
+    if draw(st.integers(0, 9)):  # mostly: every uri but pvc:// needs it
+        spec["serving"]["checkpointFetcherImage"] = "registry.example.com/fetch-checkpoint:1"
+    if draw(optional):
+        spec["serving"]["image"] = draw(
+            st.sampled_from(
+                ["registry.example.com/engine:1", "vllm/vllm-openai:v0.11.0", "engine@sha256:" + "a" * 64]
+            )
+        )
     if draw(optional):
         spec["target"]["activeParameters"] = draw(parameters)
     if draw(optional):
         spec["slo"]["perTokenLatencyP99"] = draw(durations(0.001, 60))
     if draw(optional):
-        off_above = draw(st.integers(1, 100_000))
-        spec["speculation"]["batchGuard"]["offAbove"] = off_above
-        spec["speculation"]["batchGuard"]["onBelow"] = draw(st.integers(0, off_above - 1))
+        spec["speculation"]["calibration"] = {
+            "enabled": draw(st.booleans()),
+            "halfLife": draw(durations(60, 604800)),
+        }
     if draw(optional):
         api_version, kind = draw(st.sampled_from(TEMPLATE_KINDS))
         spec["retraining"] = {
@@ -216,18 +254,22 @@ def _names_refused(children: list[dict[str, Any]]) -> list[str]:
     ]
 
 
-def _decide_through_every_phase(resource: SpeculativeDeployment) -> None:
-    """The control loop's pure decisions from a fresh start through baseline, soak and tuning."""
+def _decide_through_every_phase(resource: SpeculativeDeployment, *, off_reason: str | None) -> list[Revision]:
+    """The revision step's pure decisions from a fresh start through baseline, soak and tuning, its
+    state written to status and read back between steps as a restart would; the revisions decided."""
     spec = resource.spec
-    config = control_status.policy_config(spec)
-    start = datetime(2026, 12, 1, tzinfo=UTC)
-    state = control_status.state_from_status(
-        resource.status.speculation, resource.status.baseline, config, start
+    config = revision_step.config_from_spec(
+        spec, drafts.stable_draft(spec.draft, resource.status), off_reason=off_reason
     )
+    model = profile_prior.prior_model(config.setup, CalibrationConfig(), None)
+    start = datetime(2026, 12, 1, tzinfo=UTC)
+    status = resource.status
     step = max(spec.seconds(spec.metrics.interval), 1.0)
     horizon = spec.seconds(spec.speculation.rollout.baseline) + spec.seconds(spec.speculation.rollout.soak)
     moments = [start + timedelta(seconds=t) for t in (0.0, step, horizon + step, horizon + 10 * step)]
+    revisions = []
     for index, moment in enumerate(moments):
+        state = control_status.state_from_status(status.speculation, status.baseline, config, model, moment)
         measurement = Measurement(
             phase="Ok",
             at=moment,
@@ -242,9 +284,27 @@ def _decide_through_every_phase(resource: SpeculativeDeployment) -> None:
             tpot_p99_s=0.03,
             pods_reporting=1,
         )
-        observation = control_status.observation_from(measurement)
-        decision = decide(config, state, observation, moment)
-        state = decision.state
+        inputs = control_status.inputs_from(measurement, rollout_running=index == 1, canary_running=False)
+        decision = revision_step.step(config, state, inputs, model, moment)
+        revision = decision.state.revision
+        assert revision.mode == "plain" or revision.schedule is not None, revision
+        if revision.schedule is not None:
+            assert revision.schedule.max_k <= max(1, config.max_k), (revision.describe(), config.max_k)
+        pods = PodsApplied(desired=spec.serving.replicas, applied=0)
+        speculation = control_status.speculation_status(decision, inputs, moment, pods, None)
+        written = status.model_copy(
+            update={
+                "speculation": speculation,
+                "baseline": control_status.baseline_status(decision.state, status.baseline),
+            }
+        )
+        # what status holds is what the next tick reads: the wire form and back
+        status = SpeculativeDeploymentStatus.from_wire(written.to_wire())
+        assert control_status.revision_from_status(status.speculation.revision) == revision, (
+            revision.describe()
+        )
+        revisions.append(revision)
+    return revisions
 
 
 def check_admitted(body: Mapping[str, Any]) -> None:
@@ -260,15 +320,16 @@ def check_admitted(body: Mapping[str, Any]) -> None:
         seconds = spec.seconds(duration)
         assert 0 <= seconds <= 30 * 86400, f"{duration} -> {seconds}"
     lifecycle.advisories(spec)
-    control_status.policy_config(spec, draft_stale=True)
     drafts.draft_to_status(spec.draft, "Spec")
     assert 1.0 <= interval_of(dict(body), 15.0) <= 3600.0
-    _decide_through_every_phase(resource)
-    for variant in (STABLE, CANARY):
+    _decide_through_every_phase(resource, off_reason="the draft is stale")
+    revisions = _decide_through_every_phase(resource, off_reason=None)
+    draft = drafts.stable_draft(spec.draft, resource.status)
+    renders = [(STABLE, revision) for revision in {r.digest: r for r in revisions}.values()]
+    renders.append((CANARY, canary_revision(resource, draft)))
+    for variant, revision in renders:
         try:
-            children = render_children(
-                resource, OPTIONS, variant=variant, draft=drafts.stable_draft(spec.draft, resource.status)
-            )
+            children = render_children(resource, OPTIONS, revision, variant=variant, draft=draft)
         except RenderError:
             continue
         refused = _names_refused(children)

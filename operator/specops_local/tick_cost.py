@@ -3,17 +3,20 @@
 `specops bench scale` measures the operator as its own process at 2,000 resources, but a run takes
 half an hour and the machine's speed moves its figure by a fifth from one run to the next: it
 cannot resolve a change of a few per cent. This benchmark runs the production tick
-(`Services.tick`: the typed resource, the control loop with calibration, probes and the
-break-even, retraining and canary parts, the status diff and write, the operator's per-resource
-metrics) for N resources on a simulated clock, in one process, and reports the CPU per
-resource-tick. What it leaves out is what the scale bench adds: Kopf's watches and daemons,
-decoding Prometheus's answers, HTTP to the pods.
+(`Services.tick`: the typed resource, the control loop with calibration, the revision step and
+the break-even, retraining and canary parts, the status diff and write, a revision change's
+re-render of the stable Deployment, the operator's per-resource metrics) for N resources on a
+simulated clock, in one process, and reports the CPU per resource-tick. What it leaves out is
+what the scale bench adds: Kopf's watches and daemons, decoding Prometheus's answers, HTTP to the
+pods.
 
 The world is hidden from the operator, as in the policy benchmark: each resource's pod serves a
 shipped serving profile (not the roofline the operator starts from) at its own mean batch, and
 reads noisy as a pod farm's pods do (token latency x exp(N(0, 0.1)), batch N(mean, sqrt(mean)),
-acceptance N(0.8, 0.05)). The API server is the emulated one, in this process; its share of the
-CPU (the status writes the ticks make) is measured apart and left out of the figure.
+acceptance N(0.8, 0.05)), drafting the K its revision's schedule gives at the batch it carries.
+A revision change rolls out at once (the pod carries the new revision at the next tick). The API
+server is the emulated one, in this process; its share of the CPU (the status writes the ticks
+make) is measured apart and left out of the figure.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import collections
 import contextlib
 import copy
 import cProfile
+import dataclasses
 import functools
 import gc
 import hashlib
@@ -33,7 +37,7 @@ import random
 import sys
 import tempfile
 import time
-from collections.abc import Hashable, Iterator, Mapping, Sequence
+from collections.abc import Hashable, Iterator, Mapping
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -43,17 +47,18 @@ import yaml
 
 from specops.adapters import operator_metrics
 from specops.api.crd import build_crd
+from specops.api.status import RevisionStatus
 from specops.cli_output import write_json
+from specops.domain.control_status import revision_from_status
 from specops.domain.discovery import PodEndpoint, ready_endpoint
+from specops.domain.engines.schedule import PLAIN, Revision
 from specops.domain.metrics import Measurement, PodMeasurement
 from specops.domain.names import LABEL_DEPLOYMENT, label_value
 from specops.domain.profile import ServingProfile
-from specops.ports import FleetResult
 from specops.profiles import load_builtin
 from specops.services import tick as tick_module
 from specops.services.container import Services, build_services
 from specops_local.cluster import EmulatedCluster, emulated_cluster
-from specops_local.model_control import AcceptingModelControl
 from specops_local.scale import DEFAULT_ROLLOUT, EXAMPLE
 from specops_local.stack import EXAMPLES, environment, operator_environment
 
@@ -80,7 +85,10 @@ class TickCostResult:
     events_per_cycle: float
     rested_share: float
     """The share of ticks that found their resource at rest and decided nothing
-    (services.tick.SETTLED_DECISIONS_PER_S, paced as in `--fleet`)."""
+    (services.tick.SETTLED_DECISIONS_PER_S, paced as in `--fleet`; the control loop keeps no rest
+    now, so this reads 0)."""
+    rollouts_per_cycle: float
+    """Revision changes (stable Deployment re-rendered) per cycle over the measured cycles."""
     status_digest: str
     """A hash of every resource's status at the end: the same code and seed give the same digest,
     so a change meant to cost less without deciding differently can be checked to keep it."""
@@ -89,14 +97,15 @@ class TickCostResult:
 class ProfiledWorld:
     """Metrics of pods that serve a profile the operator does not know, noisy as real pods read.
 
-    The setting in force is what the control loop last pushed to the pods (``ModelControl``),
-    so a length the loop chooses shows in the next measurement, as on a real pod."""
+    Each resource's pod runs the revision its Deployment names (``revisions``: rolled out at
+    once), drafting the K the revision's schedule gives at the batch it carries, so a revision
+    the loop chooses shows in the next measurement, as on a real pod."""
 
     def __init__(self, profile: ServingProfile, seed: int) -> None:
         self.profile = profile
         self.random = random.Random(seed)
         self.mean_batch: dict[tuple[str, str], float] = {}
-        self.setting: dict[str, int] = {}  # pod name -> num_draft_tokens
+        self.revisions: dict[str, Revision] = {}  # pod name -> the revision it runs
         # what each resource read at its last tick: one scrape reads the same however often it is looked up
         self.read: dict[tuple[str, str], tuple[datetime, Measurement]] = {}
 
@@ -129,12 +138,16 @@ class ProfiledWorld:
             (namespace, name), math.exp(self.random.uniform(0.0, math.log(256)))
         )
         pod = f"{label_value(name)}-pod"
-        length = self.setting.get(pod, 0)
+        revision = self.revisions.get(pod, PLAIN)
         batch = max(1.0, self.random.gauss(mean, math.sqrt(mean)))
+        length = revision.schedule.k_at(batch) if revision.schedule is not None else 0
         alpha = min(0.99, max(0.05, self.random.gauss(0.8, 0.05)))
-        ms = (
-            self.profile.per_token_ms(alpha, length, batch) if length > 0 else self.profile.plain_ms_at(batch)
-        )
+        if length > 0:
+            ms = self.profile.per_token_ms(alpha, length, batch)
+        elif revision.mode == "spec":  # K=0 inside a speculating engine is not plain
+            ms = self.profile.k0_ms_at(batch)
+        else:
+            ms = self.profile.plain_ms_at(batch)
         tpot = ms / 1000.0 * math.exp(self.random.gauss(0.0, 0.1))
         return Measurement(
             phase="Ok",
@@ -155,23 +168,6 @@ class ProfiledWorld:
 
     async def close(self) -> None:
         return None
-
-
-class WorldModelControl(AcceptingModelControl):
-    """Model control whose pods take every setting at once, and tell the world what they run."""
-
-    def __init__(self, world: ProfiledWorld) -> None:
-        self.world = world
-
-    async def apply_to_all(
-        self, endpoints: Sequence[PodEndpoint], *, num_draft_tokens: int | None = None, **_: Any
-    ) -> FleetResult:
-        changed = 0
-        for endpoint in endpoints:
-            if num_draft_tokens is not None and self.world.setting.get(endpoint.name) != num_draft_tokens:
-                self.world.setting[endpoint.name] = num_draft_tokens
-                changed += 1
-        return FleetResult(desired=len(endpoints), applied=len(endpoints), changed=changed)
 
 
 def _resource(index: int, namespace: str) -> dict[str, Any]:
@@ -212,7 +208,7 @@ def _ready(cluster: EmulatedCluster, namespace: str) -> dict[str, PodEndpoint]:
                 "labels": labels,
                 "uid": f"pod-{index}",
             },
-            "spec": {"containers": [{"name": "triton", "ports": [{"containerPort": 8000}]}]},
+            "spec": {"containers": [{"name": "engine", "ports": [{"name": "http", "containerPort": 8000}]}]},
             "status": {"podIP": "127.0.0.1", "conditions": [{"type": "Ready", "status": "True"}]},
         }
         endpoint = ready_endpoint(pod)
@@ -230,7 +226,7 @@ class _Fleet:
         services: Services,
         world: ProfiledWorld,
         names: list[str],
-        endpoints: Mapping[str, PodEndpoint],
+        endpoints: dict[str, PodEndpoint],
     ) -> None:
         self.endpoints = endpoints
         self.cluster = cluster
@@ -242,6 +238,7 @@ class _Fleet:
         self.writes = 0
         self.events = 0
         self.rested = 0
+        self.rollouts = 0
         self.reasons: collections.Counter[str] = collections.Counter()
 
     async def cycle(self, interval_s: float) -> None:
@@ -271,6 +268,20 @@ class _Fleet:
                 operator_metrics.observe_status(
                     self.cluster.namespace, name, shown or {}, outcome.body.get("spec")
                 )
+                self._roll(name, shown or {})
+
+    def _roll(self, name: str, status: Mapping[str, Any]) -> None:
+        """The Deployment controller and kubelet at once: the pod runs the revision status names
+        (the stable Deployment the tick re-rendered with it) from the next tick on."""
+        recorded = (status.get("speculation") or {}).get("revision")
+        owner = label_value(name)
+        endpoint = self.endpoints[owner]
+        if not recorded or recorded.get("digest") == endpoint.revision:
+            return
+        revision = revision_from_status(RevisionStatus.model_validate(recorded))
+        self.world.revisions[endpoint.name] = revision if revision is not None else PLAIN
+        self.endpoints[owner] = dataclasses.replace(endpoint, revision=str(recorded["digest"]))
+        self.rollouts += 1
 
 
 def _at(moment: datetime) -> datetime:
@@ -349,8 +360,6 @@ async def _measure(
                 services.control.metrics = world
                 services.canary.metrics = world
                 services.metrics = world  # type: ignore[assignment]
-                for service in (services.control, services.canary):
-                    service.triton = WorldModelControl(world)
                 names = []
                 for index in range(resources):
                     body = cluster.create("speculativedeployments", _resource(index, cluster.namespace))
@@ -363,7 +372,7 @@ async def _measure(
                 for _ in range(settle_cycles):
                     await fleet.cycle(interval_s)
                 gc.collect()
-                fleet.writes = fleet.events = fleet.rested = 0
+                fleet.writes = fleet.events = fleet.rested = fleet.rollouts = 0
                 fleet.reasons.clear()
                 services.ticker.rest_ends.clear()
                 profiler = cProfile.Profile() if profile_out is not None else None
@@ -401,6 +410,7 @@ async def _measure(
         status_writes_per_cycle=round(fleet.writes / cycles, 2),
         events_per_cycle=round(fleet.events / cycles, 2),
         rested_share=round(fleet.rested / ticks, 3),
+        rollouts_per_cycle=round(fleet.rollouts / cycles, 2),
         status_digest=digest.hexdigest()[:16],
     )
 
