@@ -305,12 +305,6 @@ def cells(lengths: Sequence[int]) -> list[Cell]:
     return out
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="ServingProfile.best_length scans K from 1 and round_ms_at raises below the shortest "
-    "profiled length, so `specops plan --profile` fails on a profile without K=1 "
-    "(domain/profile.py: start the scan at the shortest profiled length)",
-)
 def test_plan_reads_a_profile_without_k1(tmp_path: Path) -> None:
     path = tmp_path / "measured.json"
     path.write_text(json.dumps(build_profile("no-k1", cells([2, 4]))))

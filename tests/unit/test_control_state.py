@@ -39,7 +39,7 @@ class Flat:
 def test_the_step_config_reads_the_spec() -> None:
     config = config_from_spec(spec(), spec().draft)
     assert (config.min_k, config.initial_k, config.max_k) == (1, 4, 8)
-    assert config.baseline_s == 600 and config.soak_s == 1800 and config.min_interval_s == 1800
+    assert config.baseline_s == 300 and config.soak_s == 600 and config.min_interval_s == 1800
     assert config.min_gain == 0.03 and config.method == "draftModel"
     assert config.setup.gpu.name == "H100" and config.setup.tensor_parallel == 4
     assert config.setup.target_params == 70e9 and config.setup.draft_params == 7e9
@@ -128,7 +128,7 @@ def test_a_plain_pod_with_a_paying_curve_waits_for_its_baseline_then_speculates(
         state = decision.state
         if decision.changed:
             break
-    assert minute == 10 and decision.changed  # after rollout.baseline (10m), not before
+    assert minute == 5 and decision.changed  # after rollout.baseline (5m), not before
     assert state.phase == "Fixed" and state.revision.mode == "spec"
     assert decision.reason == "BaselineRecorded" and "plain p50 20.00 ms/token" in decision.message
 

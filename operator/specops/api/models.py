@@ -538,12 +538,12 @@ class DraftLength(ApiModel):
 
 class Rollout(ApiModel):
     baseline: PhaseDuration = Field(
-        default="10m",
+        default="5m",
         description="How long the pods first run plain (started without speculation) so plain speed at "
         "the deployment's own load is measured before the first speculating revision; 0s: speculate at once.",
     )
     soak: PhaseDuration = Field(
-        default="30m",
+        default="10m",
         description="How long the first speculating revision runs before the loop may propose another.",
     )
 

@@ -132,7 +132,7 @@ class RevisionStatus(ApiModel):
     method: str | None = Field(default=None, description="draftModel, eagle3, mtp or ngram.")
     draft: str | None = Field(default=None, description="The draft the pods load (its identity).")
     schedule: list[ScheduleBand] = Field(
-        default_factory=list, max_length=16, description="Batch bands to draft length, ascending."
+        default_factory=list, max_length=32, description="Batch bands to draft length, ascending."
     )
     description: str = Field(default="", description="The revision in words.")
 
@@ -181,9 +181,14 @@ class SpeculationStatus(ApiModel):
         default_factory=PodsApplied, description="Stable pods on the revision in force."
     )
     rollout: RolloutStatus | None = Field(default=None, description="The revision rolling out now.")
+    k0_cost: float | None = Field(
+        default=None,
+        description="Measured per-token cost of K=0 inside a speculating engine against plain (empty: "
+        "not measured yet; 0.05 is assumed).",
+    )
     batch_seconds: list[float] = Field(
         default_factory=list,
-        max_length=16,
+        max_length=32,
         description="Decayed seconds the pods spent per batch band (the load a revision is judged on).",
     )
     calibration: CalibrationStatus = Field(

@@ -53,11 +53,11 @@ from specops import profiles
 from specops.api.models import SpeculativeDeployment
 from specops.api.units import parse_duration
 from specops.cli_output import write_json
-from specops.domain import learning, profile_prior, revision_step
+from specops.domain import learning, profile_prior, revision_policy, revision_step
+from specops.domain.calibration import CalibrationState
 from specops.domain.engines.schedule import PLAIN, Revision, Schedule
 from specops.domain.perf import GPUS, ModelSetup, expected_tokens
 from specops.domain.profile import ServingProfile, profile_from_setup
-from specops.domain.records import replace
 from specops.domain.revision_policy import BAND_EDGES
 
 BATCH_NOISE_SIGMA = 0.05
@@ -351,6 +351,30 @@ def _window_measurement(
     )
 
 
+def _pod_readings(
+    run: Run, pods: Sequence[Pod], window: range, alpha: float | None, rng: random.Random
+) -> list[learning.PodReading]:
+    """Each pod's own window (seconds it served on its revision), noisy as the contract says."""
+    readings = []
+    for i, pod in enumerate(pods):
+        served = [
+            run.seconds[t][i]
+            for t in range(max(0, window.start), window.stop)
+            if run.seconds[t][i].mode != "down" and run.configs[t][i] == pod.revision.digest
+        ]
+        if len(served) < len(window):
+            continue  # down or on another revision for part of the window
+        load = sum(x.batch for x in served)
+        if load <= 0:
+            continue
+        batch = load / len(served) * (1 + rng.gauss(0.0, BATCH_NOISE_SIGMA))
+        tpot = sum(x.batch * (x.tpot_ms or 0.0) for x in served) / load
+        tpot_s = tpot * (1 + rng.gauss(0.0, TPOT_NOISE_SIGMA)) / 1e3
+        drafted = alpha if pod.revision.mode == "spec" else None
+        readings.append(learning.PodReading(f"pod-{i}", pod.revision, max(0.0, batch), tpot_s, drafted))
+    return readings
+
+
 def replay(
     world: World,
     trace: Sequence[TracePoint],
@@ -376,7 +400,8 @@ def replay(
         rate_window_s=interval_s,
     )
     prior = profile_prior.prior_model(config.setup, learn.calibration, None)
-    knowledge = learning.LearningState()
+    calibration = CalibrationState()
+    tracks: dict[str, learning.PodTrack] = {}
     fitted = prior
     state = revision_step.initial_state(config, prior, EPOCH)
     run = Run(world, list(trace), replicas)
@@ -392,29 +417,26 @@ def replay(
         if s % step_every == 0 and s > 0:
             target = state.revision
             rollout_running = any(p.revision != target or p.ready_at > s for p in pods)
-            batch, alpha, tpot_s = _window_measurement(
-                run, range(replicas), s - 2 * step_every, s - step_every, rng
+            window = range(s - 2 * step_every, s - step_every)
+            batch, alpha, tpot_s = _window_measurement(run, range(replicas), window.start, window.stop, rng)
+            # each pod's own window, as the operator reads it per pod (the same learning as ControlLoop.tick)
+            readings = _pod_readings(run, pods, window, alpha, rng)
+            tracks = learning.track_pods(tracks, readings, learn, now)
+            learned, at_zero = learning.learn_pods(calibration, readings, tracks, config.setup, learn, now)
+            if learned is not calibration:
+                calibration = learned
+                fitted = profile_prior.model(config.setup, calibration, learn.calibration, None, fitted.fit)
+            model: revision_policy.SpeedupModel = (
+                revision_policy.Evidence(fitted, prior, fitted) if learn.enabled else prior
             )
-            if batch is not None and tpot_s is not None and not rollout_running:
-                k = target.schedule.k_at(batch) if target.schedule else 0
-                spec_at_zero = target.mode == "spec" and k == 0
-                knowledge = learning.track_load(knowledge, batch, learn, now)
-                knowledge = learning.applied(knowledge, -1 if spec_at_zero else k, now)
-                if not spec_at_zero:
-                    seen = learning.Observed(batch=batch, tpot_s=tpot_s, alpha=alpha)
-                    knowledge = learning.observe(knowledge, seen, config.setup, learn, now)
-                fitted = profile_prior.model(
-                    config.setup, knowledge.calibration, learn.calibration, None, fitted.fit
-                )
-            elif rollout_running:
-                knowledge = replace(knowledge, applied_length=None, applied_since=None)
             inputs = revision_step.StepInputs(
                 batch=batch,
                 alpha=alpha if target.mode == "spec" else None,
                 tpot_p50_s=tpot_s,
                 rollout_running=rollout_running,
+                k0_ratios=tuple(learning.k0_ratios(at_zero, fitted)) if learn.enabled else (),
             )
-            decision = revision_step.step(config, state, inputs, fitted if learn.enabled else prior, now)
+            decision = revision_step.step(config, state, inputs, model, now)
             state = decision.state
             if decision.changed:
                 run.revisions[state.revision.digest] = state.revision

@@ -98,10 +98,17 @@ def state_from_status(
         batch_seconds=tuple(speculation.batch_seconds),
         decided_at=speculation.last_decision_time,
         baseline=recorded,
+        k0_cost=speculation.k0_cost,
     )
 
 
-def inputs_from(measurement: Measurement, *, rollout_running: bool, canary_running: bool) -> StepInputs:
+def inputs_from(
+    measurement: Measurement,
+    *,
+    rollout_running: bool,
+    canary_running: bool,
+    k0_ratios: tuple[float, ...] = (),
+) -> StepInputs:
     return StepInputs(
         batch=measurement.batch,
         alpha=measurement.alpha,
@@ -111,6 +118,7 @@ def inputs_from(measurement: Measurement, *, rollout_running: bool, canary_runni
         tokens_per_s=measurement.tokens_per_s,
         rollout_running=rollout_running,
         canary_running=canary_running,
+        k0_ratios=k0_ratios,
     )
 
 
@@ -155,6 +163,7 @@ def speculation_status(
         pods=pods,
         rollout=rollout,
         batch_seconds=list(state.batch_seconds),
+        k0_cost=state.k0_cost,
     )
 
 

@@ -13,6 +13,7 @@ Pure: times come in as datetimes (seconds since the Unix epoch inside the calibr
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -26,6 +27,7 @@ from specops.domain.calibration import (
     StepSample,
     update,
 )
+from specops.domain.engines.schedule import Revision
 from specops.domain.perf import ModelSetup
 from specops.domain.records import replace
 
@@ -275,3 +277,104 @@ def to_status(
             updated_at=c.updated_at_s,
         ),
     )
+
+
+# ------------------------------------------------------------------ per-pod readings
+
+
+@dataclass(frozen=True)
+class PodReading:
+    """One pod's window: the revision it runs, its batch and mean per-token latency, its acceptance."""
+
+    pod: str
+    revision: Revision
+    batch: float
+    tpot_s: float | None
+    alpha: float | None
+
+
+@dataclass(frozen=True)
+class PodTrack:
+    """What learning remembers of one pod between decisions (in memory only)."""
+
+    revision: str
+    since: datetime
+    batches: tuple[tuple[float, float], ...] = ()
+    """(seconds since the epoch, batch) of the decisions within the last settle window."""
+
+
+def track_pods(
+    tracks: Mapping[str, PodTrack], readings: Sequence[PodReading], config: LearningConfig, now: datetime
+) -> dict[str, PodTrack]:
+    """Each reading's pod: since when it runs its revision, and its recent batches (gone pods drop out)."""
+    now_s = now.timestamp()
+    kept: dict[str, PodTrack] = {}
+    for reading in readings:
+        track = tracks.get(reading.pod)
+        if track is None or track.revision != reading.revision.digest:
+            track = PodTrack(reading.revision.digest, now)
+        recent = tuple(p for p in track.batches if now_s - p[0] <= config.settle_s and p[0] < now_s)
+        kept[reading.pod] = PodTrack(track.revision, track.since, (*recent, (now_s, reading.batch)))
+    return kept
+
+
+def pod_settled(track: PodTrack, config: LearningConfig, now: datetime) -> bool:
+    """The pod ran its revision a full window, at a load that held over it (see load_held)."""
+    if (now - track.since).total_seconds() < config.settle_s:
+        return False
+    points = track.batches
+    if not points or now.timestamp() - points[0][0] < config.settle_s / 2:
+        return False
+    batches = [b for _, b in points]
+    return min(batches) > 0 and max(batches) / min(batches) <= LOAD_SPREAD
+
+
+def learn_pods(
+    calibration: CalibrationState,
+    readings: Sequence[PodReading],
+    tracks: Mapping[str, PodTrack],
+    setup: ModelSetup,
+    config: LearningConfig,
+    now: datetime,
+) -> tuple[CalibrationState, list[PodReading]]:
+    """Each settled pod's window as one calibration sample at the K its schedule gave at its batch.
+
+    A speculating pod at K=0 is not plain (the drafter still runs): it is returned apart, for the
+    K=0 cost, and never fitted as plain. A pod whose acceptance is unknown while drafting is skipped."""
+    at_zero: list[PodReading] = []
+    if not config.enabled:
+        return calibration, at_zero
+    for reading in readings:
+        track = tracks.get(reading.pod)
+        if (
+            track is None
+            or not pod_settled(track, config, now)
+            or reading.tpot_s is None
+            or reading.batch <= 0
+        ):
+            continue
+        schedule = reading.revision.schedule
+        k = schedule.k_at(reading.batch) if schedule is not None else 0
+        if reading.revision.mode == "spec" and k == 0:
+            at_zero.append(reading)
+            continue
+        if k > 0 and reading.alpha is None:
+            continue
+        sample = StepSample(reading.batch, k, reading.tpot_s, reading.alpha if k else None)
+        calibration = update(calibration, sample, setup, now.timestamp(), config.calibration)
+    return calibration, at_zero
+
+
+def k0_ratios(
+    at_zero: Sequence[PodReading], fitted: CalibratedModel, min_plain_samples: float = 1.0
+) -> list[float]:
+    """Latency of speculating pods at K=0 over the fitted plain latency at their batch, where plain
+    was measured near that batch: what K=0 inside a speculating engine costs here."""
+    ratios = []
+    for reading in at_zero:
+        if reading.tpot_s is None or fitted.confidence(reading.batch).off < min_plain_samples:
+            continue
+        plain_s = fitted.step_s(0, reading.batch)
+        if plain_s > 0:
+            ratios.append(reading.tpot_s / plain_s)
+    return ratios

@@ -191,7 +191,7 @@ class ServingProfile:
         """The draft length (0 = off) with the highest realised speedup at this alpha and batch."""
         top = self.max_length if max_length is None else min(max_length, self.max_length)
         best_g, best_s = 0, 1.0
-        for g in range(1, top + 1):
+        for g in (length for length in self.lengths if length <= top):
             s = self.speedup(alpha, g, batch)
             if s > best_s:
                 best_g, best_s = g, s

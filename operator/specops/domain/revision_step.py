@@ -7,7 +7,8 @@ picks the revision, which is rare because each change restarts every pod:
 - Baseline: the pods run plain for ``rollout.baseline`` so plain speed at the deployment's
   own load is measured; then the first speculating revision rolls out (phase Fixed) with the
   prior's schedule capped at ``draftLength.initial``.
-- Fixed: that revision soaks for ``rollout.soak``; then Dynamic.
+- Fixed: that revision soaks for ``rollout.soak`` (ended early when it is measured slower than
+  plain on the load seen); then Dynamic.
 - Dynamic: the best schedule for the fitted curve at the smoothed acceptance
   (revision_policy.best_schedule) is proposed, or plain when that schedule, on the batches the
   deployment saw and with K=0's cost inside a speculating engine, is predicted no faster than
@@ -34,6 +35,7 @@ from specops.domain.engines.schedule import PLAIN, Revision, Schedule
 from specops.domain.records import replace
 from specops.domain.revision_policy import (
     BAND_EDGES,
+    DEFAULT_K0_COST,
     SpeedupModel,
     best_schedule,
     expected_speedup,
@@ -47,6 +49,9 @@ ALPHA_WEIGHT = 0.2
 """Weight of a new acceptance measurement in the smoothed value."""
 BASELINE_SAMPLES = 3
 """Plain measurements the Baseline phase waits for, besides its duration."""
+K0_WEIGHT = 0.2
+"""Weight of a new K=0 cost reading in the smoothed value."""
+K0_COST_MAX = 1.0
 
 
 @dataclass(frozen=True)
@@ -88,6 +93,9 @@ class StepState:
     batch_seconds: tuple[float, ...] = ()
     decided_at: datetime | None = None
     baseline: Baseline = Baseline()
+    k0_cost: float | None = None
+    """What K=0 inside a speculating engine costs per token against plain, as measured (None: the
+    assumed DEFAULT_K0_COST)."""
 
 
 @dataclass(frozen=True)
@@ -100,6 +108,8 @@ class StepInputs:
     tokens_per_s: float | None = None
     rollout_running: bool = False
     canary_running: bool = False
+    k0_ratios: tuple[float, ...] = ()
+    """Speculating pods at K=0: their latency over the fitted plain latency at their batch."""
 
 
 @dataclass(frozen=True)
@@ -231,12 +241,17 @@ def step(
             else (1 - ALPHA_WEIGHT) * state.alpha + ALPHA_WEIGHT * inputs.alpha
         )
         state = replace(state, alpha=round(smoothed, 4))
+    for ratio in inputs.k0_ratios:
+        cost = min(K0_COST_MAX, max(0.0, ratio - 1.0))
+        previous = state.k0_cost if state.k0_cost is not None else DEFAULT_K0_COST
+        state = replace(state, k0_cost=round((1 - K0_WEIGHT) * previous + K0_WEIGHT * cost, 4))
     alpha = state.alpha if state.alpha is not None else PRIOR_ALPHA
     seen = batches_seen(state, inputs.batch)
     current = state.revision
+    k0_cost = state.k0_cost if state.k0_cost is not None else DEFAULT_K0_COST
 
     def predicted(revision: Revision) -> float:
-        return expected_speedup(model, alpha, revision.schedule, seen)
+        return expected_speedup(model, alpha, revision.schedule, seen, k0_cost)
 
     if config.mode == "off" or config.off_reason:
         reason = "SpeculationOff" if config.mode == "off" else "SpeculationHeld"
@@ -300,7 +315,8 @@ def step(
         )
 
     if state.phase == "Fixed":
-        if (now - state.phase_since).total_seconds() < config.soak_s:
+        slower = current.mode == "spec" and predicted(current) < 1.0 - config.margin
+        if (now - state.phase_since).total_seconds() < config.soak_s and not slower:
             return Decision(
                 state,
                 current,
@@ -314,22 +330,25 @@ def step(
     if schedule is None and config.mode == "on":
         schedule = Schedule.of([[1, config.min_k], [None, 0]])
     proposed = PLAIN if schedule is None else speculating(config, schedule)
-    if config.mode != "on" and proposed.mode == "spec" and predicted(proposed) <= 1.0:
+    if config.mode != "on" and proposed.mode == "spec" and predicted(proposed) <= 1.0 + config.margin:
         # the bands that pay see too little of the load to outweigh K=0's cost on the rest
         proposed = PLAIN
     current_speed, proposed_speed = predicted(current), predicted(proposed)
     slowdown = current.mode == "spec" and current_speed < 1.0 - config.margin
+    first_change = state.last_change is not None and state.last_change < state.phase_since
     result = verdict(
         current.schedule,
         proposed.schedule,
         current_speed,
         proposed_speed,
         min_gain=config.min_gain,
-        min_interval_s=0.0 if slowdown else config.min_interval_s,
+        # the revision set before this phase began was judged by its soak: the first change is free
+        min_interval_s=0.0 if slowdown or first_change else config.min_interval_s,
         last_change=state.last_change,
         now=now,
         canary_running=inputs.canary_running,
-        rollout_running=inputs.rollout_running,
+        # a revision measured slower than plain is replaced mid-rollout (its pods restart again)
+        rollout_running=inputs.rollout_running and not slowdown,
     )
     if proposed == current or not result.roll:
         reason = result.reason if proposed != current else "AlreadyServing"

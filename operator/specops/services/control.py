@@ -14,7 +14,7 @@ MetricsUnavailable, and decides nothing until fresh data returns.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -56,6 +56,9 @@ class _Memory:
     knowledge: learning.LearningState
     fit: Fit | None = None
     fit_prior: CalibrationState | None = None
+    tracks: Mapping[str, learning.PodTrack] = field(default_factory=dict)
+    revisions: Mapping[str, Revision] = field(default_factory=dict)
+    """The revisions this resource's pods ran lately, by digest (a rollout's old pods still run one)."""
 
 
 class ControlLoop:
@@ -258,28 +261,24 @@ class ControlLoop:
                 )
             return held
 
-        # learn: the draft length the engine used at this batch, once the revision has settled
+        # learn: each settled pod's window at the K its revision's schedule gave at its batch
         knowledge = remembered.knowledge
         batch = measurement.batch or 0.0
-        if not rollout_running:
-            k = current.schedule.k_at(batch) if current.schedule else 0
-            spec_at_zero = current.mode == "spec" and k == 0  # K=0 inside a speculating engine is not plain
-            seen = learning.Observed(
-                batch=batch, tpot_s=measurement.tpot_mean_s or measurement.tpot_p50_s, alpha=measurement.alpha
-            )
-            knowledge = learning.track_load(knowledge, batch, learn, now)
-            knowledge = learning.applied(knowledge, -1 if spec_at_zero else k, now)
-            if not spec_at_zero:
-                knowledge = learning.observe(knowledge, seen, config.setup, learn, now)
-            if knowledge.calibration is not remembered.knowledge.calibration and learn.enabled:
-                fitted = profile_prior.model(
-                    config.setup, knowledge.calibration, learn.calibration, prior_stats, fitted.fit
-                )
+        readings = _readings(measurement, mine, revisions={current.digest: current, **remembered.revisions})
+        tracks = learning.track_pods(remembered.tracks, readings, learn, now)
+        learned, at_zero = learning.learn_pods(
+            knowledge.calibration, readings, tracks, config.setup, learn, now
+        )
+        if learned is not knowledge.calibration:
+            knowledge = replace(knowledge, calibration=learned)
+            fitted = profile_prior.model(config.setup, learned, learn.calibration, prior_stats, fitted.fit)
+            if learn.enabled:
                 model = Evidence(fitted, prior_model, fitted)
-        else:
-            knowledge = replace(knowledge, applied_length=None, applied_since=None)
+        k0 = tuple(learning.k0_ratios(at_zero, fitted)) if learn.enabled else ()
 
-        inputs = cs.inputs_from(measurement, rollout_running=rollout_running, canary_running=canary_running)
+        inputs = cs.inputs_from(
+            measurement, rollout_running=rollout_running, canary_running=canary_running, k0_ratios=k0
+        )
         decision = step(config, state, inputs, model, now)
         alpha = decision.state.alpha if decision.state.alpha is not None else PRIOR_ALPHA
         bounds = (max(1, config.min_k), max(1, config.min_k, config.max_k))
@@ -301,7 +300,8 @@ class ControlLoop:
             events.append(
                 EventRecord("Warning" if decision.warning else "Normal", decision.reason, decision.message)
             )
-        self._memory[(namespace, name)] = _Memory(uid, knowledge, fitted.fit, prior_stats)
+        known = {current.digest: current, decision.state.revision.digest: decision.state.revision}
+        self._memory[(namespace, name)] = _Memory(uid, knowledge, fitted.fit, prior_stats, tracks, known)
         updates.append(ConditionUpdate(cond.METRICS_UNAVAILABLE, "False", Reason.METRICS_OK, ""))
         updates.append(cs.acceptance_condition(decision.state, spec.slo.min_acceptance))
         if decision.changed:
@@ -378,6 +378,29 @@ def _break_even_band(model: SpeedupModel, alpha: float, bounds: tuple[int, int])
     if len(near) >= 2 and near[-1] >= 2 * near[0]:
         return [near[0], near[-1]]
     return []
+
+
+def _readings(
+    measurement: Measurement, pods: Sequence[PodEndpoint], revisions: Mapping[str, Revision]
+) -> list[learning.PodReading]:
+    """Each stable pod's own window, with the revision its label names (pods of an unknown revision,
+    or without a reading, are left out); acceptance is the variant's, read for speculating pods."""
+    if not measurement.per_pod:  # an engine or scrape without per-pod series: the variant as one pod
+        current = revisions.get(pods[0].revision) if pods and len({p.revision for p in pods}) == 1 else None
+        if current is None or measurement.batch is None:
+            return []
+        alpha = measurement.alpha if current.mode == "spec" else None
+        tpot = measurement.tpot_mean_s or measurement.tpot_p50_s
+        return [learning.PodReading(STABLE, current, measurement.batch, tpot, alpha)]
+    readings = []
+    for pod in pods:
+        own = measurement.per_pod.get(pod.name)
+        revision = revisions.get(pod.revision)
+        if own is None or revision is None or own.batch is None:
+            continue
+        alpha = measurement.alpha if revision.mode == "spec" else None
+        readings.append(learning.PodReading(pod.name, revision, own.batch, own.tpot_mean_s, alpha))
+    return readings
 
 
 def _key(resource: SpeculativeDeployment) -> tuple[str, str]:
