@@ -71,22 +71,33 @@ def best_schedule(
     min_k: int = 1,
     margin: float = 0.02,
     edges: Sequence[int] = BAND_EDGES,
+    load: Mapping[float, float] | None = None,
 ) -> Schedule | None:
-    """The schedule the model favours at ``alpha``, or None when no band pays (run plain)."""
-    bands: list[list[int | None]] = []
-    ceiling = max_k
+    """The schedule the model favours at ``alpha``, or None when no band pays (run plain).
+
+    Each band takes the K with the best predicted speedup at its upper edge, 0 unless some K beats
+    1 + margin. K never grows with the batch: a band's K is capped by the lighter band's. With
+    ``load`` (seconds per band edge), a band that carried none takes the K of the heavier band
+    above it when that is larger (nothing runs there to lose, and the heavier band is not cut off)."""
+    chosen: list[int] = []
     for edge in edges:
         best_k, best = 0, 1.0 + margin
-        for k in range(max(1, min_k), ceiling + 1):
+        for k in range(max(1, min_k), max_k + 1):
             predicted = model.predict_speedup(alpha, k, float(edge))
             if predicted > best:
                 best_k, best = k, predicted
-        bands.append([edge, best_k])
-        ceiling = best_k  # K never grows with the batch; once 0, every heavier band is 0 too
-        if best_k == 0:
-            break
-    if not bands or bands[0][1] == 0:
+        chosen.append(best_k)
+    if load is not None:
+        for index in range(len(edges) - 2, -1, -1):
+            if load.get(float(edges[index]), 0.0) <= 0:
+                chosen[index] = max(chosen[index], chosen[index + 1])
+    for index in range(1, len(chosen)):
+        chosen[index] = min(chosen[index], chosen[index - 1])
+    if chosen[0] == 0:
         return None
+    bands: list[list[int | None]] = [[edge, k] for edge, k in zip(edges, chosen, strict=True)]
+    cut = next((i for i, (_, k) in enumerate(bands) if k == 0), len(bands))
+    bands = bands[: cut + 1]
     bands[-1][0] = None
     return Schedule.of(bands)
 
@@ -122,24 +133,56 @@ class Confident(Protocol):
     def confidence(self, batch: float) -> object: ...
 
 
+EXPLORE_SHARE = 0.05
+"""A band carrying at least this share of the load seen, with no speculating measurement near it,
+is measured at K=1 (see Evidence.explore)."""
+EXPLORE_TOLERANCE = 0.3
+"""... when the prior puts K=1 there no lower than 1 - this: near or above break-even, not far below."""
+
+
 @dataclass(frozen=True)
 class Evidence:
     """The fitted curve where speculation was measured near the batch, the prior elsewhere.
 
     One global fit extrapolates: a slowdown measured at batch 48 alone moves its per-token cost,
     and with it the prediction at batch 1, which no speculating pod has shown. A band changes on
-    what was measured near it; elsewhere the prior speaks until a revision measures it."""
+    what was measured near it; elsewhere the prior speaks until a revision measures it.
+
+    ``explore``: bands with load and no measurement near them, where K=1 is credited with
+    ``credit`` (just above paying) when the prior finds it within EXPLORE_TOLERANCE of paying:
+    the prior is often wrong exactly there, K=0 inside a speculating engine costs anyway, and one
+    revision measures it (then the fit decides)."""
 
     fitted: SpeedupModel
     prior: SpeedupModel
     confident: Confident
+    explore: frozenset[float] = frozenset()
+    credit: float = 1.0
+
+    def measured(self, batch: float) -> bool:
+        return float(getattr(self.confident.confidence(batch), "on", 0.0)) >= MEASURED_NEAR
 
     def predict_speedup(
         self, alpha: float, draft_length: int, batch: float, context_tokens: float | None = None
     ) -> float:
-        measured = getattr(self.confident.confidence(batch), "on", 0.0)
-        model = self.fitted if measured >= MEASURED_NEAR else self.prior
-        return model.predict_speedup(alpha, draft_length, batch, context_tokens)
+        if self.measured(batch):
+            return self.fitted.predict_speedup(alpha, draft_length, batch, context_tokens)
+        prior = self.prior.predict_speedup(alpha, draft_length, batch, context_tokens)
+        if draft_length == 1 and batch in self.explore and prior >= 1.0 - EXPLORE_TOLERANCE:
+            return max(prior, self.credit)
+        return prior
+
+
+def exploring(model: SpeedupModel, load: Mapping[float, float], credit: float) -> SpeedupModel:
+    """``model`` crediting K=1 in its unmeasured bands that carry EXPLORE_SHARE of ``load`` (an
+    Evidence model; any other model is returned as it is)."""
+    if not isinstance(model, Evidence):
+        return model
+    total = sum(load.values())
+    if total <= 0:
+        return model
+    loaded = frozenset(edge for edge, weight in load.items() if weight / total >= EXPLORE_SHARE)
+    return Evidence(model.fitted, model.prior, model.confident, loaded, credit)
 
 
 @dataclass(frozen=True)

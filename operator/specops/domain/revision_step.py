@@ -24,6 +24,7 @@ A resource whose inputs did not move takes the same path and returns the same de
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Literal
@@ -39,6 +40,7 @@ from specops.domain.revision_policy import (
     SpeedupModel,
     best_schedule,
     expected_speedup,
+    exploring,
     verdict,
 )
 
@@ -49,6 +51,8 @@ ALPHA_WEIGHT = 0.2
 """Weight of a new acceptance measurement in the smoothed value."""
 BASELINE_SAMPLES = 3
 """Plain measurements the Baseline phase waits for, besides its duration."""
+EXPLORE_CREDIT = 0.005
+"""What an unmeasured loaded band's K=1 is credited above paying (revision_policy.Evidence)."""
 K0_WEIGHT = 0.2
 """Weight of a new K=0 cost reading in the smoothed value."""
 K0_COST_MAX = 1.0
@@ -167,9 +171,16 @@ def initial_state(config: StepConfig, model: SpeedupModel, now: datetime) -> Ste
     return StepState(phase="Fixed", phase_since=now, revision=first_revision(config, model), last_change=now)
 
 
-def first_revision(config: StepConfig, model: SpeedupModel) -> Revision:
-    """The prior's schedule capped at draftLength.initial (at least K=initial at batch 1)."""
-    schedule = best_schedule(model, PRIOR_ALPHA, config.initial_k, min_k=config.min_k, margin=config.margin)
+def first_revision(
+    config: StepConfig, model: SpeedupModel, load: Mapping[float, float] | None = None
+) -> Revision:
+    """The prior's schedule capped at draftLength.initial (at least K=initial at batch 1); with the
+    load seen in the baseline, its unmeasured loaded bands explored (revision_policy.Evidence)."""
+    if load:
+        model = exploring(model, load, credit=1.0 + config.margin + config.min_gain + EXPLORE_CREDIT)
+    schedule = best_schedule(
+        model, PRIOR_ALPHA, config.initial_k, min_k=config.min_k, margin=config.margin, load=load or None
+    )
     if schedule is None:
         schedule = Schedule.of([[1, config.initial_k], [None, 0]]) if config.mode == "on" else None
     if schedule is None:
@@ -299,7 +310,7 @@ def step(
                 "the first speculating revision waits for the rollout or canary in progress",
                 predicted_speedup=1.0,
             )
-        first = first_revision(config, model)
+        first = first_revision(config, model, seen)
         moved = replace(state, phase="Fixed", phase_since=now, revision=first, last_change=now)
         p50 = state.baseline.p50_s
         baseline_text = (
@@ -326,14 +337,22 @@ def step(
             )
         state = replace(state, phase="Dynamic", phase_since=now)
 
-    schedule = best_schedule(model, alpha, config.max_k, min_k=config.min_k, margin=config.margin)
+    explorer = exploring(model, seen, credit=1.0 + config.margin + config.min_gain + EXPLORE_CREDIT)
+    schedule = best_schedule(
+        explorer, alpha, config.max_k, min_k=config.min_k, margin=config.margin, load=seen
+    )
     if schedule is None and config.mode == "on":
         schedule = Schedule.of([[1, config.min_k], [None, 0]])
     proposed = PLAIN if schedule is None else speculating(config, schedule)
-    if config.mode != "on" and proposed.mode == "spec" and predicted(proposed) <= 1.0 + config.margin:
+    if (
+        config.mode != "on"
+        and proposed.mode == "spec"
+        and expected_speedup(explorer, alpha, proposed.schedule, seen, k0_cost) <= 1.0 + config.margin
+    ):
         # the bands that pay see too little of the load to outweigh K=0's cost on the rest
         proposed = PLAIN
-    current_speed, proposed_speed = predicted(current), predicted(proposed)
+    current_speed = predicted(current)
+    proposed_speed = expected_speedup(explorer, alpha, proposed.schedule, seen, k0_cost)
     slowdown = current.mode == "spec" and current_speed < 1.0 - config.margin
     first_change = state.last_change is not None and state.last_change < state.phase_since
     result = verdict(
