@@ -402,6 +402,7 @@ def replay(
     prior = profile_prior.prior_model(config.setup, learn.calibration, None)
     calibration = CalibrationState()
     tracks: dict[str, learning.PodTrack] = {}
+    anchors: dict[float, learning.Anchor] = {}
     fitted = prior
     state = revision_step.initial_state(config, prior, EPOCH)
     run = Run(world, list(trace), replicas)
@@ -423,11 +424,14 @@ def replay(
             readings = _pod_readings(run, pods, window, alpha, rng)
             tracks = learning.track_pods(tracks, readings, learn, now)
             learned, at_zero = learning.learn_pods(calibration, readings, tracks, config.setup, learn, now)
+            anchors = learning.anchor_pods(anchors, readings, tracks, revision_policy.BAND_EDGES, learn, now)
             if learned is not calibration:
                 calibration = learned
                 fitted = profile_prior.model(config.setup, calibration, learn.calibration, None, fitted.fit)
             model: revision_policy.SpeedupModel = (
-                revision_policy.Evidence(fitted, prior, fitted) if learn.enabled else prior
+                revision_policy.Evidence(fitted, prior, fitted, anchors=anchors, steps=fitted)
+                if learn.enabled
+                else prior
             )
             inputs = revision_step.StepInputs(
                 batch=batch,

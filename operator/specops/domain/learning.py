@@ -28,7 +28,7 @@ from specops.domain.calibration import (
     update,
 )
 from specops.domain.engines.schedule import Revision
-from specops.domain.perf import ModelSetup
+from specops.domain.perf import ModelSetup, expected_tokens
 from specops.domain.records import replace
 
 BREAK_EVEN_CHANGE = 0.25  # an Event when calibration moves the break-even by more than this share
@@ -378,3 +378,70 @@ def k0_ratios(
         if plain_s > 0:
             ratios.append(reading.tpot_s / plain_s)
     return ratios
+
+
+# ------------------------------------------------------------------ anchors: what each band measured
+
+
+ANCHOR_WEIGHT = 0.3
+"""Weight of a new reading in a band's anchor (an exponential average over readings)."""
+
+
+@dataclass(frozen=True)
+class Anchor:
+    """What one batch band measured directly: the plain step, and the speculative round at one K."""
+
+    plain_s: float | None = None
+    k: int = 0
+    round_s: float | None = None
+
+
+def band_of(batch: float, edges: Sequence[int]) -> float:
+    """The upper edge of the band a batch falls in (the last edge above them all)."""
+    for edge in edges:
+        if batch <= edge:
+            return float(edge)
+    return float(edges[-1])
+
+
+def anchor_pods(
+    anchors: Mapping[float, Anchor],
+    readings: Sequence[PodReading],
+    tracks: Mapping[str, PodTrack],
+    edges: Sequence[int],
+    config: LearningConfig,
+    now: datetime,
+) -> dict[float, Anchor]:
+    """Each settled pod's window moves its band's anchor: a plain pod its plain step, a pod drafting
+    K its round time at K (per-token latency x expected tokens at its acceptance). A band measured at
+    another K starts that K afresh. A speculating pod at K=0 anchors nothing."""
+    kept = dict(anchors)
+    if not config.enabled:
+        return kept
+    for reading in readings:
+        track = tracks.get(reading.pod)
+        if (
+            track is None
+            or not pod_settled(track, config, now)
+            or reading.tpot_s is None
+            or reading.batch <= 0
+        ):
+            continue
+        schedule = reading.revision.schedule
+        k = schedule.k_at(reading.batch) if schedule is not None else 0
+        band = band_of(reading.batch, edges)
+        anchor = kept.get(band, Anchor())
+        if reading.revision.mode == "plain":
+            plain = reading.tpot_s if anchor.plain_s is None else _mix(anchor.plain_s, reading.tpot_s)
+            kept[band] = Anchor(plain, anchor.k, anchor.round_s)
+        elif k > 0 and reading.alpha is not None:
+            round_s = reading.tpot_s * expected_tokens(reading.alpha, k)
+            if anchor.k != k or anchor.round_s is None:
+                kept[band] = Anchor(anchor.plain_s, k, round_s)
+            else:
+                kept[band] = Anchor(anchor.plain_s, k, _mix(anchor.round_s, round_s))
+    return kept
+
+
+def _mix(old: float, new: float) -> float:
+    return (1 - ANCHOR_WEIGHT) * old + ANCHOR_WEIGHT * new

@@ -20,11 +20,12 @@ proposal and a verdict with its reason go out.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Protocol
 
 from specops.domain.engines.schedule import Schedule
+from specops.domain.perf import expected_tokens
 
 BAND_EDGES: tuple[int, ...] = (
     1,
@@ -133,6 +134,19 @@ class Confident(Protocol):
     def confidence(self, batch: float) -> object: ...
 
 
+class Stepped(Protocol):
+    def step_s(self, draft_length: int, batch: float, context_tokens: float | None = None) -> float: ...
+
+
+class BandAnchor(Protocol):
+    @property
+    def plain_s(self) -> float | None: ...
+    @property
+    def k(self) -> int: ...
+    @property
+    def round_s(self) -> float | None: ...
+
+
 EXPLORE_SHARE = 0.05
 """A band carrying at least this share of the load seen, with no speculating measurement near it,
 is measured at K=1 (see Evidence.explore)."""
@@ -158,13 +172,30 @@ class Evidence:
     confident: Confident
     explore: frozenset[float] = frozenset()
     credit: float = 1.0
+    anchors: Mapping[float, BandAnchor] = field(default_factory=dict)
+    """What each band (by its upper edge) measured directly: its plain step and its round at one K.
+    Where a band has both, the fit only scales the round to other K; its level is the measurement."""
+    steps: Stepped | None = None
+    """The fitted model's step times (for scaling an anchor's round to another K)."""
 
     def measured(self, batch: float) -> bool:
         return float(getattr(self.confident.confidence(batch), "on", 0.0)) >= MEASURED_NEAR
 
+    def knows(self, batch: float) -> bool:
+        """Whether speculation was measured in this band (an anchor's round, or the fit's samples)."""
+        anchor = self.anchors.get(batch)
+        return bool(anchor is not None and anchor.round_s) or self.measured(batch)
+
     def predict_speedup(
         self, alpha: float, draft_length: int, batch: float, context_tokens: float | None = None
     ) -> float:
+        anchor = self.anchors.get(batch)
+        if draft_length > 0 and anchor is not None and anchor.round_s and self.steps is not None:
+            plain_s = anchor.plain_s or self.steps.step_s(0, batch, context_tokens)
+            shape = self.steps.step_s(draft_length, batch, context_tokens) / self.steps.step_s(
+                anchor.k, batch, context_tokens
+            )
+            return expected_tokens(alpha, draft_length) * plain_s / (anchor.round_s * shape)
         if self.measured(batch):
             return self.fitted.predict_speedup(alpha, draft_length, batch, context_tokens)
         prior = self.prior.predict_speedup(alpha, draft_length, batch, context_tokens)
@@ -182,7 +213,29 @@ def exploring(model: SpeedupModel, load: Mapping[float, float], credit: float) -
     if total <= 0:
         return model
     loaded = frozenset(edge for edge, weight in load.items() if weight / total >= EXPLORE_SHARE)
-    return Evidence(model.fitted, model.prior, model.confident, loaded, credit)
+    return replace(model, explore=loaded, credit=credit)
+
+
+def measured_speedup(
+    model: SpeedupModel,
+    alpha: float,
+    schedule: Schedule | None,
+    batches: Mapping[float, float],
+    k0_cost: float | None,
+) -> float | None:
+    """``expected_speedup`` over the bands whose speculation was measured (and K=0 bands once its
+    cost was): what a slowdown is judged on. None when nothing of the load was measured."""
+    knows = getattr(model, "knows", None)
+    if knows is None or schedule is None:
+        return None
+    kept = {
+        batch: weight
+        for batch, weight in batches.items()
+        if (knows(batch) if schedule.k_at(batch) > 0 else k0_cost is not None)
+    }
+    if not kept:
+        return None
+    return expected_speedup(model, alpha, schedule, kept, k0_cost if k0_cost is not None else DEFAULT_K0_COST)
 
 
 @dataclass(frozen=True)

@@ -41,6 +41,7 @@ from specops.domain.revision_policy import (
     best_schedule,
     expected_speedup,
     exploring,
+    measured_speedup,
     verdict,
 )
 
@@ -326,7 +327,8 @@ def step(
         )
 
     if state.phase == "Fixed":
-        slower = current.mode == "spec" and predicted(current) < 1.0 - config.margin
+        measured = measured_speedup(model, alpha, current.schedule, seen, state.k0_cost)
+        slower = measured is not None and measured < 1.0 - config.margin
         if (now - state.phase_since).total_seconds() < config.soak_s and not slower:
             return Decision(
                 state,
@@ -353,7 +355,8 @@ def step(
         proposed = PLAIN
     current_speed = predicted(current)
     proposed_speed = expected_speedup(explorer, alpha, proposed.schedule, seen, k0_cost)
-    slowdown = current.mode == "spec" and current_speed < 1.0 - config.margin
+    measured = measured_speedup(model, alpha, current.schedule, seen, state.k0_cost)
+    slowdown = measured is not None and measured < 1.0 - config.margin
     first_change = state.last_change is not None and state.last_change < state.phase_since
     result = verdict(
         current.schedule,
@@ -376,7 +379,7 @@ def step(
         )
     reason = "MeasuredSlowdown" if slowdown else result.reason
     message = (
-        f"{current.describe()} is predicted {current_speed - 1:+.1%} against plain on the batches seen "
+        f"{current.describe()} measured {(measured or 1.0) - 1:+.1%} against plain on the batches seen "
         f"(alpha {alpha:.2f}); {result.message}"
         if slowdown
         else f"{result.message} (alpha {alpha:.2f})"

@@ -32,7 +32,7 @@ from specops.domain.metrics import REASON_PENDING, Measurement
 from specops.domain.names import STABLE
 from specops.domain.profile import ProfileError, ServingProfile
 from specops.domain.records import replace
-from specops.domain.revision_policy import Evidence, SpeedupModel
+from specops.domain.revision_policy import BAND_EDGES, Evidence, SpeedupModel
 from specops.domain.revision_step import PRIOR_ALPHA, StepConfig, config_from_spec, step
 from specops.ports import KubeApiError, KubePort, MetricsSource
 
@@ -59,6 +59,8 @@ class _Memory:
     tracks: Mapping[str, learning.PodTrack] = field(default_factory=dict)
     revisions: Mapping[str, Revision] = field(default_factory=dict)
     """The revisions this resource's pods ran lately, by digest (a rollout's old pods still run one)."""
+    anchors: Mapping[float, learning.Anchor] = field(default_factory=dict)
+    """What each batch band measured directly (learning.anchor_pods); rebuilt after a restart."""
 
 
 class ControlLoop:
@@ -269,11 +271,12 @@ class ControlLoop:
         learned, at_zero = learning.learn_pods(
             knowledge.calibration, readings, tracks, config.setup, learn, now
         )
+        anchors = learning.anchor_pods(remembered.anchors, readings, tracks, BAND_EDGES, learn, now)
         if learned is not knowledge.calibration:
             knowledge = replace(knowledge, calibration=learned)
             fitted = profile_prior.model(config.setup, learned, learn.calibration, prior_stats, fitted.fit)
-            if learn.enabled:
-                model = Evidence(fitted, prior_model, fitted)
+        if learn.enabled:
+            model = Evidence(fitted, prior_model, fitted, anchors=anchors, steps=fitted)
         k0 = tuple(learning.k0_ratios(at_zero, fitted)) if learn.enabled else ()
 
         inputs = cs.inputs_from(
@@ -301,7 +304,9 @@ class ControlLoop:
                 EventRecord("Warning" if decision.warning else "Normal", decision.reason, decision.message)
             )
         known = {current.digest: current, decision.state.revision.digest: decision.state.revision}
-        self._memory[(namespace, name)] = _Memory(uid, knowledge, fitted.fit, prior_stats, tracks, known)
+        self._memory[(namespace, name)] = _Memory(
+            uid, knowledge, fitted.fit, prior_stats, tracks, known, anchors
+        )
         updates.append(ConditionUpdate(cond.METRICS_UNAVAILABLE, "False", Reason.METRICS_OK, ""))
         updates.append(cs.acceptance_condition(decision.state, spec.slo.min_acceptance))
         if decision.changed:
