@@ -245,3 +245,68 @@ async def test_a_route_write_is_confirmed_only_by_reading_it_back(
     # Then the write does not count
     assert not result.ok and "not confirmed" in result.message
     assert (await route_backends(kube))[f"{NAME}-canary"] == 10
+
+
+async def test_a_route_that_never_named_the_canary_does_not_hold_deletion(
+    cluster: EmulatedCluster, kube: KubeClient
+) -> None:
+    # Given a canary whose HTTPRoute names neither of its Services (a typo: the obvious name
+    # "llama-3.1-70b-stable" instead of the derived "chat-stable")
+    await given_a_canary(cluster, kube)
+    cluster.emulator.patch_object(
+        cluster.resource("httproutes"),
+        NAMESPACE,
+        ROUTE,
+        {"spec": route({"llama-3.1-70b-stable": 100})["spec"]},
+    )
+    body = cluster.get("speculativedeployments", NAME)
+    assert body is not None
+
+    # When the resource is deleted, then nothing waits: no user reaches the canary through it
+    events = await service_of(cluster, kube).release(body)
+    assert [(e.type, e.reason) for e in events] == [("Normal", "RouteReleased")]
+    assert "nothing to release" in events[0].message
+    # And the user's route is left as it was
+    assert await route_backends(kube) == {"llama-3.1-70b-stable": 100}
+
+
+async def test_a_route_that_cannot_be_released_holds_deletion_only_for_a_bounded_time_and_says_why(
+    cluster: EmulatedCluster, kube: KubeClient
+) -> None:
+    # Given a canary on a route the operator may no longer read (RBAC changed: 403)
+    _resource, service = await given_a_canary(cluster, kube)
+
+    def forbidden(request: Any) -> bool:
+        return "/httproutes/" in str(request.url)
+
+    cluster.emulator[forbidden] << 403
+    body = cluster.get("speculativedeployments", NAME)
+    assert body is not None
+
+    # When deletion starts, then it waits, and status says why and for how long
+    with pytest.raises(RouteNotReleased):
+        await service.release(body, now=T0, waited_s=0)
+    live = cluster.get("speculativedeployments", NAME)
+    assert live is not None
+    degraded = {c["type"]: c for c in live["status"]["conditions"]}["Degraded"]
+    assert (degraded["status"], degraded["reason"]) == ("True", "RouteNotReleased")
+    assert ROUTE in degraded["message"] and "300" in degraded["message"]
+
+    # When it has waited the bound, then deletion goes on, with a Warning naming the route
+    events = await service.release(body, now=T0, waited_s=301)
+    assert [(e.type, e.reason) for e in events] == [("Warning", "RouteReleaseAbandoned")]
+    assert ROUTE in events[0].message and f"{NAME}-canary" in events[0].message
+
+
+def service_of(cluster: EmulatedCluster, kube: KubeClient) -> CanaryService:
+    options = RenderOptions(
+        bls_source=bls_model_source(), default_image="tritonserver:test", pod_monitor=False
+    )
+    return CanaryService(
+        kube,
+        NoMetrics(),
+        NoTriton(),  # type: ignore[arg-type]
+        Reconciler(kube, options),
+        routers={"GatewayAPI": GatewayApiRouter(kube), "ReplicaRatio": ReplicaRatioRouter()},
+        gateway_api=True,
+    )

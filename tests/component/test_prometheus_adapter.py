@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import logging
 import math
 import re
 import socket
@@ -22,6 +23,7 @@ import httpx
 import pytest
 from aiohttp import web
 
+from specops.adapters import log_redaction
 from specops.adapters.prometheus import MetricsHub, PrometheusPoller
 from specops.domain import perf
 from specops.domain.metrics import (
@@ -33,6 +35,7 @@ from specops.domain.metrics import (
 )
 from specops_local.prometheus import PrometheusProcess, run_prometheus
 from specops_local.sim import LoadPoint, SimPod
+from tests.secret_shapes import URL_SHAPES, SecretShape
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -564,3 +567,24 @@ async def test_credentials_in_the_url_are_sent_as_basic_auth_and_answers_asked_f
     assert snapshot.lookup("ns", "chat", "stable", now(), 60).ok
     # a dozen answers of a few hundred KB each at a large fleet: inflating them is the operator's CPU
     assert seen and all(encoding == "identity" for _, encoding in seen)
+
+
+@pytest.mark.parametrize("shape", URL_SHAPES, ids=[s.name for s in URL_SHAPES])
+async def test_a_password_in_the_prometheus_url_is_in_no_message_whatever_it_holds(
+    shape: SecretShape, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Given a Prometheus URL whose password holds raw '#', '/', '?' or '@', and nothing listening
+    log_redaction.install()
+    caplog.set_level(logging.DEBUG)
+    userinfo = shape.url.partition("://")[2].rpartition("@")[0] if shape.url else ""
+    url = f"http://{userinfo}@127.0.0.1:{_unused_port()}"
+    poller = PrometheusPoller(url, TRITON, timeout_s=2.0)
+    try:
+        snapshot = await poller.poll_once(now())
+    finally:
+        await poller.aclose()
+    # Then the failure (what MetricsUnavailable and its Warning Event say) and every log line
+    # name the Prometheus without the password
+    assert snapshot.phase == "Error" and "127.0.0.1" in (snapshot.error or "")
+    shown = [snapshot.error or "", poller.shown_url, *(r.getMessage() for r in caplog.records)]
+    assert not [text for text in shown if shape.secret in text], shown

@@ -11,10 +11,12 @@ import yaml
 
 from specops.adapters.kube import KubeClient, load_connection_settings
 from specops.api.models import SpeculativeDeployment
+from specops.domain.retraining.naming import LABEL_JOB
 from specops.ports import KubeApiError
 from specops.services.retraining import RetrainingResult, RetrainingService
 from specops_local.cluster import EmulatedCluster
 from tests.conftest import EXAMPLES
+from tests.secret_shapes import IDS, SHAPES, SecretShape
 
 NAME, NAMESPACE = "chat", "default"
 T0 = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
@@ -143,3 +145,47 @@ async def test_a_refused_delete_keeps_the_obsolete_round_recorded_until_it_goes(
     with pytest.raises(KubeApiError):
         await RetrainingService(kube).tick(moved, moved.status, T0)
     assert len(cluster.objects("jobs", NAMESPACE)) == 1
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=IDS)
+async def test_no_secret_shape_in_a_trainers_message_reaches_status_conditions_or_events(
+    cluster: EmulatedCluster, kube: KubeClient, shape: SecretShape
+) -> None:
+    # Given a round whose trainer failed, its termination message quoting a credential
+    resource, first = await round_running(cluster, kube)
+    assert first.retraining.active is not None
+    job_name = first.retraining.active.job_name
+    failed = {"conditions": [{"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded"}]}
+    cluster.patch_status("jobs", job_name, failed)
+    pod = f"{job_name}-0"
+    cluster.create(
+        "pods",
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": pod, "namespace": NAMESPACE, "labels": {LABEL_JOB: job_name}},
+            "spec": {"containers": [{"name": "trainer", "image": "trainer:1"}]},
+        },
+    )
+    terminated = {"exitCode": 1, "message": shape.text}
+    cluster.patch_status(
+        "pods", pod, {"containerStatuses": [{"name": "trainer", "state": {"terminated": terminated}}]}
+    )
+
+    # When retraining follows the round
+    status = resource.status.model_copy(update={"retraining": first.retraining})
+    result = await RetrainingService(kube).tick(resource, status, T0)
+
+    # Then the round failed, saying where, and the secret is in none of status, condition, Event
+    assert result.retraining.last_result == "Failed"
+    assert f"{job_name}-0/trainer" in result.retraining.last_message
+    shown = {
+        "status.retraining.lastMessage": result.retraining.last_message,
+        "Retraining condition": " ".join(u.message for u in result.updates if u.type == "Retraining"),
+        "RetrainingFailed Event": " ".join(
+            e.message for e in result.events if e.reason == "RetrainingFailed"
+        ),
+    }
+    assert all(shown.values()), shown
+    leaked = {sink: text for sink, text in shown.items() if shape.secret in text}
+    assert not leaked, leaked

@@ -358,7 +358,7 @@ class CountingKubeClient(KubeClient):
 
     async def _send(
         self, method: str, path: str, data: bytes | None, params: Mapping[str, str] | None, content_type: str
-    ) -> tuple[int, str, bytes]:
+    ) -> tuple[int, str, bytes, str | None]:
         self.counts[self.classify(method, path)] += 1
         return await super()._send(method, path, data, params, content_type)
 

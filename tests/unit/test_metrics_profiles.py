@@ -27,6 +27,7 @@ from specops.domain.metrics import (
     Q_TPOT_P50,
     Q_TPOT_P95,
     Q_TPOT_P99,
+    REASON_INVALID,
     REASON_METRICS_UNAVAILABLE,
     REASON_NO_METRICS,
     REASON_STALE,
@@ -420,3 +421,54 @@ def test_ready_endpoints_falls_back_to_the_first_container_and_port_8000() -> No
         ("unnamed", 8000, "stable"),
     ]
     assert endpoints[0].address == "10.0.0.1:9999"
+
+
+# ---------------------------------------------------------------- values no instrument can read
+
+
+def every_value(raw: dict[str, Any], value: str) -> dict[str, Any]:
+    return {quantity: [sample(value) for _ in vector] for quantity, vector in raw.items()}
+
+
+@pytest.mark.parametrize("value", ["NaN", "+Inf", "-Inf", "-17"])
+def test_a_cycle_with_no_finite_possible_value_is_an_outage_of_its_own(value: str) -> None:
+    # Given Prometheus answers every series of a resource with NaN, an infinity or a negative number
+    raw = every_value(raw_for("triton-trtllm", 0.74, 4), value)
+
+    measured = build_snapshot(PROFILES["triton-trtllm"], raw, T0).lookup(*KEY, now=T0, max_age_s=30)
+
+    # Then the resource is measured as blind, with its own reason: no decision, MetricsUnavailable
+    assert not measured.ok
+    assert measured.reason == REASON_INVALID
+    assert "no finite" in (measured.error or "")
+    by_draft = build_snapshot(PROFILES["triton-trtllm"], raw, T0).by_draft[KEY]
+    assert all(not m.ok and m.reason == REASON_INVALID for m in by_draft.values())
+
+
+def test_negative_gauges_and_rates_are_refused_and_the_rest_stands() -> None:
+    # Given a batch gauge and a request rate read negative (a counter reset gone wrong, a bad recording rule)
+    raw = raw_for("triton-trtllm", 0.74, 4)
+    raw[Q_BATCH] = [sample(-17)]
+    raw[Q_REQUESTS] = [sample(-9.3)]
+    raw[Q_TPOT_P99] = [sample("+Inf")]
+
+    measured = build_snapshot(PROFILES["triton-trtllm"], raw, T0).lookup(*KEY, now=T0, max_age_s=30)
+
+    # Then they are not values; the rest of the cycle still measures the resource
+    assert measured.ok
+    assert measured.batch is None and measured.request_rate is None and measured.tpot_p99_s is None
+    assert measured.alpha == pytest.approx(0.74, abs=1e-6) and measured.tpot_p50_s == pytest.approx(0.02)
+
+
+def test_an_idle_resource_with_zero_load_is_measured_not_invalid() -> None:
+    # Given no traffic: rates and batch at 0, quantiles NaN (no observations), nothing drafted
+    raw = {
+        Q_BATCH: [sample(0)],
+        Q_PODS: [sample(2)],
+        Q_REQUESTS: [sample(0)],
+        Q_TPOT_P50: [sample("NaN")],
+        Q_DRAFTED: [sample(0)],
+        Q_ACCEPTED: [sample(0)],
+    }
+    measured = build_snapshot(PROFILES["triton-trtllm"], raw, T0).lookup(*KEY, now=T0, max_age_s=30)
+    assert measured.ok and measured.batch == 0 and measured.tpot_p50_s is None

@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import asyncio
 import os
+import random
 import ssl
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -125,8 +127,91 @@ in a cheap semaphore: thousands of resources ticking at once wait, they do not t
 timeout applies to the request itself."""
 
 
+MAX_THROTTLE_WAIT_S = 60.0
+"""The longest a request waits for the API server's Retry-After; asked to wait longer, it is
+not sent and fails as 429 at once (the caller tries again at its next tick)."""
+BACKOFF_BASE_S = 0.5
+BACKOFF_MAX_S = 30.0
+MAX_RETRIES = 2
+"""Retries of one request answered 429, within the process-wide budget."""
+JITTER = 0.5
+"""Each wait is lengthened by up to this share, at random, so waiters do not return together."""
+
+
+def retry_after_s(value: str | None) -> float | None:
+    """Seconds from a Retry-After header (the API server sends whole seconds); None without one."""
+    try:
+        seconds = float(value) if value is not None else None
+    except ValueError:
+        return None
+    return seconds if seconds is not None and 0 <= seconds < 86400 else None
+
+
+class RetryBudget:
+    """A token bucket of retries shared by every request of the process: under a storm of 429s
+    the retries stop once the bucket is empty, whatever the number of resources."""
+
+    def __init__(
+        self, capacity: float = 5.0, per_s: float = 0.2, clock: Callable[[], float] = time.monotonic
+    ):
+        self.capacity, self.per_s, self._clock = capacity, per_s, clock
+        self._tokens, self._at = capacity, clock()
+
+    def take(self) -> bool:
+        now = self._clock()
+        self._tokens = min(self.capacity, self._tokens + (now - self._at) * self.per_s)
+        self._at = now
+        if self._tokens < 1.0:
+            return False
+        self._tokens -= 1.0
+        return True
+
+
+class Throttle:
+    """The API server said slow down (429): every request of the process waits until it may ask
+    again (Retry-After, or an exponential backoff without one, plus jitter), and until an answer
+    other than 429 comes back, one request at a time probes."""
+
+    def __init__(
+        self, clock: Callable[[], float] = time.monotonic, rand: Callable[[], float] = random.random
+    ):
+        self._clock, self._rand = clock, rand
+        self.until = 0.0
+        self.consecutive = 0
+        self.probe = asyncio.Lock()
+
+    @property
+    def active(self) -> bool:
+        return self.consecutive > 0
+
+    def remaining_s(self) -> float:
+        return max(0.0, self.until - self._clock())
+
+    def throttled(self, retry_after: float | None) -> float:
+        """Record a 429; returns the wait it set."""
+        self.consecutive += 1
+        base = retry_after if retry_after is not None else BACKOFF_BASE_S * 2 ** (self.consecutive - 1)
+        wait = min(base, BACKOFF_MAX_S if retry_after is None else base) * (1.0 + JITTER * self._rand())
+        self.until = max(self.until, self._clock() + wait)
+        return wait
+
+    def answered(self) -> None:
+        self.consecutive = 0
+
+
+def _not_sent(method: str, path: str, wait: float) -> bytes:
+    message = f"{method} {path} not sent: the API server asked to wait {wait:.0f} s more"
+    return orjson.dumps({"reason": "TooManyRequests", "message": message})
+
+
 class KubeClient:
-    """CRUD on the resources specops manages; errors raise KubeApiError."""
+    """CRUD on the resources specops manages; errors raise KubeApiError.
+
+    A 429 (API Priority and Fairness shedding load) is honoured by every request of the client:
+    none is sent before the server's Retry-After has passed (with jitter), one request at a time
+    probes until the throttling ends, and a request answered 429 is retried only while the
+    process-wide retry budget lasts (`RetryBudget`); otherwise the 429 reaches the caller, who
+    tries again at its next tick, which waits in turn."""
 
     def __init__(
         self,
@@ -153,6 +238,10 @@ class KubeClient:
         self._max_concurrent = max_concurrent
         self._session: aiohttp.ClientSession | None = None
         self._slots = asyncio.Semaphore(max_concurrent)
+        self.throttle = Throttle()
+        self.retry_budget = RetryBudget()
+        self.sent = 0
+        """Requests sent (a measure for tests and benchmarks)."""
 
     def _http(self) -> aiohttp.ClientSession:
         """The session, made on first use (inside the event loop that uses it)."""
@@ -185,14 +274,56 @@ class KubeClient:
 
     async def _send(
         self, method: str, path: str, data: bytes | None, params: Mapping[str, str] | None, content_type: str
-    ) -> tuple[int, str, bytes]:
+    ) -> tuple[int, str, bytes, str | None]:
         headers = dict(self.headers)
         if data is not None:
             headers["Content-Type"] = content_type
+        self.sent += 1
         async with self._http().request(
             method, self.settings.server + path, data=data, params=params, headers=headers
         ) as response:
-            return response.status, response.reason or "", await response.read()
+            body = await response.read()
+            return response.status, response.reason or "", body, response.headers.get("Retry-After")
+
+    async def _send_throttled(
+        self, method: str, path: str, data: bytes | None, params: Mapping[str, str] | None, content_type: str
+    ) -> tuple[int, str, bytes]:
+        """Send once the API server's Retry-After allows; retry a 429 while the budget lasts."""
+        retries = 0
+        while True:
+            wait = self.throttle.remaining_s()
+            if wait > MAX_THROTTLE_WAIT_S:
+                operator_metrics.count_error("kubernetes", "TooManyRequests")
+                return 429, "TooManyRequests", _not_sent(method, path, wait)
+            if wait > 0:
+                await asyncio.sleep(wait * (1.0 + JITTER * random.random()))
+            if self.throttle.active:
+                async with self.throttle.probe:  # one request at a time finds out whether it ended
+                    if self.throttle.remaining_s() > 0:
+                        continue
+                    status, phrase, content, retry_after = await self._send_once(
+                        method, path, data, params, content_type
+                    )
+            else:
+                status, phrase, content, retry_after = await self._send_once(
+                    method, path, data, params, content_type
+                )
+            if status != 429:
+                self.throttle.answered()
+                return status, phrase, content
+            self.throttle.throttled(retry_after_s(retry_after))
+            if retries >= MAX_RETRIES or not self.retry_budget.take():
+                return status, phrase, content
+            retries += 1
+
+    async def _send_once(
+        self, method: str, path: str, data: bytes | None, params: Mapping[str, str] | None, content_type: str
+    ) -> tuple[int, str, bytes, str | None]:
+        async with self._slots:
+            answer = await self._send(method, path, data, params, content_type)
+            if answer[0] == 401 and self._refresh_token():
+                answer = await self._send(method, path, data, params, content_type)
+        return answer
 
     async def _request(
         self,
@@ -205,10 +336,7 @@ class KubeClient:
     ) -> dict[str, Any]:
         data = orjson.dumps(json) if json is not None else None
         try:
-            async with self._slots:
-                status, phrase, content = await self._send(method, path, data, params, content_type)
-                if status == 401 and self._refresh_token():
-                    status, phrase, content = await self._send(method, path, data, params, content_type)
+            status, phrase, content = await self._send_throttled(method, path, data, params, content_type)
         except (aiohttp.ClientError, TimeoutError) as error:
             # An unreachable API server is an error like any other answer: callers retry with backoff.
             operator_metrics.count_error("kubernetes", "Unreachable")

@@ -134,6 +134,12 @@ class GatewayApiRouter:
             if not any(
                 ref.get("name") == stable_service for r in wanted for ref in r.get("backendRefs") or []
             ):
+                if weight == 0 and not any(
+                    ref.get("name") == canary_service for r in rules for ref in r.get("backendRefs") or []
+                ):  # a route that never named the canary sends it nothing: there is nothing to release
+                    return RouteResult(
+                        True, 0, f"HTTPRoute {route} names no Service {canary_service}: nothing to release"
+                    )
                 return RouteResult(
                     False, 0, f"HTTPRoute {route} has no backendRef to Service {stable_service}"
                 )

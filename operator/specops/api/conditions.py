@@ -86,6 +86,7 @@ class Reason:
     TRAFFIC_SPLIT_FAILED = "TrafficSplitFailed"
     ROUTE_RELEASED = "RouteReleased"
     ROUTE_NOT_RELEASED = "RouteNotReleased"
+    ROUTE_RELEASE_ABANDONED = "RouteReleaseAbandoned"
     ROUTE_REPAIRED = "RouteRepaired"
     # retraining
     TARGET_VERSION_CHANGED = "TargetVersionChanged"

@@ -55,6 +55,9 @@ POD_QUANTITIES = (Q_POD_BATCH, Q_POD_TPOT_MEAN)
 REASON_METRICS_UNAVAILABLE = "MetricsUnavailable"
 REASON_NO_METRICS = "NoMetricsForDeployment"
 REASON_STALE = "MetricsStale"
+REASON_INVALID = "MetricsInvalid"
+"""Prometheus answered for a resource, but with no finite, physically possible value (NaN, an
+infinity or a negative number in every series): as blind as an outage, and said apart from one."""
 REASON_PENDING = "MetricsPending"  # the first poll after start-up has not completed: not an outage
 
 Key = tuple[str, str, str]
@@ -306,11 +309,13 @@ def _of_draft(drafts: Mapping[str, Measurement] | None, draft: str) -> Measureme
 
 
 def _finite(raw: Any) -> float | None:
+    """A finite number no less than 0, else None: every quantity read (gauges, rates, counts,
+    latencies) is non-negative, so a negative value is refused as unreadable, like NaN and Inf."""
     try:
         value = float(raw)
     except (TypeError, ValueError):
         return None
-    return value if math.isfinite(value) else None
+    return value if math.isfinite(value) and value >= 0.0 else None
 
 
 Series = tuple[str, str, str, str]
@@ -322,12 +327,17 @@ def _number(sample: Mapping[str, Any]) -> float | None:
     return _finite(value[1]) if isinstance(value, list | tuple) and len(value) == 2 else None
 
 
+Q_UNREADABLE = "_unreadable"
+"""Marks a series all of whose samples were NaN, infinite or negative (see `_finite`)."""
+
+
 def _grouped(
     results: Mapping[str, RawVector], quantities: Sequence[str], member: str
 ) -> tuple[dict[Series, dict[str, float | None]], dict[Key, tuple[str, ...]]]:
     """The values of ``quantities`` by series (resource key and ``member``, the draft identity or
     the pod: "" for series without it), each a dict of quantity to value (NaN/Inf, e.g. a quantile
-    with no observations, become None); and each resource key's members in order.
+    with no observations, and negative values become None; a series none of whose values is
+    readable carries ``Q_UNREADABLE``); and each resource key's members in order.
 
     One pass over every sample of the cycle (about 26,000 at 2,000 resources). The layout keeps
     what a snapshot holds for a cycle out of the collector's way (`Snapshot`): a dict of floats is
@@ -335,6 +345,7 @@ def _grouped(
     the two outer dicts."""
     values: dict[Series, dict[str, float | None]] = {}
     members: dict[Key, list[str]] = {}
+    readable: set[Series] = set()
     for quantity in quantities:
         for sample in results.get(quantity, ()):
             labels = sample.get("metric") or {}
@@ -354,7 +365,11 @@ def _grouped(
                     members[key] = [which]
                 else:
                     known.append(which)
-            found[quantity] = _number(sample)
+            number = found[quantity] = _number(sample)
+            if number is not None:
+                readable.add(series)
+    for series in values.keys() - readable:  # no finite, possible value at all
+        values[series][Q_UNREADABLE] = None
     return values, {key: tuple(found) for key, found in members.items()}
 
 
@@ -387,7 +402,17 @@ def measurement_from_values(
     per_pod: Mapping[str, PodMeasurement] | None = None,
 ) -> Measurement:
     """One resource's measurement from its value of each quantity (missing quantities are None);
-    ``latency_error``: why the cycle went without its latency quantiles, if it did."""
+    ``latency_error``: why the cycle went without its latency quantiles, if it did. Values that
+    hold no finite, non-negative number at all (``Q_UNREADABLE``) are a failed measurement,
+    reason MetricsInvalid: a resource Prometheus answers for with NaN, Inf or negative values
+    only is as unmeasured as one it does not answer for."""
+    if Q_UNREADABLE in values:
+        return Measurement.failed(
+            at,
+            REASON_INVALID,
+            "Prometheus answered no finite, non-negative value for this resource "
+            "(NaN, infinite or negative samples only)",
+        )
     alpha, rate, mean_draft_length = _acceptance(profile, values)
     pods = values.get(Q_PODS)
     return Measurement(
@@ -428,8 +453,10 @@ def merge_drafts(per_draft: Sequence[Mapping[str, float | None]]) -> dict[str, f
     """
     if len(per_draft) == 1:
         return dict(per_draft[0])
-    quantities = {quantity for values in per_draft for quantity in values}
+    quantities = {quantity for values in per_draft for quantity in values} - {Q_UNREADABLE}
     merged: dict[str, float | None] = {}
+    if all(Q_UNREADABLE in values for values in per_draft):
+        merged[Q_UNREADABLE] = None
     for quantity in quantities:
         present = [values.get(quantity) for values in per_draft]
         if quantity in _ADDITIVE:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import kopf
@@ -132,13 +132,18 @@ async def reconcile(body: kopf.Body, memo: kopf.Memo, retry: int = 0, **_: Any) 
 
 
 @kopf.on.delete(GROUP, VERSION, PLURAL)
-async def delete(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+async def delete(body: kopf.Body, memo: kopf.Memo, runtime: timedelta | None = None, **_: Any) -> None:
+    """Release the canary from the user's route, then delete the children.
+
+    ``runtime`` (Kopf's, kept across retries and restarts) bounds how long a route that cannot
+    be released holds the finalizer: the canary service gives up after its release timeout."""
     services: Services = memo.services
+    waited = runtime.total_seconds() if runtime is not None else 0.0
     try:
-        events = await services.canary.release(body)
+        events = await services.canary.release(body, now=now(), waited_s=waited)
         events += await services.reconciler.cleanup(body)
     except RouteNotReleased as error:
-        kopf.warn(body, reason="RouteNotReleased", message=f"{error}; deletion waits for the route")
+        kopf.warn(body, reason="RouteNotReleased", message=str(error))
         raise kopf.TemporaryError(f"route not released: {error}", delay=RETRY_DELAY_S) from error
     except KubeApiError as error:
         raise kopf.TemporaryError(f"Kubernetes API: {error}", delay=RETRY_DELAY_S) from error

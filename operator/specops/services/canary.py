@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from specops.api import conditions as cond
@@ -32,12 +32,28 @@ from specops.domain.calibration import CalibrationConfig
 from specops.domain.discovery import PodEndpoint
 from specops.domain.engines.schedule import Revision
 from specops.domain.lifecycle import EventRecord
-from specops.domain.names import CANARY, LABEL_DEPLOYMENT, LABEL_VARIANT, STABLE, child_name, label_value
+from specops.domain.names import (
+    CANARY,
+    LABEL_DEPLOYMENT,
+    LABEL_VARIANT,
+    STABLE,
+    child_name,
+    label_value,
+    variant_service_name,
+)
 from specops.domain.render import render_children
 from specops.domain.revision_step import config_from_spec, first_revision, speculating
 from specops.domain.traffic import canary_replicas_for
-from specops.ports import MERGE_PATCH, EngineClient, KubePort, MetricsSource, TrafficRouter, TrafficRouting
-from specops.services.reconciler import Reconciler, stable_revision
+from specops.ports import (
+    MERGE_PATCH,
+    EngineClient,
+    KubeApiError,
+    KubePort,
+    MetricsSource,
+    TrafficRouter,
+    TrafficRouting,
+)
+from specops.services.reconciler import Reconciler, stable_revision, status_change
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +101,7 @@ class CanaryService:
         gateway_api: bool,
         rate_window_s: float = 60.0,
         engine_deadline_s: float = 30.0,
+        release_timeout_s: float = 300.0,
     ) -> None:
         self.kube = kube
         self.metrics = metrics
@@ -96,6 +113,8 @@ class CanaryService:
         self.gateway_api = gateway_api
         self.rate_window_s = rate_window_s
         """What one measurement spans: a canary's samples start once its pods served traffic this long."""
+        self.release_timeout_s = release_timeout_s
+        """How long a deletion waits for a route that still names the canary before it goes on."""
 
     # ------------------------------------------------------------------ the tick
 
@@ -361,11 +380,17 @@ class CanaryService:
             for obj in await self.kube.list(api_version, kind, namespace, labels):
                 await self.kube.delete(api_version, kind, namespace, obj["metadata"]["name"])
 
-    async def release(self, body: Mapping[str, Any]) -> list[EventRecord]:
+    async def release(
+        self, body: Mapping[str, Any], *, now: datetime | None = None, waited_s: float = 0.0
+    ) -> list[EventRecord]:
         """On delete: take the canary out of the user's route (garbage collection cannot).
 
-        Raises RouteNotReleased when the route still names the canary: deletion waits (the
-        finalizer holds it) rather than delete a Service the route sends users to.
+        A route that never named the canary's Service needs no release. One that still names it
+        and cannot be released (it no longer names the stable Service, the write keeps failing,
+        403) holds the deletion for at most ``release_timeout_s`` (``waited_s`` is how long the
+        delete handler has run): meanwhile RouteNotReleased is raised and the condition
+        Degraded=True/RouteNotReleased says why; past the bound the children are deleted anyway
+        with a Warning Event RouteReleaseAbandoned naming the route to fix.
         """
         try:
             resource = SpeculativeDeployment.model_validate(dict(body))
@@ -377,9 +402,37 @@ class CanaryService:
         router = self.routers[canary.traffic_routing]
         meta = resource.metadata
         result = await router.set_weight(meta["namespace"], meta["name"], resource.spec, 0)
-        if not result.ok:
-            raise RouteNotReleased(result.message)
-        return [EventRecord("Normal", Reason.ROUTE_RELEASED, result.message)] if result.message else []
+        if result.ok:
+            return [EventRecord("Normal", Reason.ROUTE_RELEASED, result.message)] if result.message else []
+        canary_service = variant_service_name(meta["name"], CANARY)
+        if waited_s >= self.release_timeout_s:
+            return [
+                EventRecord(
+                    "Warning",
+                    Reason.ROUTE_RELEASE_ABANDONED,
+                    f"{result.message}; deleted after waiting {self.release_timeout_s:.0f} s: "
+                    f"remove Service {canary_service} from the route by hand",
+                )
+            ]
+        message = (
+            f"deletion waits for the route ({result.message}); the serving objects are deleted "
+            f"anyway once it has waited {self.release_timeout_s:.0f} s ({waited_s:.0f} s so far)"
+        )
+        update = ConditionUpdate(cond.DEGRADED, "True", Reason.ROUTE_NOT_RELEASED, message)
+
+        def change(status: SpeculativeDeploymentStatus) -> SpeculativeDeploymentStatus:
+            conditions = cond.set_condition(
+                status.conditions, update, now or datetime.now(UTC), status.observed_generation
+            )
+            return status.model_copy(update={"conditions": conditions})
+
+        try:
+            await self.kube.update_status(
+                API_VERSION, KIND, meta["namespace"], meta["name"], status_change(change), base=body
+            )
+        except KubeApiError as error:  # the route is the news; the condition is tried again next retry
+            log.warning("could not write why %s/%s waits: %s", meta["namespace"], meta["name"], error)
+        raise RouteNotReleased(message)
 
 
 def canary_revision(resource: SpeculativeDeployment, draft: DraftSpec) -> Revision:

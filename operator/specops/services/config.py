@@ -27,6 +27,8 @@ class OperatorConfig:
     engine_deadline_s: float = 30.0
     # The span of one measurement's rates; None = max(4 scrapes, 10 s).
     rate_window_s: float | None = None
+    route_release_timeout_s: float = 300.0
+    """How long a deletion waits for a route that still names the canary before deleting anyway."""
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> OperatorConfig:
@@ -40,4 +42,5 @@ class OperatorConfig:
             rate_window_s=float(env["SPECOPS_RATE_WINDOW_SECONDS"])
             if float(env.get("SPECOPS_RATE_WINDOW_SECONDS") or 0) > 0
             else None,
+            route_release_timeout_s=float(env.get("SPECOPS_ROUTE_RELEASE_TIMEOUT_SECONDS", "300")),
         )

@@ -118,6 +118,7 @@ async def build_services(config: OperatorConfig | None = None) -> Services:
         gateway_api=gateway_api,
         rate_window_s=config.rate_window_s or rate_window_s(config.scrape_interval_s),
         engine_deadline_s=config.engine_deadline_s,
+        release_timeout_s=config.route_release_timeout_s,
     )
     retraining = RetrainingService(kube)
     ticker = ResourceTick(kube, control, retraining, canary, default_interval_s=config.default_interval_s)

@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from specops.api.models import CHECKPOINT_URI_PATTERN
-from specops.domain.redaction import redact_text
+from specops.domain.redaction import redact_text, redact_untrusted
 from specops.domain.retraining.jobs import job_kind
 from specops.domain.retraining.naming import (
     ANNOTATION_OUTPUT_VERSION,
@@ -60,9 +60,9 @@ def _terminated(pods: Sequence[Mapping[str, Any]]) -> list[tuple[str, Mapping[st
 
 
 def _failure_messages(pods: Sequence[Mapping[str, Any]], limit: int = 500) -> str:
-    """The tails of failed containers' termination messages, with token-like strings masked."""
+    """The tails of failed containers' termination messages, reduced to what redact_untrusted keeps."""
     messages = [
-        f"{where}: {redact_text(str(t.get('message')).strip())[-limit:]}"
+        f"{where}: {redact_untrusted(str(t.get('message')).strip())[-limit:]}"
         for where, t in _terminated(pods)
         if t.get("exitCode") not in (0, None) and str(t.get("message") or "").strip()
     ]
