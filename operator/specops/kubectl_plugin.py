@@ -15,7 +15,14 @@ from typing import Any
 import click
 from rich.live import Live
 
-from specops.cli import CONTEXT_SETTINGS, gate_command, kubeconfig_option, namespace_option, version
+from specops.cli import (
+    CONTEXT_SETTINGS,
+    context_option,
+    gate_command,
+    kubeconfig_option,
+    namespace_option,
+    version,
+)
 from specops.cli_output import console, write_json
 from specops.operations import CANARY_ANNOTATIONS, Cluster, OperationError, current_namespace
 from specops.plan import plan_command
@@ -33,8 +40,10 @@ def fail(error: OperationError) -> None:
     sys.exit(1)
 
 
-async def _snapshot(kubeconfig: str | None, namespace: str, name: str) -> tuple[dict[str, Any], list[Any]]:
-    async with Cluster(kubeconfig) as cluster:
+async def _snapshot(
+    kubeconfig: str | None, context: str | None, namespace: str, name: str
+) -> tuple[dict[str, Any], list[Any]]:
+    async with Cluster(kubeconfig, context) as cluster:
         body = await cluster.get(namespace, name)
         events = await cluster.events(namespace, name)
     return body, events
@@ -44,6 +53,7 @@ async def _snapshot(kubeconfig: str | None, namespace: str, name: str) -> tuple[
 @click.argument("name")
 @namespace_option
 @kubeconfig_option
+@context_option
 @click.option("-w", "--watch", is_flag=True, help="keep the view live until Ctrl-C")
 @click.option(
     "--interval",
@@ -57,16 +67,17 @@ def get(
     name: str,
     namespace: str | None,
     kubeconfig: str | None,
+    context: str | None,
     watch: bool,
     interval: float,
     json_path: str | None,
 ) -> None:
     """Show one SpeculativeDeployment: speculation, alpha, batch vs break-even, p99 vs SLO, canary,
     retraining, the last decisions and recent Events."""
-    namespace = namespace or current_namespace(kubeconfig)
+    namespace = namespace or current_namespace(kubeconfig, context)
     out = console(stderr=json_path == "-")
     try:
-        body, events = asyncio.run(_snapshot(kubeconfig, namespace, name))
+        body, events = asyncio.run(_snapshot(kubeconfig, context, namespace, name))
     except OperationError as error:
         fail(error)
     if not watch:
@@ -80,7 +91,7 @@ def get(
             with Live(resource_view(body, events), console=out, refresh_per_second=4) as live:
                 while True:
                     time.sleep(interval)
-                    body, events = asyncio.run(_snapshot(kubeconfig, namespace, name))
+                    body, events = asyncio.run(_snapshot(kubeconfig, context, namespace, name))
                     live.update(resource_view(body, events))
         else:
             # Not a terminal: print the view again whenever what it shows changes (like kubectl get -w).
@@ -93,7 +104,7 @@ def get(
                     out.file.flush()
                     shown = key
                 time.sleep(interval)
-                body, events = asyncio.run(_snapshot(kubeconfig, namespace, name))
+                body, events = asyncio.run(_snapshot(kubeconfig, context, namespace, name))
     except KeyboardInterrupt:
         return
     except OperationError as error:
@@ -103,6 +114,7 @@ def get(
 @main.command("list", context_settings=CONTEXT_SETTINGS)
 @namespace_option
 @kubeconfig_option
+@context_option
 @click.option("-A", "--all-namespaces", is_flag=True, help="every namespace")
 @click.option("-o", "--output", type=click.Choice(["wide"]), help="wide: every printer column")
 @click.option(
@@ -111,6 +123,7 @@ def get(
 def list_command(
     namespace: str | None,
     kubeconfig: str | None,
+    context: str | None,
     all_namespaces: bool,
     output: str | None,
     json_path: str | None,
@@ -118,9 +131,9 @@ def list_command(
     """List SpeculativeDeployments with the CRD's printer columns (kubectl get sdep)."""
 
     async def fetch() -> list[dict[str, Any]]:
-        async with Cluster(kubeconfig) as cluster:
+        async with Cluster(kubeconfig, context) as cluster:
             return await cluster.list_all(
-                None if all_namespaces else namespace or current_namespace(kubeconfig)
+                None if all_namespaces else namespace or current_namespace(kubeconfig, context)
             )
 
     try:

@@ -19,13 +19,15 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import click
 import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic.alias_generators import to_camel
 from rich.table import Table
 
-from specops.api.models import KIND, SpeculativeDeploymentSpec
+from specops.api.models import KIND, DraftLength, GpuSpec, Parameters
 from specops.api.units import parse_parameters
 from specops.cli_output import console, write_json
 from specops.domain.perf import (
@@ -116,26 +118,106 @@ class PlanInputs:
         )
 
 
-def inputs_from_spec(spec: SpeculativeDeploymentSpec) -> dict[str, Any]:
+class _SpecFields(BaseModel):
+    """The fields of a SpeculativeDeployment's spec that the performance model reads; the rest
+    (engines, checkpoints, canary, ...) plan neither needs nor checks."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore", frozen=True)
+
+
+class PlanTarget(_SpecFields):
+    parameters: Parameters
+    active_parameters: Parameters | None = None
+    precision: Literal["bf16", "fp16", "fp8", "int8", "int4"] = "bf16"
+
+
+class PlanDraft(_SpecFields):
+    parameters: Parameters
+
+
+class PlanServing(_SpecFields):
+    gpu: GpuSpec = Field(default_factory=GpuSpec)
+    tensor_parallel: int = Field(default=1, ge=1)
+
+
+class PlanSpeculation(_SpecFields):
+    draft_length: DraftLength = Field(default_factory=DraftLength)
+
+
+class PlanSpec(_SpecFields):
+    """What `plan -f` (and the plugin's break-even) reads of a spec: sizes, precision, GPUs, lengths."""
+
+    target: PlanTarget
+    draft: PlanDraft
+    serving: PlanServing = Field(default_factory=PlanServing)
+    speculation: PlanSpeculation = Field(default_factory=PlanSpeculation)
+
+
+class SpecError(ValueError):
+    """A spec plan cannot read, said in one line with each field's path (spec.draft.parameters: ...)."""
+
+
+def validation_text(error: ValidationError, prefix: str = "spec") -> str:
+    """Pydantic's errors as one line: `spec.a.b: field required; spec.c: ...`."""
+    parts = []
+    for item in error.errors():
+        path = ".".join([prefix, *(str(part) for part in item["loc"])])
+        message = str(item["msg"])
+        parts.append(f"{path}: {message[:1].lower()}{message[1:]}")
+    return "; ".join(parts)
+
+
+def read_spec(spec: Any) -> PlanSpec:
+    """The fields plan reads, validated; SpecError (one line, field paths) when they are missing or bad."""
+    try:
+        return PlanSpec.model_validate(spec if spec is not None else {})
+    except ValidationError as error:
+        raise SpecError(validation_text(error)) from None
+
+
+def inputs_from_spec(spec: PlanSpec) -> dict[str, Any]:
     """What the operator's performance model reads from a spec (active parameters for MoE targets)."""
+    target = parse_parameters(spec.target.parameters)
+    active = parse_parameters(spec.target.active_parameters) if spec.target.active_parameters else target
     return {
         "gpu": spec.serving.gpu.type,
-        "target_params": spec.target.active_parameter_count,
-        "draft_params": spec.draft.parameter_count,
+        "target_params": active,
+        "draft_params": parse_parameters(spec.draft.parameters),
         "dtype": spec.target.precision,
         "tensor_parallel": spec.serving.tensor_parallel,
-        "max_draft_len": min(spec.speculation.draft_length.max, spec.target.engine.max_draft_len),
+        "max_draft_len": spec.speculation.draft_length.max,
     }
 
 
-def read_resource(path: str) -> tuple[str, SpeculativeDeploymentSpec]:
-    """The first SpeculativeDeployment in a YAML file ("-" = stdin): its name and validated spec."""
-    text = sys.stdin.read() if path == "-" else Path(path).read_text()
-    for document in yaml.safe_load_all(text):
+def read_resource(path: str) -> tuple[str, PlanSpec]:
+    """The first SpeculativeDeployment in a YAML file ("-" = stdin): its name and the fields plan reads.
+
+    Every failure is one line (click.ClickException): no such file, not YAML, no resource, or
+    the spec's missing and invalid fields by path."""
+    shown = "stdin" if path == "-" else path
+    try:
+        text = sys.stdin.read() if path == "-" else Path(path).read_text()
+    except FileNotFoundError:
+        raise click.ClickException(f"{shown}: no such file") from None
+    except (OSError, UnicodeDecodeError) as error:
+        raise click.ClickException(
+            f"{shown}: cannot read: {getattr(error, 'strerror', None) or error}"
+        ) from None
+    try:
+        documents = list(yaml.safe_load_all(text))
+    except yaml.YAMLError as error:
+        where = getattr(error, "problem_mark", None)
+        line = f" (line {where.line + 1})" if where is not None else ""
+        problem = getattr(error, "problem", None) or "invalid YAML"
+        raise click.ClickException(f"{shown}: not YAML{line}: {problem}") from None
+    for document in documents:
         if isinstance(document, dict) and document.get("kind") == KIND:
             name = str((document.get("metadata") or {}).get("name", "?"))
-            return name, SpeculativeDeploymentSpec.model_validate(document.get("spec") or {})
-    raise click.BadParameter(f"no {KIND} in {path}", param_hint="-f")
+            try:
+                return name, read_spec(document.get("spec"))
+            except SpecError as error:
+                raise click.ClickException(f"{shown}: {error}") from None
+    raise click.ClickException(f"{shown}: no {KIND} in it")
 
 
 def compute_plan(inputs: PlanInputs, batches: list[int]) -> dict[str, Any]:

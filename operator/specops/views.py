@@ -21,11 +21,10 @@ from rich.tree import Tree
 from specops.api import columns
 from specops.api.conditions import find_condition
 from specops.api.crd import PRINTER_COLUMNS
-from specops.api.models import SpeculativeDeploymentSpec
 from specops.api.status import SpeculativeDeploymentStatus
 from specops.api.units import format_duration, parse_duration
 from specops.domain import perf
-from specops.plan import PlanInputs, inputs_from_spec
+from specops.plan import PlanInputs, inputs_from_spec, read_spec
 
 RECENT_EVENTS = 6
 
@@ -43,10 +42,9 @@ def break_even_batch(body: Mapping[str, Any], alpha: float | None) -> int | None
     if alpha is None or alpha <= 0:
         return None
     try:
-        spec = SpeculativeDeploymentSpec.model_validate(body.get("spec") or {})
+        values = inputs_from_spec(read_spec(body.get("spec")))
     except ValueError:
         return None
-    values = inputs_from_spec(spec)
     return _break_even(
         values["gpu"],
         values["target_params"],

@@ -309,3 +309,88 @@ def test_local_says_how_to_install_the_extra_when_it_is_missing(monkeypatch: pyt
     assert "pip install 'specops[local]'" in result.output
     help_text = " ".join(CliRunner().invoke(specops, ["local", "--help"]).output.split())
     assert "the local stack is not installed" in help_text and "pip install 'specops[local]'" in help_text
+
+
+# ---------------------------------------------------------------- errors: one line, no traceback
+
+
+def one_line_error(result: Result) -> str:
+    lines = result.output.strip().splitlines()
+    assert result.exit_code == 1, result.output
+    assert len(lines) == 1, result.output
+    return lines[0]
+
+
+@pytest.fixture
+def no_kubeconfig(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.delenv("KUBECONFIG", raising=False)
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.kube/config either
+    return tmp_path
+
+
+@pytest.mark.parametrize(
+    ("group", "args"),
+    [
+        (kubectl_plugin.main, ["get", NAME]),
+        (kubectl_plugin.main, ["list"]),
+        (kubectl_plugin.main, ["promote", NAME]),
+        (specops, ["canary", "promote", NAME]),
+    ],
+    ids=["plugin get", "plugin list", "plugin promote", "canary promote"],
+)
+def test_without_a_kubeconfig_the_commands_say_so_in_one_line(
+    no_kubeconfig: Path, group: click.Group, args: list[str]
+) -> None:
+    result = CliRunner().invoke(group, args, catch_exceptions=False)
+    assert one_line_error(result) == "error: no kubeconfig: set KUBECONFIG or --kubeconfig"
+
+
+def write_kubeconfig(path: Path, server: str = "http://127.0.0.1:1") -> Path:
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [{"name": "c", "cluster": {"server": server}}],
+                "users": [{"name": "u", "user": {}}],
+                "contexts": [{"name": "lab", "context": {"cluster": "c", "user": "u", "namespace": "ns1"}}],
+                "current-context": "lab",
+            }
+        )
+    )
+    return path
+
+
+def test_kubeconfig_problems_are_named(no_kubeconfig: Path) -> None:
+    missing = no_kubeconfig / "nope.yaml"
+    result = CliRunner().invoke(specops, ["canary", "pause", NAME, "--kubeconfig", str(missing)])
+    assert one_line_error(result) == f"error: kubeconfig {missing}: no such file"
+
+    garbled = no_kubeconfig / "garbled.yaml"
+    garbled.write_text("clusters: [1\n")
+    result = CliRunner().invoke(kubectl_plugin.main, ["get", NAME, "--kubeconfig", str(garbled)])
+    assert one_line_error(result).startswith(f"error: kubeconfig {garbled}: not YAML (line 2)")
+
+    config = write_kubeconfig(no_kubeconfig / "config")
+    result = CliRunner().invoke(
+        kubectl_plugin.main, ["get", NAME, "--kubeconfig", str(config), "--context", "prod"]
+    )
+    assert one_line_error(result) == f"error: context 'prod' not found in kubeconfig {config}"
+
+
+def test_an_unreachable_api_server_is_one_line(no_kubeconfig: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KUBECONFIG", str(write_kubeconfig(no_kubeconfig / "config")))
+    for group, args in ((kubectl_plugin.main, ["get", NAME]), (specops, ["canary", "abort", NAME])):
+        result = CliRunner().invoke(group, args, catch_exceptions=False)
+        assert one_line_error(result).startswith("error: cannot reach the API server at http://127.0.0.1:1")
+
+
+def test_files_that_cannot_be_written_are_one_line(tmp_path: Path) -> None:
+    blocked = tmp_path / "file"
+    blocked.write_text("")
+    crd = CliRunner().invoke(specops, ["crd", str(blocked / "crd.yaml")], catch_exceptions=False)
+    assert one_line_error(crd).startswith(f"Error: cannot write {blocked / 'crd.yaml'}")
+    args = ["plan", "--gpu", "H100", "--target-params", "70B", "--json", str(blocked / "plan.json")]
+    plan = CliRunner().invoke(specops, args, catch_exceptions=False)
+    assert plan.exit_code == 1 and f"Error: cannot write {blocked / 'plan.json'}" in plan.output

@@ -168,3 +168,72 @@ def test_a_missing_profile_or_missing_setup_is_refused(tmp_path: Path) -> None:
     for bad in (["--profile", str(tmp_path / "nope.json")], ["--target-params", "70e9"]):
         result = run(*bad)
         assert result.exit_code == 2 and "Error" in result.output
+
+
+def sdep(tmp_path: Path, spec: dict[str, Any]) -> str:
+    path = tmp_path / "sdep.yaml"
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "specops.dev/v1alpha1",
+                "kind": "SpeculativeDeployment",
+                "metadata": {"name": "x"},
+                "spec": spec,
+            }
+        )
+    )
+    return str(path)
+
+
+@pytest.mark.parametrize(
+    ("spec", "said"),
+    [
+        ({"target": {"model": "m"}}, "spec.target.parameters: field required; spec.draft: field required"),
+        ({"target": {"parameters": "70B"}, "draft": {"model": "d"}}, "spec.draft.parameters: field required"),
+        (
+            {"target": {"parameters": "seventy"}, "draft": {"parameters": "7B"}},
+            "spec.target.parameters: string should match pattern",
+        ),
+        (
+            {
+                "target": {"parameters": "70B"},
+                "draft": {"parameters": "7B"},
+                "serving": {"gpu": {"type": "V100"}},
+            },
+            "spec.serving.gpu.type: input should be",
+        ),
+    ],
+)
+def test_a_spec_plan_cannot_read_is_one_line_naming_the_fields(
+    tmp_path: Path, spec: dict[str, Any], said: str
+) -> None:
+    result = run("-f", sdep(tmp_path, spec))
+    assert result.exit_code == 1
+    assert result.output.count("\n") == 1 and said in result.output, result.output
+
+
+def test_a_spec_with_only_what_plan_reads_is_planned(tmp_path: Path) -> None:
+    # no versions, engines or checkpoints: plan reads sizes, precision, GPUs and lengths only
+    spec = {
+        "target": {"parameters": "70B"},
+        "draft": {"parameters": "7B"},
+        "serving": {"gpu": {"type": "H100", "count": 4}, "tensorParallel": 4},
+    }
+    result = plan(tmp_path, "-f", sdep(tmp_path, spec))
+    assert (result["gpu"], result["tensor_parallel"], result["draft_params"]) == ("H100", 4, 7e9)
+
+
+def test_unreadable_files_are_one_line(tmp_path: Path) -> None:
+    garbled = tmp_path / "garbled.yaml"
+    garbled.write_text("spec: [\n")
+    empty = tmp_path / "empty.yaml"
+    empty.write_text("kind: ConfigMap\n")
+    for path, said in (
+        (tmp_path / "missing.yaml", f"Error: {tmp_path / 'missing.yaml'}: no such file"),
+        (garbled, f"Error: {garbled}: not YAML (line 2)"),
+        (empty, f"Error: {empty}: no SpeculativeDeployment in it"),
+        (tmp_path, f"Error: {tmp_path}: cannot read"),
+    ):
+        result = run("-f", str(path))
+        assert result.exit_code == 1 and result.output.count("\n") == 1, result.output
+        assert result.output.startswith(said), result.output

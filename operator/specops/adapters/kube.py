@@ -76,14 +76,15 @@ class ConnectionSettings:
     token_file: str | None = None
 
 
-def load_connection_settings(kubeconfig: str | None = None) -> ConnectionSettings:
-    """In-cluster service account first, else the kubeconfig ($KUBECONFIG read now)."""
+def load_connection_settings(kubeconfig: str | None = None, context: str | None = None) -> ConnectionSettings:
+    """In-cluster service account first, else the kubeconfig ($KUBECONFIG read now) at `context`
+    (default: its current context)."""
     config = kubernetes.client.Configuration()
     path = kubeconfig or os.environ.get("KUBECONFIG")
-    if path is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
+    if path is None and context is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
         kubernetes.config.load_incluster_config(client_configuration=config)
     else:
-        kubernetes.config.load_kube_config(config_file=path, client_configuration=config)
+        kubernetes.config.load_kube_config(config_file=path, context=context, client_configuration=config)
     token = config.api_key.get("authorization") or config.api_key.get("BearerToken")
     if token and token.lower().startswith("bearer "):
         token = token[7:]
