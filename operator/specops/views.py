@@ -47,7 +47,7 @@ def break_even_batch(body: Mapping[str, Any], alpha: float | None) -> int | None
         return None
     return _break_even(
         values["gpu"],
-        values["target_params"],
+        values["active_params"] or values["target_params"],
         values["draft_params"],
         values["dtype"],
         values["tensor_parallel"],
