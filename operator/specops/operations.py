@@ -6,7 +6,9 @@ context's namespace, else `default` (in a pod: the service account's namespace).
 
 from __future__ import annotations
 
+import asyncio
 import os
+from collections.abc import AsyncGenerator
 from pathlib import Path
 from typing import Any
 
@@ -166,27 +168,98 @@ class Cluster:
 
     async def events(self, namespace: str, name: str) -> list[dict[str, Any]]:
         """Events about one SpeculativeDeployment, oldest first (empty when Events cannot be read)."""
+        return (await self.events_versioned(namespace, name))[0]
+
+    async def events_versioned(self, namespace: str, name: str) -> tuple[list[dict[str, Any]], str]:
+        """The Events of one resource (a field selector: the server filters), and the version to watch from."""
         try:
-            events = await self.kube.list("v1", "Event", namespace)
+            events, version = await self.kube.list_versioned(
+                "v1", "Event", namespace, field_selector=event_selector(name)
+            )
         except KubeApiError:
-            return []
-        mine = [
-            e
-            for e in events
-            if (e.get("involvedObject") or {}).get("kind") == KIND
-            and (e.get("involvedObject") or {}).get("name") == name
+            return [], ""
+        return sorted(events, key=_event_order), version
+
+    async def follow(
+        self, namespace: str, name: str
+    ) -> AsyncGenerator[tuple[dict[str, Any], list[dict[str, Any]]]]:
+        """The resource and its Events now, then again at every change: two watches (the resource by
+        name, its Events by field selector), resumed where they ended and re-listed after a 410."""
+        body = await self.get(namespace, name)
+        events, events_version = await self.events_versioned(namespace, name)
+        yield body, events
+        changes: asyncio.Queue[tuple[str, dict[str, Any]]] = asyncio.Queue()
+
+        async def pump(kind: str, api_version: str, selector: str, version: str) -> None:
+            while True:
+                try:
+                    async for event in self.kube.watch(
+                        api_version, kind, namespace, field_selector=selector, resource_version=version
+                    ):
+                        obj = event.get("object") or {}
+                        version = str((obj.get("metadata") or {}).get("resourceVersion") or version)
+                        await changes.put((str(event.get("type")), obj))
+                except KubeApiError as error:
+                    if error.status == 410:  # too old: list again and watch from there
+                        await changes.put(("RELIST", {"kind": kind}))
+                        version = ""
+                        continue
+                    await changes.put(("ERROR", {"message": str(self.error(error))}))
+                    return
+
+        tasks = [
+            asyncio.ensure_future(
+                pump(
+                    KIND,
+                    API_VERSION,
+                    f"metadata.name={name}",
+                    str(body["metadata"].get("resourceVersion") or ""),
+                )
+            ),
+            asyncio.ensure_future(pump("Event", "v1", event_selector(name), events_version)),
         ]
-        return sorted(mine, key=_event_order)
+        try:
+            by_name = {e["metadata"]["name"]: e for e in events}
+            while True:
+                kind, obj = await changes.get()
+                if kind == "ERROR":
+                    raise OperationError(obj["message"])
+                if kind == "RELIST":
+                    if obj["kind"] == KIND:
+                        body = await self.get(namespace, name)
+                    else:
+                        by_name = {
+                            e["metadata"]["name"]: e
+                            for e in (await self.events_versioned(namespace, name))[0]
+                        }
+                elif obj.get("kind") == "Event" or "involvedObject" in obj:
+                    if kind == "DELETED":
+                        by_name.pop(obj["metadata"]["name"], None)
+                    else:
+                        by_name[obj["metadata"]["name"]] = obj
+                elif kind == "DELETED":
+                    raise OperationError(f'speculativedeployments.specops.dev "{name}" was deleted')
+                else:
+                    body = obj
+                yield body, sorted(by_name.values(), key=_event_order)
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
 
     async def set_canary_gate(self, action: str, namespace: str, name: str) -> None:
         body = await self.get(namespace, name)
-        if not (body.get("status") or {}).get("canary") and action != "resume":
+        if not (body.get("status") or {}).get("canary"):
             raise OperationError(f"{namespace}/{name} has no canary in progress")
         patch = {"metadata": {"annotations": CANARY_ANNOTATIONS[action]}}
         try:
             await self.kube.patch(API_VERSION, KIND, namespace, name, patch)
         except KubeApiError as error:
             raise self.error(error) from error
+
+
+def event_selector(name: str) -> str:
+    return f"involvedObject.kind={KIND},involvedObject.name={name}"
 
 
 def _event_order(event: dict[str, Any]) -> tuple[str, int]:
