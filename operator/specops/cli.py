@@ -216,8 +216,11 @@ def crd(file: str | None) -> None:
         sys.stdout.write(text)
         return
     path = Path(file)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    except OSError as error:
+        raise click.ClickException(f"cannot write {file}: {error.strerror or error}") from None
     click.echo(f"wrote {path}")
 
 
@@ -244,6 +247,12 @@ def kubeconfig_option(function: Any) -> Any:
     )
 
 
+def context_option(function: Any) -> Any:
+    return click.option(
+        "--context", metavar="NAME", help="the kubeconfig context (default: its current one)"
+    )(function)
+
+
 def gate_command(action: str) -> click.Command:
     @click.command(
         action, help=CANARY_GATE_HELP[action].capitalize() + ".", context_settings=CONTEXT_SETTINGS
@@ -251,9 +260,10 @@ def gate_command(action: str) -> click.Command:
     @click.argument("name")
     @namespace_option
     @kubeconfig_option
-    def command(name: str, namespace: str | None, kubeconfig: str | None) -> None:
-        namespace = namespace or current_namespace(kubeconfig)
-        code = asyncio.run(set_canary_gate(action, name, namespace, kubeconfig))
+    @context_option
+    def command(name: str, namespace: str | None, kubeconfig: str | None, context: str | None) -> None:
+        namespace = namespace or current_namespace(kubeconfig, context)
+        code = asyncio.run(set_canary_gate(action, name, namespace, kubeconfig, context))
         if code:
             sys.exit(code)
 

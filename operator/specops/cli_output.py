@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import click
 from rich.console import Console
 
 # Wide enough that a plan's table (8 batch columns) never wraps when stdout is a file or a pipe.
@@ -33,5 +34,8 @@ def write_json(result: Mapping[str, Any] | Sequence[Any], json_path: str | None)
         sys.stdout.flush()
     elif json_path:
         path = Path(json_path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text + "\n")
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text + "\n")
+        except OSError as error:
+            raise click.ClickException(f"cannot write {json_path}: {error.strerror or error}") from None

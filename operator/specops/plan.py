@@ -11,21 +11,26 @@ parallel and draft-length bounds from a SpeculativeDeployment, as the operator r
 
 break_even_batch is the smallest batch at which even the best draft length in
 [1, max_draft_len] no longer beats plain decoding (speedup <= 1.0): the batch above which
-speculation should be off. null when it still pays at 4096.
+speculation should be off. 1 when it never pays ("never pays"); null when it still pays at
+4096 ("pays at every batch up to 4096"). `warnings` names a draft as large as the target, a
+latency ratio c >= alpha, and weights that do not fit the GPUs at the tensor parallelism.
 """
 
 from __future__ import annotations
 
+import math
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import click
 import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic.alias_generators import to_camel
 from rich.table import Table
 
-from specops.api.models import KIND, SpeculativeDeploymentSpec
+from specops.api.models import KIND, DraftLength, GpuSpec, Parameters
 from specops.api.units import parse_parameters
 from specops.cli_output import console, write_json
 from specops.domain.perf import (
@@ -98,6 +103,7 @@ class PlanInputs:
     gpu: str
     target_params: float
     draft_params: float | None
+    active_params: float | None = None  # MoE: parameters active per token (None: all of them)
     alpha: float = DEFAULT_ALPHA
     context_tokens: float = DEFAULT_CONTEXT_TOKENS
     dtype: str = DEFAULT_DTYPE
@@ -105,10 +111,15 @@ class PlanInputs:
     max_draft_len: int = DEFAULT_MAX_DRAFT_LEN
     source: str | None = None
 
+    @property
+    def active(self) -> float:
+        """The target parameters each token reads: what a decode step costs."""
+        return self.active_params if self.active_params is not None else self.target_params
+
     def setup_with(self, draft_params: float) -> ModelSetup:
         return ModelSetup(
             gpu=GPUS[self.gpu],
-            target_params=self.target_params,
+            target_params=self.active,
             draft_params=draft_params,
             bytes_per_param=BYTES_PER_PARAM[self.dtype],
             tensor_parallel=self.tensor_parallel,
@@ -116,26 +127,120 @@ class PlanInputs:
         )
 
 
-def inputs_from_spec(spec: SpeculativeDeploymentSpec) -> dict[str, Any]:
+class _SpecFields(BaseModel):
+    """The fields of a SpeculativeDeployment's spec that the performance model reads; the rest
+    (engines, checkpoints, canary, ...) plan neither needs nor checks."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore", frozen=True)
+
+
+class PlanTarget(_SpecFields):
+    parameters: Parameters
+    active_parameters: Parameters | None = None
+    precision: Literal["bf16", "fp16", "fp8", "int8", "int4"] = "bf16"
+
+
+class PlanDraft(_SpecFields):
+    parameters: Parameters | None = None
+    method: Literal["draftModel", "eagle3", "mtp", "ngram"] = "draftModel"
+
+    @model_validator(mode="after")
+    def _sized(self) -> PlanDraft:
+        if self.method == "draftModel" and self.parameters is None:
+            raise ValueError("a draftModel needs draft.parameters")
+        return self
+
+    def parameter_count_for(self, target_active_parameters: float) -> float:
+        """As the operator counts it (api.models.DraftSpec): the given size, else about one decoder
+        layer of the target for eagle3 and mtp, none for ngram."""
+        if self.parameters is not None:
+            return parse_parameters(self.parameters)
+        return 0.0 if self.method == "ngram" else target_active_parameters / 64.0
+
+
+class PlanServing(_SpecFields):
+    gpu: GpuSpec = Field(default_factory=GpuSpec)
+    tensor_parallel: int = Field(default=1, ge=1)
+
+
+class PlanSpeculation(_SpecFields):
+    draft_length: DraftLength = Field(default_factory=DraftLength)
+
+
+class PlanSpec(_SpecFields):
+    """What `plan -f` (and the plugin's break-even) reads of a spec: sizes, precision, GPUs, lengths."""
+
+    target: PlanTarget
+    draft: PlanDraft
+    serving: PlanServing = Field(default_factory=PlanServing)
+    speculation: PlanSpeculation = Field(default_factory=PlanSpeculation)
+
+
+class SpecError(ValueError):
+    """A spec plan cannot read, said in one line with each field's path (spec.draft.parameters: ...)."""
+
+
+def validation_text(error: ValidationError, prefix: str = "spec") -> str:
+    """Pydantic's errors as one line: `spec.a.b: field required; spec.c: ...`."""
+    parts = []
+    for item in error.errors():
+        path = ".".join([prefix, *(str(part) for part in item["loc"])])
+        message = str(item["msg"])
+        parts.append(f"{path}: {message[:1].lower()}{message[1:]}")
+    return "; ".join(parts)
+
+
+def read_spec(spec: Any) -> PlanSpec:
+    """The fields plan reads, validated; SpecError (one line, field paths) when they are missing or bad."""
+    try:
+        return PlanSpec.model_validate(spec if spec is not None else {})
+    except ValidationError as error:
+        raise SpecError(validation_text(error)) from None
+
+
+def inputs_from_spec(spec: PlanSpec) -> dict[str, Any]:
     """What the operator's performance model reads from a spec (active parameters for MoE targets)."""
+    active = spec.target.active_parameters
     return {
         "gpu": spec.serving.gpu.type,
-        "target_params": spec.target.active_parameter_count,
-        "draft_params": spec.draft.parameter_count_for(spec.target.active_parameter_count),
+        "target_params": parse_parameters(spec.target.parameters),
+        "active_params": parse_parameters(active) if active else None,
+        "draft_params": spec.draft.parameter_count_for(parse_parameters(active or spec.target.parameters)),
         "dtype": spec.target.precision,
         "tensor_parallel": spec.serving.tensor_parallel,
         "max_draft_len": spec.speculation.draft_length.max,
     }
 
 
-def read_resource(path: str) -> tuple[str, SpeculativeDeploymentSpec]:
-    """The first SpeculativeDeployment in a YAML file ("-" = stdin): its name and validated spec."""
-    text = sys.stdin.read() if path == "-" else Path(path).read_text()
-    for document in yaml.safe_load_all(text):
+def read_resource(path: str) -> tuple[str, PlanSpec]:
+    """The first SpeculativeDeployment in a YAML file ("-" = stdin): its name and the fields plan reads.
+
+    Every failure is one line (click.ClickException): no such file, not YAML, no resource, or
+    the spec's missing and invalid fields by path."""
+    shown = "stdin" if path == "-" else path
+    try:
+        text = sys.stdin.read() if path == "-" else Path(path).read_text()
+    except FileNotFoundError:
+        raise click.ClickException(f"{shown}: no such file") from None
+    except (OSError, UnicodeDecodeError) as error:
+        raise click.ClickException(
+            f"{shown}: cannot read: {getattr(error, 'strerror', None) or error}"
+        ) from None
+    try:
+        documents = list(yaml.safe_load_all(text))
+    except yaml.YAMLError as error:
+        where = getattr(error, "problem_mark", None)
+        line = f" (line {where.line + 1})" if where is not None else ""
+        problem = getattr(error, "problem", None) or "invalid YAML"
+        raise click.ClickException(f"{shown}: not YAML{line}: {problem}") from None
+    for document in documents:
         if isinstance(document, dict) and document.get("kind") == KIND:
             name = str((document.get("metadata") or {}).get("name", "?"))
-            return name, SpeculativeDeploymentSpec.model_validate(document.get("spec") or {})
-    raise click.BadParameter(f"no {KIND} in {path}", param_hint="-f")
+            try:
+                return name, read_spec(document.get("spec"))
+            except SpecError as error:
+                raise click.ClickException(f"{shown}: {error}") from None
+    raise click.ClickException(f"{shown}: no {KIND} in it")
 
 
 def compute_plan(inputs: PlanInputs, batches: list[int]) -> dict[str, Any]:
@@ -143,6 +248,7 @@ def compute_plan(inputs: PlanInputs, batches: list[int]) -> dict[str, Any]:
     common: dict[str, Any] = {
         "gpu": inputs.gpu,
         "target_params": inputs.target_params,
+        "active_params": inputs.active,
         "alpha": inputs.alpha,
         "context_tokens": inputs.context_tokens,
         "dtype": inputs.dtype,
@@ -153,23 +259,79 @@ def compute_plan(inputs: PlanInputs, batches: list[int]) -> dict[str, Any]:
         common["source"] = inputs.source
     if inputs.draft_params is not None:
         plan = plan_for(inputs.setup_with(inputs.draft_params), inputs.alpha, batches, inputs.max_draft_len)
-        return {**common, **plan}
-    candidates = [d for d in CANDIDATE_DRAFT_PARAMS if d < inputs.target_params]
+        return {**common, **plan, "warnings": warnings_for(inputs, plan)}
+    candidates = [d for d in CANDIDATE_DRAFT_PARAMS if d < inputs.active]
     plans = [plan_for(inputs.setup_with(d), inputs.alpha, batches, inputs.max_draft_len) for d in candidates]
-    return {**common, "candidates": plans}
+    return {**common, "candidates": plans, "warnings": warnings_for(inputs, None)}
+
+
+GPU_MEMORY_BYTES: dict[str, float] = {"H100": 80e9, "H200": 141e9, "A100": 80e9, "L40S": 48e9, "B200": 180e9}
+"""Memory of one accelerator (the largest variant sold: A100 80 GB, H100 SXM 80 GB)."""
+
+
+def warnings_for(inputs: PlanInputs, plan: dict[str, Any] | None) -> list[str]:
+    """What makes a plan pointless or impossible, in words: a draft as large as the target, a
+    latency ratio at or above alpha, weights larger than the GPUs' memory."""
+    found = []
+    draft = inputs.draft_params
+    if draft is not None and draft >= inputs.active:
+        found.append(
+            f"the draft ({params_text(draft)}) is as large as the target ({params_text(inputs.active)}"
+            f"{' active' if inputs.active_params is not None else ''}) or larger: speculation cannot pay"
+        )
+    if plan is not None and plan["latency_ratio_c"] >= inputs.alpha:
+        found.append(
+            f"latency ratio c = {plan['latency_ratio_c']:.3f} is at least alpha {inputs.alpha:.2f}: "
+            "speculation never pays"
+        )
+    weight_bytes = (inputs.target_params + (draft or 0.0)) * BYTES_PER_PARAM[inputs.dtype]
+    memory = GPU_MEMORY_BYTES[inputs.gpu] * inputs.tensor_parallel
+    if weight_bytes > memory:
+        needed = math.ceil(weight_bytes / GPU_MEMORY_BYTES[inputs.gpu])
+        found.append(
+            f"the weights ({weight_bytes / 1e9:.0f} GB in {inputs.dtype}) do not fit {inputs.tensor_parallel} "
+            f"x {inputs.gpu} ({memory / 1e9:.0f} GB): tensor parallel {needed} or more, or a smaller precision"
+        )
+    return found
 
 
 def params_text(params: float) -> str:
     return f"{params / 1e9:g}B"
 
 
+ROOFLINE_MAX_BATCH = 4096
+PROFILE_MAX_BATCH = 1024
+
+
 def _break_even_text(plan: dict[str, Any]) -> str:
     break_even = plan["break_even_batch"]
-    return str(break_even) if break_even is not None else ">4096"
+    if break_even == 1:
+        return "never"
+    return str(break_even) if break_even is not None else f">{ROOFLINE_MAX_BATCH}"
+
+
+def break_even_sentence(break_even: int | None, max_batch: int) -> str:
+    """What a break-even batch means for speculation, in words."""
+    if break_even == 1:
+        return "speculation never pays: plain decoding is as fast or faster even at batch 1"
+    if break_even is None:
+        return f"speculation pays at every batch up to {max_batch}"
+    return f"break-even batch: {break_even} (speculation pays below it; switch it off from there)"
+
+
+LEGEND = (
+    "g: draft length (tokens proposed per step); c: latency ratio, draft step time / target step time "
+    "at batch 1 (speculation can pay only while alpha > c)"
+)
+
+
+def print_warnings(out: Any, warnings: list[str]) -> None:
+    for warning in warnings:
+        out.print(f"[bold yellow]warning:[/] {warning}", highlight=False)
 
 
 def plan_table(plan: dict[str, Any]) -> Table:
-    table = Table("batch", "best length", "speedup", title_justify="left", show_edge=False)
+    table = Table("batch", "best length g", "speedup", title_justify="left", show_edge=False)
     for column in table.columns:
         column.justify = "right"
     for row in plan["by_batch"]:
@@ -199,13 +361,17 @@ def candidates_table(plans: list[dict[str, Any]], batches: list[int]) -> Table:
 def print_plan(result: dict[str, Any], batches: list[int], *, to_stderr: bool) -> None:
     out = console(stderr=to_stderr)
     source = f"{result['source']}: " if result.get("source") else ""
+    active = result["active_params"]
+    moe = f" ({params_text(active)} active)" if active != result["target_params"] else ""
     out.print(
-        f"{source}{result['gpu']} x{result['tensor_parallel']}, target {params_text(result['target_params'])} "
-        f"{result['dtype']}, alpha {result['alpha']:.2f}, context {result['context_tokens']:g} tokens",
+        f"{source}{result['gpu']} x{result['tensor_parallel']}, target {params_text(result['target_params'])}"
+        f"{moe} {result['dtype']}, alpha {result['alpha']:.2f}, context {result['context_tokens']:g} tokens",
         highlight=False,
     )
+    print_warnings(out, result["warnings"])
     if "candidates" in result:
         out.print(candidates_table(result["candidates"], batches))
+        out.print(LEGEND, highlight=False)
         return
     alpha = result["alpha"]
     out.print(
@@ -214,11 +380,8 @@ def print_plan(result: dict[str, Any], batches: list[int], *, to_stderr: bool) -
         highlight=False,
     )
     out.print(plan_table(result))
-    break_even = result["break_even_batch"]
-    out.print(
-        f"break-even batch: {break_even}" if break_even is not None else "break-even batch: none up to 4096",
-        highlight=False,
-    )
+    out.print(break_even_sentence(result["break_even_batch"], ROOFLINE_MAX_BATCH), highlight=False)
+    out.print(LEGEND, highlight=False)
 
 
 def parse_batches(values: tuple[str, ...]) -> list[int]:
@@ -244,8 +407,19 @@ def parse_batches(values: tuple[str, ...]) -> list[int]:
     metavar="NAME|FILE",
     help="report from a serving profile (shipped, or written by specops profile) instead of the roofline",
 )
-@click.option("--gpu", type=click.Choice(sorted(GPUS)), help="accelerator (required without -f)")
-@click.option("--target-params", type=ParameterCount(), help="e.g. 70B, 1.5B or 70e9 (required without -f)")
+@click.option(
+    "--gpu", type=click.Choice(sorted(GPUS), case_sensitive=False), help="accelerator (required without -f)"
+)
+@click.option(
+    "--target-params",
+    type=ParameterCount(),
+    help="e.g. 70B, 1.5B or 70e9; a MoE's total (required without -f)",
+)
+@click.option(
+    "--active-params",
+    type=ParameterCount(),
+    help="MoE targets: parameters active per token, e.g. 22B (default: --target-params)",
+)
 @click.option("--draft-params", type=ParameterCount(), help="e.g. 7B; omit to compare candidate draft sizes")
 @click.option(
     "--alpha",
@@ -271,11 +445,14 @@ def parse_batches(values: tuple[str, ...]) -> list[int]:
     help="batch sizes, e.g. --batches 1,32,128 (repeatable)",
 )
 @click.option("--json", "json_path", metavar="PATH", help="write the plan as JSON to PATH ('-' = stdout)")
+@click.pass_context
 def plan_command(
+    ctx: click.Context,
     resource: str | None,
     profile_reference: str | None,
     gpu: str | None,
     target_params: float | None,
+    active_params: float | None,
     draft_params: float | None,
     alpha: float | None,
     context_tokens: float,
@@ -291,6 +468,15 @@ def plan_command(
     precision, tensor parallel and draft-length bounds from the resource; options override them.
     """
     if profile_reference is not None:
+        ignored = [
+            f"--{name.replace('_', '-')}" if name != "resource" else "-f"
+            for name in PROFILE_IGNORES
+            if ctx.get_parameter_source(name) is click.core.ParameterSource.COMMANDLINE
+        ]
+        if ignored:
+            raise click.UsageError(
+                f"--profile plans from the profile's measured step times: {', '.join(ignored)} would be ignored"
+            )
         _plan_from_profile(profile_reference, alpha, batches, json_path)
         return
     if alpha is None:
@@ -302,6 +488,7 @@ def plan_command(
     explicit = {
         "gpu": gpu,
         "target_params": target_params,
+        "active_params": active_params,
         "draft_params": draft_params,
         "dtype": dtype,
         "tensor_parallel": tensor_parallel,
@@ -309,6 +496,11 @@ def plan_command(
     }
     values.update({key: value for key, value in explicit.items() if value is not None})
     values.setdefault("draft_params", None)
+    if target_params is not None and active_params is None:
+        values["active_params"] = None  # a target given here is not the file's MoE
+    active = values.get("active_params")
+    if active is not None and values.get("target_params") is not None and active > values["target_params"]:
+        raise click.BadParameter("more than the target's parameters", param_hint="--active-params")
     for required in ("gpu", "target_params"):
         if required not in values:
             raise click.UsageError(f"--{required.replace('_', '-')} is required (or -f sdep.yaml)")
@@ -317,6 +509,20 @@ def plan_command(
     result = compute_plan(inputs, batch_sizes)
     print_plan(result, batch_sizes, to_stderr=json_path == "-")
     write_json(result, json_path)
+
+
+PROFILE_IGNORES = (
+    "resource",
+    "gpu",
+    "target_params",
+    "active_params",
+    "draft_params",
+    "context_tokens",
+    "dtype",
+    "tensor_parallel",
+    "max_draft_len",
+)
+"""The roofline's inputs: a serving profile's measured step times replace every one of them."""
 
 
 def main(argv: list[str]) -> int:
@@ -370,8 +576,7 @@ def _plan_from_profile(
         length = row["best_draft_length"]
         shown = "off" if length == 0 else str(length)
         print(f"{row['batch']:>7}  {shown:>11}  {row['best_speedup']:>7.2f}x", file=out)
-    found = plan["break_even_batch"]
-    print(f"break-even batch: {found if found is not None else 'none up to 1024'}", file=out)
+    print(break_even_sentence(plan["break_even_batch"], PROFILE_MAX_BATCH), file=out)
     write_json(plan, json_path)
 
 

@@ -21,11 +21,10 @@ from rich.tree import Tree
 from specops.api import columns
 from specops.api.conditions import find_condition
 from specops.api.crd import PRINTER_COLUMNS
-from specops.api.models import SpeculativeDeploymentSpec
 from specops.api.status import SpeculativeDeploymentStatus
 from specops.api.units import format_duration, parse_duration
 from specops.domain import perf
-from specops.plan import PlanInputs, inputs_from_spec
+from specops.plan import PlanInputs, inputs_from_spec, read_spec
 
 RECENT_EVENTS = 6
 
@@ -43,13 +42,12 @@ def break_even_batch(body: Mapping[str, Any], alpha: float | None) -> int | None
     if alpha is None or alpha <= 0:
         return None
     try:
-        spec = SpeculativeDeploymentSpec.model_validate(body.get("spec") or {})
+        values = inputs_from_spec(read_spec(body.get("spec")))
     except ValueError:
         return None
-    values = inputs_from_spec(spec)
     return _break_even(
         values["gpu"],
-        values["target_params"],
+        values["active_params"] or values["target_params"],
         values["draft_params"],
         values["dtype"],
         values["tensor_parallel"],
@@ -147,6 +145,103 @@ def summary(body: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
+# ---------------------------------------------------------------- health
+
+OK, IN_PROGRESS, ADVICE, BAD, NEUTRAL = "ok", "progress", "advice", "bad", "neutral"
+"""How a condition reads: healthy, something rolling out, advice worth a look, wrong, or nothing known."""
+
+LEVEL_STYLE = {OK: "green", IN_PROGRESS: "cyan", ADVICE: "yellow", BAD: "red", NEUTRAL: ""}
+
+_POLARITY: dict[str, dict[str, str]] = {
+    # condition type -> status -> level (a reason below can override it)
+    "Ready": {"True": OK, "False": BAD},
+    "Progressing": {"True": IN_PROGRESS, "False": OK},
+    "Degraded": {"True": BAD, "False": OK},
+    "AcceptanceBelowSLO": {"True": BAD, "False": OK},
+    "DraftMismatch": {"True": ADVICE, "False": OK},
+    "DraftSizeAdvisory": {"True": ADVICE, "False": OK},
+    "MetricsUnavailable": {"True": BAD, "False": OK},
+    "SpeculationApplied": {"True": OK, "False": BAD},
+    "CanaryRollout": {"True": IN_PROGRESS, "False": OK},
+    "DraftStale": {"True": ADVICE, "False": OK},
+    "CalibrationProfile": {"True": OK, "False": ADVICE},
+    "Retraining": {"True": IN_PROGRESS, "False": OK},
+}
+_BY_REASON: dict[tuple[str, str], str] = {
+    ("CanaryRollout", "TrafficSplitFailed"): BAD,
+    ("CanaryRollout", "CanaryAnalysisFailed"): BAD,
+    ("CanaryRollout", "CanaryMetricsUnavailable"): ADVICE,
+    ("CanaryRollout", "CanaryJudgementSuspended"): ADVICE,
+    ("CanaryRollout", "CanaryInconclusive"): ADVICE,
+    ("CanaryRollout", "CanaryRolledBack"): BAD,
+    ("CanaryRollout", "CanaryAborted"): BAD,
+    ("CanaryRollout", "NotLossless"): BAD,
+    ("CanaryRollout", "LosslessCheckUnrunnable"): BAD,
+    ("Retraining", "RetrainingFailed"): BAD,
+    ("Retraining", "RetrainingGaveUp"): BAD,
+    ("Retraining", "InvalidTemplate"): BAD,
+    ("Retraining", "RetrainingBackoff"): ADVICE,
+}
+ROLLED_BACK = frozenset({"CanaryRolledBack", "CanaryAborted", "NotLossless"})
+
+
+def condition_level(kind: str, status: str | None, reason: str | None) -> str:
+    """The condition's health by its own polarity: Progressing=False is done, Degraded=False is fine,
+    CanaryRollout=True is a canary running unless its reason says the split failed."""
+    if status not in ("True", "False"):
+        return NEUTRAL
+    by_reason = _BY_REASON.get((kind, reason or ""))
+    if by_reason is not None:
+        return by_reason
+    return _POLARITY.get(kind, {}).get(status, NEUTRAL)
+
+
+def health(info: Mapping[str, Any]) -> tuple[str, str]:
+    """One word for the resource (Healthy, Progressing, Warning, Degraded, RolledBack, Pending) and
+    one line saying why, from a summary()."""
+    conditions = info["conditions"]
+    if not conditions:
+        return "Pending", "no status yet: the operator has not reconciled it"
+    leveled = [(condition_level(c["type"], c["status"], c["reason"]), c) for c in conditions]
+
+    def said(condition: Mapping[str, Any]) -> str:
+        message = f": {condition['message']}" if condition["message"] else ""
+        return f"{condition['type']}={condition['status']} {condition['reason'] or ''}{message}"
+
+    for condition in conditions:
+        rolled_back = condition["type"] == "CanaryRollout" and condition["reason"] in ROLLED_BACK
+        if rolled_back and info["canary"] is None:
+            return "RolledBack", said(condition)
+    bad = [c for level, c in leveled if level == BAD]
+    moving = [c for level, c in leveled if level == IN_PROGRESS]
+    if bad:
+        return "Degraded", said(bad[0])
+    canary, retraining = info["canary"], info["retraining"] or {}
+    if canary is not None:
+        return "Progressing", f"canary {canary['draft']} {canary['phase']} at {canary['weight'] or 0}%"
+    if retraining.get("active"):
+        return "Progressing", f"retraining job {retraining['active']} running"
+    if moving:
+        return "Progressing", said(moving[0])
+    advice = [c for level, c in leveled if level == ADVICE]
+    if advice:
+        return "Warning", said(advice[0])
+    ready = next((c for c in conditions if c["type"] == "Ready"), None)
+    if ready is None or ready["status"] != "True":
+        return "Pending", said(ready) if ready else "no Ready condition yet"
+    return "Healthy", f"ready, speculation {info['speculation'] or 'off'}"
+
+
+HEALTH_STYLE = {
+    "Healthy": "bold green",
+    "Progressing": "bold cyan",
+    "Warning": "bold yellow",
+    "Degraded": "bold red",
+    "RolledBack": "bold red",
+    "Pending": "bold",
+}
+
+
 def _number(value: Any, fmt: str = "{:.2f}") -> str:
     return "-" if value is None else fmt.format(value)
 
@@ -157,11 +252,18 @@ def _styled(ok: bool | None, text: str) -> Text:
 
 
 def resource_view(
-    body: Mapping[str, Any], events: Sequence[Mapping[str, Any]] = (), now: datetime | None = None
+    body: Mapping[str, Any],
+    events: Sequence[Mapping[str, Any]] = (),
+    now: datetime | None = None,
+    *,
+    all_conditions: bool = False,
 ) -> RenderableType:
-    """One SpeculativeDeployment as a tree, with its recent Events below."""
+    """One SpeculativeDeployment: a health headline, a tree, its recent Events below. The tree lists
+    only abnormal conditions unless `all_conditions`."""
     now = now or datetime.now(UTC)
     info = summary(body)
+    word, why = health(info)
+    headline = Text.assemble((word, HEALTH_STYLE[word]), f"  {why}")
     tree = Tree(
         Text.assemble(
             (f"{info['namespace']}/{info['name']}", "bold"),
@@ -225,21 +327,29 @@ def resource_view(
         )
         if retraining["lastMessage"]:
             node.add(str(retraining["lastMessage"]))
-    conditions = tree.add("conditions")
-    for condition in info["conditions"]:
-        ok = {"True": True, "False": False}.get(condition["status"] or "")
-        if condition["type"] in ("Degraded", "MetricsUnavailable", "DraftStale", "AcceptanceBelowSLO"):
-            ok = None if ok is None else not ok
+    shown = [
+        (level, c)
+        for c in info["conditions"]
+        if (level := condition_level(c["type"], c["status"], c["reason"])) in (BAD, ADVICE) or all_conditions
+    ]
+    hidden = len(info["conditions"]) - len(shown)
+    label = "conditions" if all_conditions else "abnormal conditions"
+    if hidden:
+        label += f" ({hidden} more; --all shows them)"
+    conditions = tree.add(label if shown or hidden else "conditions: none yet")
+    if not shown and hidden:
+        conditions.add(Text("none", style="green"))
+    for level, condition in shown:
         conditions.add(
             Text.assemble(
                 f"{condition['type']}=",
-                _styled(ok, condition["status"] or "?"),
+                (condition["status"] or "?", LEVEL_STYLE[level]),
                 f" {condition['reason'] or ''}"
                 + (f": {condition['message']}" if condition["message"] else ""),
             )
         )
     if not events:
-        return tree
+        return Group(headline, tree)
     table = Table("AGE", "TYPE", "REASON", "MESSAGE", title="recent events", title_justify="left", box=None)
     for event in list(events)[-RECENT_EVENTS:]:
         stamp = (
@@ -251,14 +361,24 @@ def resource_view(
             str(event.get("reason", "")),
             str(event.get("message", "")),
         )
-    return Group(tree, Text(), table)
+    return Group(headline, tree, Text(), table)
 
 
 def list_table(
-    bodies: Sequence[Mapping[str, Any]], now: datetime | None = None, *, wide: bool = False
+    bodies: Sequence[Mapping[str, Any]],
+    now: datetime | None = None,
+    *,
+    wide: bool = False,
+    namespaces: bool = False,
 ) -> Table:
-    """Many resources as `kubectl get sdep` prints them (the CRD's printer columns)."""
+    """Many resources as `kubectl get sdep` prints them (the CRD's printer columns; with
+    `namespaces`, a NAMESPACE column first, as `-A` does)."""
     rows = columns.table_rows(PRINTER_COLUMNS, bodies, now or datetime.now(UTC), wide=wide)
+    if namespaces:
+        rows = [["NAMESPACE", *rows[0]]] + [
+            [str(body["metadata"].get("namespace", "")), *row]
+            for body, row in zip(bodies, rows[1:], strict=True)
+        ]
     table = Table(*rows[0], box=None, pad_edge=False, header_style="bold")
     for row in rows[1:]:
         table.add_row(*row)

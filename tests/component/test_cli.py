@@ -309,3 +309,254 @@ def test_local_says_how_to_install_the_extra_when_it_is_missing(monkeypatch: pyt
     assert "pip install 'specops[local]'" in result.output
     help_text = " ".join(CliRunner().invoke(specops, ["local", "--help"]).output.split())
     assert "the local stack is not installed" in help_text and "pip install 'specops[local]'" in help_text
+
+
+# ---------------------------------------------------------------- errors: one line, no traceback
+
+
+def one_line_error(result: Result) -> str:
+    lines = result.output.strip().splitlines()
+    assert result.exit_code == 1, result.output
+    assert len(lines) == 1, result.output
+    return lines[0]
+
+
+@pytest.fixture
+def no_kubeconfig(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.delenv("KUBECONFIG", raising=False)
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.kube/config either
+    return tmp_path
+
+
+@pytest.mark.parametrize(
+    ("group", "args"),
+    [
+        (kubectl_plugin.main, ["get", NAME]),
+        (kubectl_plugin.main, ["list"]),
+        (kubectl_plugin.main, ["promote", NAME]),
+        (specops, ["canary", "promote", NAME]),
+    ],
+    ids=["plugin get", "plugin list", "plugin promote", "canary promote"],
+)
+def test_without_a_kubeconfig_the_commands_say_so_in_one_line(
+    no_kubeconfig: Path, group: click.Group, args: list[str]
+) -> None:
+    result = CliRunner().invoke(group, args, catch_exceptions=False)
+    assert one_line_error(result) == "error: no kubeconfig: set KUBECONFIG or --kubeconfig"
+
+
+def write_kubeconfig(path: Path, server: str = "http://127.0.0.1:1") -> Path:
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [{"name": "c", "cluster": {"server": server}}],
+                "users": [{"name": "u", "user": {}}],
+                "contexts": [{"name": "lab", "context": {"cluster": "c", "user": "u", "namespace": "ns1"}}],
+                "current-context": "lab",
+            }
+        )
+    )
+    return path
+
+
+def test_kubeconfig_problems_are_named(no_kubeconfig: Path) -> None:
+    missing = no_kubeconfig / "nope.yaml"
+    result = CliRunner().invoke(specops, ["canary", "pause", NAME, "--kubeconfig", str(missing)])
+    assert one_line_error(result) == f"error: kubeconfig {missing}: no such file"
+
+    garbled = no_kubeconfig / "garbled.yaml"
+    garbled.write_text("clusters: [1\n")
+    result = CliRunner().invoke(kubectl_plugin.main, ["get", NAME, "--kubeconfig", str(garbled)])
+    assert one_line_error(result).startswith(f"error: kubeconfig {garbled}: not YAML (line 2)")
+
+    config = write_kubeconfig(no_kubeconfig / "config")
+    result = CliRunner().invoke(
+        kubectl_plugin.main, ["get", NAME, "--kubeconfig", str(config), "--context", "prod"]
+    )
+    assert one_line_error(result) == f"error: context 'prod' not found in kubeconfig {config}"
+
+
+def test_an_unreachable_api_server_is_one_line(no_kubeconfig: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KUBECONFIG", str(write_kubeconfig(no_kubeconfig / "config")))
+    for group, args in ((kubectl_plugin.main, ["get", NAME]), (specops, ["canary", "abort", NAME])):
+        result = CliRunner().invoke(group, args, catch_exceptions=False)
+        assert one_line_error(result).startswith("error: cannot reach the API server at http://127.0.0.1:1")
+
+
+def test_files_that_cannot_be_written_are_one_line(tmp_path: Path) -> None:
+    blocked = tmp_path / "file"
+    blocked.write_text("")
+    crd = CliRunner().invoke(specops, ["crd", str(blocked / "crd.yaml")], catch_exceptions=False)
+    assert one_line_error(crd).startswith(f"Error: cannot write {blocked / 'crd.yaml'}")
+    args = ["plan", "--gpu", "H100", "--target-params", "70B", "--json", str(blocked / "plan.json")]
+    plan = CliRunner().invoke(specops, args, catch_exceptions=False)
+    assert plan.exit_code == 1 and f"Error: cannot write {blocked / 'plan.json'}" in plan.output
+
+
+# ---------------------------------------------------------------- the live view tells the truth
+
+
+def condition(kind: str, status: str, reason: str, message: str = "") -> dict[str, Any]:
+    return {
+        "type": kind,
+        "status": status,
+        "reason": reason,
+        "message": message,
+        "lastTransitionTime": "2026-12-01T00:00:00Z",
+    }
+
+
+HEALTHY = [
+    condition("Ready", "True", "Serving", "2/2 pods ready"),
+    condition("Progressing", "False", "RolloutComplete"),
+    condition("Degraded", "False", "AsExpected"),
+    condition("DraftMismatch", "False", "DraftMatchesTarget"),
+    condition("Retraining", "False", "RetrainingIdle"),
+    condition("MetricsUnavailable", "False", "MetricsOK"),
+]
+
+
+def coloured(body: dict[str, Any], **options: Any) -> str:
+    from rich.console import Console
+
+    from specops.views import resource_view
+
+    console = Console(force_terminal=True, color_system="standard", width=200)
+    with console.capture() as captured:
+        console.print(resource_view(body, **options))
+    return captured.get()
+
+
+RED, GREEN = "\x1b[31m", "\x1b[32m"
+
+
+def test_condition_colours_follow_each_conditions_polarity() -> None:
+    body = {**resource(), "status": {**STATUS, "canary": None, "conditions": HEALTHY}}
+    body["metadata"]["namespace"] = NAMESPACE
+    default = coloured(body)
+    assert "Healthy" in default and RED not in default
+    assert "Progressing=" not in default and "(6 more; --all shows them)" in default  # only the abnormal ones
+    every = coloured(body, all_conditions=True)
+    for kind in ("Progressing", "DraftMismatch", "Retraining", "Degraded"):
+        assert f"{kind}={GREEN}False" in every, kind
+    assert RED not in every
+
+    split_failed = condition("CanaryRollout", "True", "TrafficSplitFailed", "no HTTPRoute named chat")
+    body["status"] = {**STATUS, "conditions": [*HEALTHY, split_failed]}
+    failing = coloured(body)
+    assert f"CanaryRollout={RED}True" in failing and f"CanaryRollout={GREEN}" not in failing
+    assert "Degraded" in failing.splitlines()[0] and "TrafficSplitFailed" in failing.splitlines()[0]
+
+
+async def test_get_and_list_speak_json_yaml_and_wide(cluster: EmulatedCluster) -> None:
+    as_json = await invoke(kubectl_plugin.main, "get", NAME, "-o", "json")
+    record = json.loads(as_json.stdout)
+    assert (record["name"], record["health"]) == (NAME, "Progressing")
+    as_yaml = await invoke(kubectl_plugin.main, "get", NAME, "-o", "yaml")
+    assert yaml.safe_load(as_yaml.stdout)["canary"]["weight"] == 50
+    wide = await invoke(kubectl_plugin.main, "get", NAME, "-o", "wide")
+    assert wide.stdout.split()[:2] == ["NAME", "PHASE"] and "SPEEDUP" in wide.stdout
+
+    other = resource()
+    other["metadata"].update(name="small-chat", namespace="default")
+    cluster.create("sdep", other, namespace="default")
+    everywhere = await invoke(kubectl_plugin.main, "list", "-A")
+    header, *rows = (line.split() for line in everywhere.stdout.strip().splitlines())
+    assert header[:2] == ["NAMESPACE", "NAME"]
+    assert [row[:2] for row in rows] == [["default", "small-chat"], [NAMESPACE, NAME]]
+    listed = await invoke(kubectl_plugin.main, "list", "-A", "-o", "yaml")
+    assert [r["namespace"] for r in yaml.safe_load(listed.stdout)] == ["default", NAMESPACE]
+    here = await invoke(kubectl_plugin.main, "list")
+    assert "NAMESPACE" not in here.stdout
+
+
+async def test_status_waits_for_healthy_and_idle(cluster: EmulatedCluster) -> None:
+    # Given a canary in progress: status waits, and gives up at the timeout
+    waited = await invoke(kubectl_plugin.main, "status", NAME, "--timeout", "1s")
+    assert waited.exit_code == 1 and "timed out after 1s" in waited.output
+
+    async def finish_the_canary() -> None:
+        await asyncio.sleep(1.0)
+        cluster.patch_status("sdep", NAME, {"canary": None, "conditions": HEALTHY}, namespace=NAMESPACE)
+
+    finishing = asyncio.ensure_future(finish_the_canary())
+    done = await invoke(kubectl_plugin.main, "status", NAME, "--timeout", "20s")
+    await finishing
+    assert done.exit_code == 0, done.output
+    assert "Progressing" in done.output and done.output.strip().splitlines()[-1].startswith("Healthy")
+
+
+@pytest.mark.parametrize(
+    ("conditions", "said"),
+    [
+        ([condition("CanaryRollout", "False", "CanaryRolledBack", "v4 worse than v3")], "RolledBack: "),
+        (
+            [condition("MetricsUnavailable", "True", "PrometheusUnreachable")],
+            "Degraded: MetricsUnavailable=True",
+        ),
+    ],
+    ids=["rolled back", "degraded"],
+)
+async def test_status_fails_at_once_on_a_rollback_or_a_degraded_state(
+    cluster: EmulatedCluster, conditions: list[dict[str, Any]], said: str
+) -> None:
+    cluster.patch_status(
+        "sdep", NAME, {"canary": None, "conditions": [*HEALTHY, *conditions]}, namespace=NAMESPACE
+    )
+    result = await invoke(kubectl_plugin.main, "status", NAME, "--timeout", "20s")
+    assert result.exit_code == 1 and said in result.output
+
+
+async def test_the_watch_follows_events_by_watching_not_listing(cluster: EmulatedCluster) -> None:
+    process = await asyncio.create_subprocess_exec(
+        "kubectl",
+        "specops",
+        "get",
+        NAME,
+        "--watch",
+        stdout=asyncio.subprocess.PIPE,
+        env={**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}"},
+    )
+    assert process.stdout is not None
+    seen = ""
+    try:
+
+        async def until(text: str) -> None:
+            nonlocal seen
+            while text not in seen:
+                seen += (await asyncio.wait_for(process.stdout.readline(), 15)).decode()  # type: ignore[union-attr]
+
+        await until("weight 50%")
+        await cluster.wait_for_watch("events")
+        await cluster.wait_for_watch("speculativedeployments")
+        for name, about in (("other", "someone-else"), ("mine", NAME)):
+            cluster.create(
+                "events",
+                {
+                    "metadata": {"name": name},
+                    "involvedObject": {
+                        "kind": "SpeculativeDeployment",
+                        "name": about,
+                        "namespace": NAMESPACE,
+                    },
+                    "type": "Warning",
+                    "reason": f"Reason{name.capitalize()}",
+                    "message": f"about {about}",
+                },
+                namespace=NAMESPACE,
+            )
+        await until("ReasonMine")
+        assert "ReasonOther" not in seen  # the server filters by field selector
+    finally:
+        process.terminate()
+        await process.wait()
+
+
+async def test_resume_without_a_canary_fails_like_the_other_gates(cluster: EmulatedCluster) -> None:
+    cluster.patch_status("sdep", NAME, {"canary": None}, namespace=NAMESPACE)
+    for gate in ("resume", "pause", "promote"):
+        result = await invoke(kubectl_plugin.main, gate, NAME)
+        assert result.exit_code == 1 and f"{NAMESPACE}/{NAME} has no canary in progress" in result.output

@@ -17,11 +17,12 @@ async API.
 from __future__ import annotations
 
 import asyncio
+import builtins
 import os
 import random
 import ssl
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -78,14 +79,15 @@ class ConnectionSettings:
     token_file: str | None = None
 
 
-def load_connection_settings(kubeconfig: str | None = None) -> ConnectionSettings:
-    """In-cluster service account first, else the kubeconfig ($KUBECONFIG read now)."""
+def load_connection_settings(kubeconfig: str | None = None, context: str | None = None) -> ConnectionSettings:
+    """In-cluster service account first, else the kubeconfig ($KUBECONFIG read now) at `context`
+    (default: its current context)."""
     config = kubernetes.client.Configuration()
     path = kubeconfig or os.environ.get("KUBECONFIG")
-    if path is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
+    if path is None and context is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
         kubernetes.config.load_incluster_config(client_configuration=config)
     else:
-        kubernetes.config.load_kube_config(config_file=path, client_configuration=config)
+        kubernetes.config.load_kube_config(config_file=path, context=context, client_configuration=config)
     token = config.api_key.get("authorization") or config.api_key.get("BearerToken")
     if token and token.lower().startswith("bearer "):
         token = token[7:]
@@ -390,6 +392,64 @@ class KubeClient:
         path = resource_path(api_version, plural_of(api_version, kind), namespace)
         result = await self._request("GET", path, params=params)
         return list(result.get("items") or [])
+
+    async def list_versioned(
+        self, api_version: str, kind: str, namespace: str | None, *, field_selector: str | None = None
+    ) -> tuple[builtins.list[dict[str, Any]], str]:
+        """Items matching a field selector, and the list's resourceVersion to watch from."""
+        params = {"fieldSelector": field_selector} if field_selector else None
+        path = resource_path(api_version, plural_of(api_version, kind), namespace)
+        result = await self._request("GET", path, params=params)
+        version = str((result.get("metadata") or {}).get("resourceVersion") or "")
+        return list(result.get("items") or []), version
+
+    async def watch(
+        self,
+        api_version: str,
+        kind: str,
+        namespace: str | None,
+        *,
+        field_selector: str | None = None,
+        resource_version: str = "",
+        timeout_s: int = 300,
+    ) -> AsyncIterator[dict[str, Any]]:
+        """One watch stream: its events ({type, object}) until the server ends it (about timeout_s).
+        A refused watch (410 Gone for a version too old among them) raises KubeApiError."""
+        params = {"watch": "true", "timeoutSeconds": str(timeout_s)}
+        if field_selector:
+            params["fieldSelector"] = field_selector
+        if resource_version:
+            params["resourceVersion"] = resource_version
+        path = resource_path(api_version, plural_of(api_version, kind), namespace)
+        try:
+            async with self._http().request(
+                "GET",
+                self.settings.server + path,
+                params=params,
+                headers=self.headers,
+                timeout=aiohttp.ClientTimeout(total=None, sock_connect=self._timeout.total),
+            ) as response:
+                if response.status >= 400:
+                    body = await response.read()
+                    try:
+                        answer = orjson.loads(body)
+                        reason, message = str(answer.get("reason", "")), str(answer.get("message", ""))
+                    except (orjson.JSONDecodeError, AttributeError):
+                        reason, message = response.reason or "", body.decode("utf-8", "replace")[:500]
+                    raise KubeApiError(response.status, reason, message)
+                async for line in response.content:
+                    if line.strip():
+                        event = orjson.loads(line)
+                        if event.get("type") == "ERROR":
+                            status = event.get("object") or {}
+                            raise KubeApiError(
+                                int(status.get("code") or 0),
+                                str(status.get("reason", "")),
+                                str(status.get("message", "")),
+                            )
+                        yield event
+        except (aiohttp.ClientError, TimeoutError) as error:
+            raise KubeApiError(0, "Unreachable", f"watch {path}: {type(error).__name__}: {error}") from error
 
     async def create(self, obj: dict[str, Any]) -> dict[str, Any]:
         api_version, kind = obj["apiVersion"], obj["kind"]
