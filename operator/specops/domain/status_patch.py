@@ -20,6 +20,7 @@ VOLATILE_FIELDS: dict[str, frozenset[str] | None] = {
             "measuredSpeedup",
             "smoothedAlpha",
             "predictedGain",
+            "proposed",  # follows the smoothed acceptance; the revision in force is what matters
             "batchSeconds",  # the load seen, decayed every tick
             "calibration",  # the fit's statistics move with every sample
         }
