@@ -107,6 +107,17 @@ def summary(body: Mapping[str, Any]) -> dict[str, Any]:
         "speculation": speculation.state if body.get("status") else None,
         "controlPhase": speculation.control_phase,
         "draftLength": speculation.draft_length if body.get("status") else None,
+        "schedule": speculation.schedule,
+        "revision": speculation.revision.digest if speculation.revision else None,
+        "proposed": speculation.proposed.description if speculation.proposed else None,
+        "rollout": None
+        if speculation.rollout is None
+        else {
+            "target": speculation.rollout.target,
+            "updated": speculation.rollout.updated,
+            "replicas": speculation.rollout.replicas,
+        },
+        "endpoint": status.endpoint,
         "draft": status.draft.version,
         "alpha": alpha,
         "batch": observed.batch,
@@ -270,6 +281,7 @@ def resource_view(
             f"  phase {info['phase'] or 'Pending'}",
             "  ready ",
             _styled({"True": True, "False": False}.get(info["ready"] or ""), info["ready"] or "-"),
+            f"  endpoint {info['endpoint'] or '-'}",
         )
     )
     on = info["speculation"] == "on"
@@ -277,11 +289,17 @@ def resource_view(
         Text.assemble(
             "speculation ",
             _styled(on, info["speculation"] or "off"),
-            f"  draft {info['draft'] or '-'}  length {info['draftLength'] if info['draftLength'] is not None else '-'}",
+            f"  draft {info['draft'] or '-'}  revision {info['revision'] or '-'}",
             f"  control {info['controlPhase'] or '-'}",
             f"  measured speedup {_number(info['measuredSpeedup'], '{:.2f}x')}",
         )
     )
+    speculation.add(f"schedule {info['schedule'] or '-'}")
+    rollout = info["rollout"]
+    if rollout is not None:
+        speculation.add(f"rolling out {rollout['target']}: {rollout['updated']}/{rollout['replicas']} pods")
+    if info["proposed"] and info["proposed"] != info["schedule"]:
+        speculation.add(f"proposed {info['proposed']}")
     alpha = info["alpha"]
     speculation.add(f"alpha {_number(alpha)}")
     batch, break_even = info["batch"], info["breakEvenBatch"]

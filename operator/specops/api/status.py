@@ -381,6 +381,10 @@ class RetrainingStatus(ApiModel):
 class SpeculativeDeploymentStatus(ApiModel):
     observed_generation: int | None = Field(default=None, description="Generation last reconciled.")
     phase: Phase | None = Field(default=None, description="Where the resource is in its lifecycle.")
+    endpoint: str | None = Field(
+        default=None,
+        description="The in-cluster URL clients call (the shared Service on the engine's API port).",
+    )
     draft: DraftStatus = Field(default_factory=DraftStatus, description="Draft serving the stable variant.")
     observed_spec_draft: str | None = Field(
         default=None,

@@ -24,7 +24,7 @@ from specops.domain.calibration import CalibrationConfig
 from specops.domain.control_status import revision_from_status
 from specops.domain.engines.schedule import Revision
 from specops.domain.lifecycle import EventRecord
-from specops.domain.names import LABEL_DEPLOYMENT, STABLE, label_value, selector_labels
+from specops.domain.names import LABEL_DEPLOYMENT, STABLE, label_value, selector_labels, service_name
 from specops.domain.render import (
     RenderError,
     RenderOptions,
@@ -98,6 +98,14 @@ class ReconcileParked(Exception):
 
 def _key(obj: Mapping[str, Any]) -> str:
     return f"{obj['kind']}/{obj['metadata']['name']}"
+
+
+def endpoint_url(resource: SpeculativeDeployment, options: RenderOptions) -> str:
+    """The in-cluster URL clients call: the shared Service on the engine's API port."""
+    engine = options.engine(resource.spec.serving.backend)
+    port = next(p.number for p in engine.ports if p.name == engine.http_port)
+    meta = resource.metadata
+    return f"http://{service_name(str(meta['name']))}.{meta['namespace']}.svc:{port}"
 
 
 def stable_revision(resource: SpeculativeDeployment) -> Revision:
@@ -341,7 +349,13 @@ class Reconciler:
 
         def change(status: SpeculativeDeploymentStatus) -> SpeculativeDeploymentStatus:
             conditions = cond.set_conditions(status.conditions, updates, now, generation)
-            wanted = status.model_copy(update={"observed_generation": generation, "conditions": conditions})
+            wanted = status.model_copy(
+                update={
+                    "observed_generation": generation,
+                    "conditions": conditions,
+                    "endpoint": endpoint_url(resource, self.render_options),
+                }
+            )
             if not status.draft.version:
                 wanted = wanted.model_copy(
                     update={
