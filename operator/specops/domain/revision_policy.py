@@ -19,6 +19,7 @@ proposal and a verdict with its reason go out.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
@@ -150,6 +151,8 @@ class BandAnchor(Protocol):
 EXPLORE_SHARE = 0.05
 """A band carrying at least this share of the load seen, with no speculating measurement near it,
 is measured at K=1 (see Evidence.explore)."""
+PRIOR_SCALE_MAX = 4.0
+"""The prior is scaled by at most this factor either way (Evidence.prior_scale)."""
 EXPLORE_TOLERANCE = 0.3
 """... when the prior puts K=1 there no lower than 1 - this: near or above break-even, not far below."""
 
@@ -177,6 +180,36 @@ class Evidence:
     Where a band has both, the fit only scales the round to other K; its level is the measurement."""
     steps: Stepped | None = None
     """The fitted model's step times (for scaling an anchor's round to another K)."""
+    _scales: dict[float, float] = field(default_factory=dict, compare=False, repr=False)
+
+    def prior_scale(self, alpha: float) -> float:
+        """How far the measured bands sit from the prior (geometric mean of measured over prior
+        speedup at each anchor's K): applied to the prior where nothing was measured, so a prior
+        that every measurement found optimistic is not trusted at face value elsewhere."""
+        key = round(alpha, 2)
+        if key not in self._scales:
+            logs = []
+            for batch, anchor in self.anchors.items():
+                if anchor.round_s and anchor.k > 0:
+                    measured = self._anchored(alpha, anchor.k, batch, None)
+                    prior = self.prior.predict_speedup(alpha, anchor.k, batch)
+                    if measured and measured > 0 and prior > 0:
+                        logs.append(math.log(measured / prior))
+            scale = math.exp(sum(logs) / len(logs)) if logs else 1.0
+            self._scales[key] = min(PRIOR_SCALE_MAX, max(1.0 / PRIOR_SCALE_MAX, scale))
+        return self._scales[key]
+
+    def _anchored(
+        self, alpha: float, draft_length: int, batch: float, context_tokens: float | None
+    ) -> float | None:
+        anchor = self.anchors.get(batch)
+        if draft_length <= 0 or anchor is None or not anchor.round_s or self.steps is None:
+            return None
+        plain_s = anchor.plain_s or self.steps.step_s(0, batch, context_tokens)
+        shape = self.steps.step_s(draft_length, batch, context_tokens) / self.steps.step_s(
+            anchor.k, batch, context_tokens
+        )
+        return expected_tokens(alpha, draft_length) * plain_s / (anchor.round_s * shape)
 
     def measured(self, batch: float) -> bool:
         return float(getattr(self.confident.confidence(batch), "on", 0.0)) >= MEASURED_NEAR
@@ -189,16 +222,14 @@ class Evidence:
     def predict_speedup(
         self, alpha: float, draft_length: int, batch: float, context_tokens: float | None = None
     ) -> float:
-        anchor = self.anchors.get(batch)
-        if draft_length > 0 and anchor is not None and anchor.round_s and self.steps is not None:
-            plain_s = anchor.plain_s or self.steps.step_s(0, batch, context_tokens)
-            shape = self.steps.step_s(draft_length, batch, context_tokens) / self.steps.step_s(
-                anchor.k, batch, context_tokens
-            )
-            return expected_tokens(alpha, draft_length) * plain_s / (anchor.round_s * shape)
+        anchored = self._anchored(alpha, draft_length, batch, context_tokens)
+        if anchored is not None:
+            return anchored
         if self.measured(batch):
             return self.fitted.predict_speedup(alpha, draft_length, batch, context_tokens)
         prior = self.prior.predict_speedup(alpha, draft_length, batch, context_tokens)
+        if draft_length > 0:
+            prior *= self.prior_scale(alpha)
         if draft_length == 1 and batch in self.explore and prior >= 1.0 - EXPLORE_TOLERANCE:
             return max(prior, self.credit)
         return prior
