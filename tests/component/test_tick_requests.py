@@ -20,11 +20,11 @@ import yaml
 
 from specops.adapters.kube import KubeClient, load_connection_settings
 from specops.domain.metrics import Measurement
+from specops.ports import GenerateOutput
 from specops.services import tick as tick_module
 from specops.services.config import OperatorConfig
 from specops.services.container import build_services
 from specops_local.cluster import EmulatedCluster
-from specops_local.model_control import AcceptingModelControl
 from tests.conftest import EXAMPLES
 
 NAMESPACE = "default"
@@ -79,9 +79,12 @@ def _resource() -> dict[str, Any]:
     body["spec"]["metrics"] = {"prometheus": {"url": "http://127.0.0.1:9"}, "interval": "1s"}
     # The fake metrics below do not move with the setting: calibration would learn from them and
     # move the length (a decision, written at once). This test is about the cost of a steady tick.
+    # Nor does a revision roll out on a predicted gain of a few percent: this example's first
+    # schedule is within 3 % of the best one, and noisy acceptance would tip it (a decision too).
     body["spec"]["speculation"] = {
         "rollout": {"baseline": "2s", "soak": "2s"},
         "calibration": {"enabled": False},
+        "reconfigure": {"minGain": 0.2},
     }
     return body
 
@@ -101,6 +104,7 @@ async def serve_into_dynamic(cluster: EmulatedCluster, services: Any) -> datetim
     for _ in range(12):
         now += timedelta(seconds=1)
         await services.tick(NAMESPACE, NAME, lambda at=now: at)
+        _ready_pods(cluster)
     live = cluster.get("speculativedeployments", NAME)
     assert live is not None and live["status"]["phase"] == "Dynamic", live["status"]
     return now
@@ -116,6 +120,10 @@ async def ten_ticks(services: Any, now: datetime) -> tuple[datetime, Any]:
 
 
 def _ready_pods(cluster: EmulatedCluster) -> None:
+    """Play the Deployment controller and kubelet: each Deployment's pods exist, ready, with its
+    template's labels (a new revision relabels them: its rollout done at once); pods of a
+    Deployment gone or scaled down go."""
+    wanted: dict[str, dict[str, str]] = {}
     for deployment in cluster.objects("deployments", NAMESPACE):
         replicas = int(deployment["spec"].get("replicas") or 0)
         cluster.patch_status(
@@ -131,19 +139,27 @@ def _ready_pods(cluster: EmulatedCluster) -> None:
         )
         labels = deployment["spec"]["template"]["metadata"]["labels"]
         for index in range(replicas):
-            pod_name = f"{deployment['metadata']['name']}-{index}"
-            cluster.create(
-                "pods",
-                {
-                    "metadata": {"name": pod_name, "namespace": NAMESPACE, "labels": labels},
-                    "spec": {"containers": [{"name": "triton", "ports": [{"containerPort": 8000}]}]},
-                },
-            )
-            cluster.patch_status(
-                "pods",
-                pod_name,
-                {"podIP": "127.0.0.1", "conditions": [{"type": "Ready", "status": "True"}]},
-            )
+            wanted[f"{deployment['metadata']['name']}-{index}"] = labels
+    for pod in cluster.objects("pods", NAMESPACE):
+        name = pod["metadata"]["name"]
+        if name not in wanted or pod["metadata"].get("labels") != wanted[name]:
+            cluster.emulator.delete_object(cluster.resource("pods"), NAMESPACE, name)
+    existing = {pod["metadata"]["name"] for pod in cluster.objects("pods", NAMESPACE)}
+    for pod_name, labels in wanted.items():
+        if pod_name in existing:
+            continue
+        cluster.create(
+            "pods",
+            {
+                "metadata": {"name": pod_name, "namespace": NAMESPACE, "labels": labels},
+                "spec": {"containers": [{"name": "engine", "ports": [{"containerPort": 8000}]}]},
+            },
+        )
+        cluster.patch_status(
+            "pods",
+            pod_name,
+            {"podIP": "127.0.0.1", "conditions": [{"type": "Ready", "status": "True"}]},
+        )
 
 
 def _classify(method: str, path: str) -> str:
@@ -252,6 +268,7 @@ async def test_a_resource_whose_only_writer_is_its_tick_is_validated_once(
             now += timedelta(seconds=1)
             outcome = await services.tick(NAMESPACE, NAME, lambda at=now: at, watched)
             watched = outcome.body or watched
+            _ready_pods(cluster)  # the first draft's check pod, and each revision's pods
     finally:
         await services.close()
 
@@ -271,12 +288,18 @@ async def test_a_resource_whose_only_writer_is_its_tick_is_validated_once(
 async def test_a_tick_whose_watch_lags_behind_its_own_write_acts_on_the_write(
     cluster: EmulatedCluster, operator_env: None, conflict: bool
 ) -> None:
-    # Given a serving resource whose first draft is still unchecked, as the watch shows it (and,
-    # after-a-conflict, an annotation written meanwhile by another client, as Kopf records its
-    # handlers' progress: the tick's write loses a conflict and re-reads)
+    # Given a serving resource whose first draft is still unchecked, its check pod ready, as the
+    # watch shows it (and, after-a-conflict, an annotation written meanwhile by another client, as
+    # Kopf records its handlers' progress: the tick's write loses a conflict and re-reads)
     services, counts = await counted_services(cluster)
     try:
         await serve(cluster, services)
+        await services.tick(NAMESPACE, NAME, lambda: T0, cluster.get("speculativedeployments", NAME))
+        _ready_pods(cluster)
+        assert any(
+            pod["metadata"]["labels"].get("specops.dev/variant") == "canary"
+            for pod in cluster.objects("pods", NAMESPACE)
+        ), "the first draft's check pod"
         stale = cluster.get("speculativedeployments", NAME)
         assert stale is not None and stale["status"]["draft"]["losslessCheck"] == "Pending"
         watched = [stale]
@@ -305,6 +328,8 @@ async def test_a_tick_whose_watch_lags_behind_its_own_write_acts_on_the_write(
     assert counts["GET resource"] == 0, dict(counts)  # a 409 would have cost a fresh read
     stored = cluster.get("speculativedeployments", NAME)
     assert stored is not None and stored["status"]["draft"]["losslessCheck"] == "Passed"
+    # and the check pod went once the verdict was written
+    assert [d["metadata"]["name"] for d in cluster.objects("deployments", NAMESPACE)] == [NAME]
 
 
 async def test_a_large_fleet_refreshes_measurements_within_a_fleet_wide_write_budget(
@@ -376,12 +401,31 @@ async def counted_services(
     return services, kube.counts
 
 
+class SameEngines:
+    """Every engine answers every golden prompt with the same greedy text (a lossless draft)."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    async def generate(
+        self, url: str, backend: str, model: str, prompt: str, max_tokens: int, timeout_s: float
+    ) -> GenerateOutput:
+        self.calls += 1
+        return GenerateOutput(ok=True, text=f"the answer to {prompt}")
+
+    async def healthy(self, url: str, backend: str, timeout_s: float = 2.0) -> bool:
+        return True
+
+    async def close(self) -> None:
+        return None
+
+
 def _rewire(services: Any) -> None:
-    """Point every service at the test's client, metrics and model control."""
-    metrics, triton = SteadyMetrics(), AcceptingModelControl()
+    """Point every service at the test's client, metrics and engines."""
+    metrics, engines = SteadyMetrics(), SameEngines()
     services.metrics = metrics
     for service in _walk(services):
-        for attribute, value in (("kube", services.kube), ("metrics", metrics), ("triton", triton)):
+        for attribute, value in (("kube", services.kube), ("metrics", metrics), ("engines", engines)):
             if hasattr(service, attribute):
                 setattr(service, attribute, value)
 
