@@ -27,15 +27,13 @@ import yaml
 from specops.adapters.kube import KubeClient, load_connection_settings
 from specops.api.models import SpeculativeDeployment
 from specops.domain import drafts
-from specops.domain.discovery import PodEndpoint
 from specops.domain.metrics import Measurement
 from specops.domain.names import CANARY, STABLE, child_name, variant_service_name
-from specops.ports import GenerateResult
+from specops.ports import GenerateOutput
 from specops.services.canary import RouteNotReleased
 from specops.services.config import OperatorConfig
 from specops.services.container import Services, build_services
 from specops_local.cluster import EmulatedCluster
-from specops_local.model_control import AcceptingModelControl
 from tests.conftest import EXAMPLES
 
 NAME, NAMESPACE, ROUTE = "chat", "default", "chat-route"
@@ -97,18 +95,43 @@ class VariantMetrics:
         return None
 
 
-class LosslessTriton(AcceptingModelControl):
-    """Every pod runs what it is asked for; speculation changes no answer, unless `lossless` is
-    False: then the canary's draft changes answers (the stable draft passed its own check)."""
+class LosslessEngines:
+    """Every pod's engine (found by its address) answers a prompt greedily; speculation changes no
+    answer, unless `lossless` is False: then a pod speculating with draft v4 answers differently
+    (the stable draft v3 passed its own check)."""
 
-    def __init__(self, lossless: bool = True) -> None:
+    def __init__(self, cluster: EmulatedCluster, lossless: bool = True) -> None:
+        self.cluster = cluster
         self.lossless = lossless
+        self.asked: list[str] = []  # the pods asked, by name
 
     async def generate(
-        self, endpoint: PodEndpoint, prompt: str, max_tokens: int, num_draft_tokens: int | None = None
-    ) -> GenerateResult:
-        differs = not self.lossless and bool(num_draft_tokens) and endpoint.variant == "canary"
-        return GenerateResult(endpoint.name, True, text=prompt + (" (drafted)" if differs else ""))
+        self, url: str, backend: str, model: str, prompt: str, max_tokens: int, timeout_s: float
+    ) -> GenerateOutput:
+        host = url.removeprefix("http://").rsplit(":", 1)[0]
+        pod = next(
+            (
+                p
+                for p in self.cluster.objects("pods", NAMESPACE)
+                if (p.get("status") or {}).get("podIP") == host
+            ),
+            None,
+        )
+        if pod is None:
+            return GenerateOutput(ok=False, error=f"connection refused: {url}")
+        self.asked.append(pod["metadata"]["name"])
+        labels = pod["metadata"].get("labels") or {}
+        drafting = (
+            labels.get("specops.dev/mode") == "spec" and labels.get("specops.dev/draft-version") == "v4"
+        )
+        differs = not self.lossless and drafting
+        return GenerateOutput(ok=True, text=prompt + (" (drafted)" if differs else ""))
+
+    async def healthy(self, url: str, backend: str, timeout_s: float = 2.0) -> bool:
+        return True
+
+    async def close(self) -> None:
+        return None
 
 
 def resource_body() -> dict[str, Any]:
@@ -174,12 +197,18 @@ def sync_workloads(cluster: EmulatedCluster) -> None:
                 "pods",
                 {
                     "metadata": {"name": pod_name, "namespace": NAMESPACE, "labels": labels},
-                    "spec": {"containers": [{"name": "triton", "ports": [{"containerPort": 8000}]}]},
+                    "spec": {"containers": [{"name": "engine", "ports": [{"containerPort": 8000}]}]},
                 },
             )
+            # each pod its own address, so the engines tell which pod was asked
+            address = f"10.0.{len(_ADDRESSES) // 250}.{len(_ADDRESSES) % 250 + 1}"
+            _ADDRESSES.append(address)
             cluster.patch_status(
-                "pods", pod_name, {"podIP": "127.0.0.1", "conditions": [{"type": "Ready", "status": "True"}]}
+                "pods", pod_name, {"podIP": address, "conditions": [{"type": "Ready", "status": "True"}]}
             )
+
+
+_ADDRESSES: list[str] = []
 
 
 # ---------------------------------------------------------------- the fault
@@ -320,8 +349,8 @@ async def services(cluster: EmulatedCluster, operator_env: None) -> AsyncIterato
         await built.close()
 
 
-def rewire(services: Services, metrics: VariantMetrics, triton: LosslessTriton) -> None:
-    """Point every service at the test's client, metrics and model control."""
+def rewire(services: Services, metrics: VariantMetrics, engines: LosslessEngines) -> None:
+    """Point every service at the test's client, metrics and engines."""
     services.metrics = metrics  # type: ignore[assignment]
     for service in (
         services.ticker,
@@ -330,7 +359,7 @@ def rewire(services: Services, metrics: VariantMetrics, triton: LosslessTriton) 
         services.retraining,
         services.reconciler,
     ):
-        for attribute, value in (("kube", services.kube), ("metrics", metrics), ("triton", triton)):
+        for attribute, value in (("kube", services.kube), ("metrics", metrics), ("engines", engines)):
             if hasattr(service, attribute):
                 setattr(service, attribute, value)
     for router in services.canary.routers.values():
@@ -369,10 +398,15 @@ async def serving_v3(cluster: EmulatedCluster, services: Services, now: datetime
     await services.reconciler.reconcile(body, now)
     sync_workloads(cluster)
     await services.reconciler.refresh(NAMESPACE, NAME, now)
-    now += timedelta(seconds=1)
-    await services.tick(NAMESPACE, NAME, lambda at=now: at)
+    # its first draft checked on a check pod (created, ready, compared, deleted)
+    for _ in range(5):
+        now += timedelta(seconds=1)
+        await services.tick(NAMESPACE, NAME, lambda at=now: at)
+        sync_workloads(cluster)
     live = cluster.get("speculativedeployments", NAME)
     assert live is not None and live["status"].get("canary") is None, live["status"]
+    assert live["status"]["draft"]["losslessCheck"] == "Passed", live["status"]["draft"]
+    assert canary_objects(cluster) == [], "the check pod goes once the verdict is written"
     return now
 
 
@@ -380,7 +414,7 @@ def new_draft_v4(cluster: EmulatedCluster) -> None:
     live = cluster.get("speculativedeployments", NAME)
     assert live is not None
     spec = dict(live["spec"])
-    spec["draft"] = {**spec["draft"], "version": "v4", "engine": {"uri": "pvc://engines/llama-70b-draft/v4"}}
+    spec["draft"] = {**spec["draft"], "version": "v4", "uri": "pvc://models/llama-70b-draft/v4"}
     cluster.emulator.patch_object(cluster.resource("speculativedeployments"), NAMESPACE, NAME, {"spec": spec})
 
 
@@ -411,8 +445,10 @@ async def test_one_failed_write_never_strands_traffic_and_the_canary_still_ends(
     cluster: EmulatedCluster, services: Services, case: tuple[str, str, Scenario]
 ) -> None:
     phase, write, scenario = case
-    rewire(services, VariantMetrics(scenario.canary_alpha), LosslessTriton(scenario.lossless))
+    engines = LosslessEngines(cluster, scenario.lossless)
+    rewire(services, VariantMetrics(scenario.canary_alpha), engines)
     now = await serving_v3(cluster, services, T0)
+    engines.asked.clear()
     fault = OneFault(write)
 
     def matches(request: Any) -> bool:  # kmock takes plain functions as request filters
@@ -450,6 +486,9 @@ async def test_one_failed_write_never_strands_traffic_and_the_canary_still_ends(
         pytest.fail(f"the canary did not end in {MAX_TICKS} ticks; phases: {seen}")
 
     assert fault.fired, f"no {write} write happened in phase {phase}; writes seen: {fault.writes}"
+    if "lossless-check" in seen:  # the check compared a canary pod's answers with a stable pod's
+        asked = set(engines.asked)
+        assert {f"{CANARY_SERVICE}-0", f"{STABLE_DEPLOYMENT}-0"} <= asked, asked
     # And the canary ended as the evidence says, with status telling what the cluster shows
     assert canary_objects(cluster) == [], canary_objects(cluster)
     assert CANARY_SERVICE not in route_backends(cluster)
