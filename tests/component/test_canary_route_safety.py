@@ -8,7 +8,7 @@ repairs a route that still names the canary; deletion waits for the route.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Hashable, Sequence
+from collections.abc import AsyncIterator, Hashable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -19,13 +19,12 @@ import yaml
 from specops.adapters.kube import KubeClient, load_connection_settings
 from specops.adapters.routing import GatewayApiRouter, ReplicaRatioRouter
 from specops.api.models import SpeculativeDeployment
-from specops.assets import bls_model_source
-from specops.domain.discovery import PodEndpoint
+from specops.assets import llmapi_model_source
 from specops.domain.metrics import Measurement
 from specops.domain.names import CANARY, child_name
 from specops.domain.render import RenderOptions, render_children
-from specops.ports import FleetResult, GenerateResult
-from specops.services.canary import CanaryService, RouteNotReleased
+from specops.ports import GenerateOutput
+from specops.services.canary import CanaryService, RouteNotReleased, canary_revision
 from specops.services.reconciler import Reconciler
 from specops_local.cluster import EmulatedCluster
 from tests.conftest import EXAMPLES
@@ -49,19 +48,26 @@ class NoMetrics:
         return None
 
 
-class NoTriton:
-    async def apply_to_all(self, endpoints: Sequence[PodEndpoint], **_: Any) -> FleetResult:
-        return FleetResult(desired=len(endpoints), applied=len(endpoints), changed=0)
+class EchoEngines:
+    """Engines that answer every prompt with itself (no test here reaches the lossless check)."""
 
-    async def generate(self, endpoint: PodEndpoint, prompt: str, *args: Any, **kwargs: Any) -> GenerateResult:
-        return GenerateResult(endpoint.pod, True, text=prompt)
+    async def generate(
+        self, url: str, backend: str, model: str, prompt: str, max_tokens: int, timeout_s: float
+    ) -> GenerateOutput:
+        return GenerateOutput(ok=True, text=prompt)
+
+    async def healthy(self, url: str, backend: str, timeout_s: float = 2.0) -> bool:
+        return True
+
+    async def close(self) -> None:
+        return None
 
 
 def resource_body(uid: str) -> dict[str, Any]:
     body = yaml.safe_load((EXAMPLES / "dense-70b-7b.yaml").read_text())
     body["metadata"] = {"name": NAME, "namespace": NAMESPACE, "uid": uid}
     body["spec"]["draft"]["version"] = "v4"
-    body["spec"]["draft"]["engine"]["uri"] = "pvc://engines/llama-70b-draft/v4"
+    body["spec"]["draft"]["uri"] = "pvc://models/llama-70b-draft/v4"
     body["spec"]["canary"] = {
         "steps": [{"weight": 10, "pause": "1m"}, {"weight": 50, "pause": "1m"}],
         "trafficRouting": {"gatewayAPI": {"httpRoute": ROUTE}},
@@ -85,11 +91,11 @@ def route(weights: dict[str, int]) -> dict[str, Any]:
 
 CANARY_STATUS = {
     "phase": "Canary",
-    "observedSpecDraft": "v4@pvc://engines/llama-70b-draft/v4",
+    "observedSpecDraft": "v4@pvc://models/llama-70b-draft/v4",
     "draft": {
         "model": "llama-3.1-8b-draft",
         "version": "v3",
-        "engineUri": "pvc://engines/llama-70b-draft/v3",
+        "uri": "pvc://models/llama-70b-draft/v3",
     },
     "speculation": {"controlPhase": "Dynamic", "phaseSince": "2026-12-01T11:00:00Z"},
     "canary": {
@@ -98,7 +104,7 @@ CANARY_STATUS = {
         "draft": {
             "model": "llama-3.1-8b-draft",
             "version": "v4",
-            "engineUri": "pvc://engines/llama-70b-draft/v4",
+            "uri": "pvc://models/llama-70b-draft/v4",
         },
         "startedAt": "2026-12-01T11:50:00Z",
         "step": 0,
@@ -138,7 +144,7 @@ async def given_a_canary(
     cluster.patch_status("speculativedeployments", NAME, CANARY_STATUS)
     cluster.create("httproutes", route({f"{NAME}-stable": 90, f"{NAME}-canary": 10}))
     options = RenderOptions(
-        bls_source=bls_model_source(), default_image="tritonserver:test", pod_monitor=False
+        triton_model_source=llmapi_model_source(), default_image="tritonserver:test", pod_monitor=False
     )
     reconciler = Reconciler(kube, options)
     live = cluster.get("speculativedeployments", NAME)
@@ -146,13 +152,21 @@ async def given_a_canary(
     resource = SpeculativeDeployment.model_validate(live)
     draft = resource.spec.draft
     await reconciler.apply(
-        render_children(resource, options, variant=CANARY, draft=draft, replicas=1, receives_traffic=True),
+        render_children(
+            resource,
+            options,
+            canary_revision(resource, draft),
+            variant=CANARY,
+            draft=draft,
+            replicas=1,
+            receives_traffic=True,
+        ),
         live["metadata"]["uid"],
     )
     service = CanaryService(
         kube,
         NoMetrics(),
-        NoTriton(),  # type: ignore[arg-type]
+        EchoEngines(),
         reconciler,
         routers={"GatewayAPI": GatewayApiRouter(kube), "ReplicaRatio": ReplicaRatioRouter()},
         gateway_api=True,
@@ -300,12 +314,12 @@ async def test_a_route_that_cannot_be_released_holds_deletion_only_for_a_bounded
 
 def service_of(cluster: EmulatedCluster, kube: KubeClient) -> CanaryService:
     options = RenderOptions(
-        bls_source=bls_model_source(), default_image="tritonserver:test", pod_monitor=False
+        triton_model_source=llmapi_model_source(), default_image="tritonserver:test", pod_monitor=False
     )
     return CanaryService(
         kube,
         NoMetrics(),
-        NoTriton(),  # type: ignore[arg-type]
+        EchoEngines(),
         Reconciler(kube, options),
         routers={"GatewayAPI": GatewayApiRouter(kube), "ReplicaRatio": ReplicaRatioRouter()},
         gateway_api=True,
