@@ -1,7 +1,7 @@
-"""The Prometheus poller against Debian's real Prometheus scraping simulated Triton pods.
+"""The Prometheus poller against Debian's real Prometheus scraping simulated vLLM engines.
 
-Simulated pods advance with wall time, so their counters grow like a real
-pod's; Prometheus scrapes them every second through file-based discovery with
+Simulated engines advance with wall time, so their counters grow like a real
+engine's; Prometheus scrapes them every second through file-based discovery with
 the labels the production PodMonitor produces.
 """
 
@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import json
 import logging
 import math
 import re
@@ -34,13 +35,15 @@ from specops.domain.metrics import (
     Snapshot,
 )
 from specops_local.prometheus import PrometheusProcess, run_prometheus
-from specops_local.sim import LoadPoint, SimPod
+from specops_local.sim import LoadPoint, SimEngine, launch
+from specops_local.sim.metrics import TPOT_BUCKETS
 from tests.secret_shapes import URL_SHAPES, SecretShape
 
 pytestmark = pytest.mark.timeout(60)
 
 SETUP = perf.ModelSetup(gpu=perf.GPUS["H100"], target_params=70e9, draft_params=1e9)
-TRITON = PROFILES["triton-trtllm"]
+BACKEND = "vllm"  # an engine that counts its verification steps: alpha and K are both measured
+VLLM = PROFILES[BACKEND]
 POLL_INTERVAL_S = 0.5
 T = TypeVar("T")
 RATE_WINDOW_S = 4.0  # four 1 s scrapes: short, so a new series' rates settle quickly
@@ -50,22 +53,30 @@ def now() -> datetime:
     return datetime.now(UTC)
 
 
-def sim_pod(name: str, *, batch: float, alpha: float, draft_length: int) -> SimPod:
-    return SimPod(
+def sim_engine(name: str, *, batch: float, alpha: float, draft_length: int) -> SimEngine:
+    """A vLLM engine started as the renderer starts one: plain, or drafting ``draft_length``
+    tokens at every batch; ready at once."""
+    args = ["/models/target", "--served-model-name", "chat", "--host", "0.0.0.0", "--port", "8000"]
+    if draft_length > 0:
+        spec = {"method": "draft_model", "model": "/models/draft", "num_speculative_tokens": draft_length}
+        args += ["--speculative-config", json.dumps(spec)]
+    return launch(
         name,
-        SETUP,
-        draft_length=draft_length,
+        ["vllm", "serve"],
+        args,
+        setup=SETUP,
         load=LoadPoint(batch=batch, alpha=alpha),
+        restart_s=0,
         tick_interval=0.1,
     )
 
 
 def target_group(
-    pod: SimPod, namespace: str, deployment: str, variant: str, draft: str = "v1-00000000"
+    pod: SimEngine, namespace: str, deployment: str, variant: str, draft: str = "v1-00000000"
 ) -> dict[str, Any]:
     """What the PodMonitor relabelling produces for one pod."""
     return {
-        "targets": [f"127.0.0.1:{pod.metrics_port}"],
+        "targets": [pod.metrics_url.removeprefix("http://").split("/", 1)[0]],
         "labels": {
             "namespace": namespace,
             "specops_deployment": deployment,
@@ -93,9 +104,7 @@ def fully_measured(m: Measurement) -> bool:
 
 
 def bucket_around(value: float) -> tuple[float, float]:
-    """The TPOT histogram bucket (lower, upper] that holds ``value`` in the simulated pods."""
-    from specops_local.sim.pod import TPOT_BUCKETS
-
+    """The TPOT histogram bucket (lower, upper] that holds ``value`` in the simulated engines."""
     lower = 0.0
     for upper in TPOT_BUCKETS:
         if value <= upper:
@@ -112,13 +121,15 @@ async def prom(tmp_path: Path) -> AsyncIterator[PrometheusProcess]:
 
 @pytest.fixture
 async def pods() -> AsyncIterator[Callable[..., Any]]:
-    """Start simulated pods on demand; every one is stopped at teardown."""
+    """Start simulated engines on demand; every one is stopped at teardown."""
     async with contextlib.AsyncExitStack() as stack:
 
-        async def start(name: str, *, batch: float, alpha: float = 0.8, draft_length: int = 4) -> SimPod:
-            return await stack.enter_async_context(
-                sim_pod(name, batch=batch, alpha=alpha, draft_length=draft_length)
+        async def start(name: str, *, batch: float, alpha: float = 0.8, draft_length: int = 4) -> SimEngine:
+            engine = await stack.enter_async_context(
+                sim_engine(name, batch=batch, alpha=alpha, draft_length=draft_length)
             )
+            await engine.wait_ready()
+            return engine
 
         yield start
 
@@ -147,10 +158,10 @@ async def test_snapshot_reports_acceptance_batch_and_latency_per_variant(
         ]
     )
     for key in ("team-a/chat", "team-b/plain"):
-        hub.register(key, prom.url, "triton-trtllm", POLL_INTERVAL_S)
+        hub.register(key, prom.url, BACKEND, POLL_INTERVAL_S)
 
     def read(namespace: str, name: str, variant: str) -> Callable[[], Measurement]:
-        return lambda: hub.lookup(prom.url, "triton-trtllm", namespace, name, variant, now())
+        return lambda: hub.lookup(prom.url, BACKEND, namespace, name, variant, now())
 
     # when Prometheus has scraped a few times
     stable = await eventually(
@@ -218,12 +229,12 @@ async def test_queries_per_cycle_do_not_grow_with_resources(
     first = await pods("res-0-pod", batch=4)
     prom.set_targets([target_group(first, "ns", "res-0", "stable")])
     await prom.wait_for('count(up{specops_deployment="res-0"} == 1)', lambda v: len(v) == 1, 20)
-    poller = PrometheusPoller(prom.url, TRITON, POLL_INTERVAL_S, scrape_interval_s=1.0)
+    poller = PrometheusPoller(prom.url, VLLM, POLL_INTERVAL_S, scrape_interval_s=1.0)
     try:
         # when one cycle runs, Prometheus serves exactly one query per quantity
         measured, served_for_one = await _requests_for_one_cycle(prom, poller)
         assert measured == 1
-        assert served_for_one == poller.queries_last_cycle == len(TRITON.queries(10))
+        assert served_for_one == poller.queries_last_cycle == len(VLLM.queries(10))
 
         # given twenty resources
         more = [await pods(f"res-{i}-pod", batch=4) for i in range(1, 20)]
@@ -240,11 +251,11 @@ async def test_queries_per_cycle_do_not_grow_with_resources(
         assert served_for_twenty == served_for_one
         # and the hub, with all twenty registered, serves them from one poller
         for i in range(20):
-            hub.register(("ns", f"res-{i}"), prom.url, "triton-trtllm", POLL_INTERVAL_S)
-        hub_poller = hub.poller(prom.url, "triton-trtllm")
+            hub.register(("ns", f"res-{i}"), prom.url, BACKEND, POLL_INTERVAL_S)
+        hub_poller = hub.poller(prom.url, BACKEND)
         assert hub_poller is not None
         await eventually(
-            lambda: hub.lookup(prom.url, "triton-trtllm", "ns", "res-19", "stable", now()),
+            lambda: hub.lookup(prom.url, BACKEND, "ns", "res-19", "stable", now()),
             lambda m: m.ok,
             10,
         )
@@ -267,10 +278,10 @@ async def test_a_new_canary_is_measured_on_its_own_drafts_series_only(
                 target_group(old, "team-a", "chat", "canary", "v4-22222222"),
             ]
         )
-        hub.register("team-a/chat", prom.url, "triton-trtllm", POLL_INTERVAL_S)
+        hub.register("team-a/chat", prom.url, BACKEND, POLL_INTERVAL_S)
 
         def canary(draft: str | None) -> Measurement:
-            return hub.lookup(prom.url, "triton-trtllm", "team-a", "chat", "canary", now(), draft=draft)
+            return hub.lookup(prom.url, BACKEND, "team-a", "chat", "canary", now(), draft=draft)
 
         await eventually(lambda: canary("v4-22222222"), lambda m: m.ok and m.alpha is not None, 25)
         await asyncio.sleep(3.0)  # the old draft's series fill the window
@@ -309,10 +320,10 @@ async def test_prometheus_outage_reads_as_metrics_unavailable_then_recovers(
     # given a measured deployment
     pod = await pods("chat-0", batch=10)
     prom.set_targets([target_group(pod, "team-a", "chat", "stable")])
-    hub.register("team-a/chat", prom.url, "triton-trtllm", POLL_INTERVAL_S)
+    hub.register("team-a/chat", prom.url, BACKEND, POLL_INTERVAL_S)
 
     def read() -> Measurement:
-        return hub.lookup(prom.url, "triton-trtllm", "team-a", "chat", "stable", now())
+        return hub.lookup(prom.url, BACKEND, "team-a", "chat", "stable", now())
 
     await eventually(read, fully_measured, 25)
 
@@ -376,7 +387,7 @@ async def one_cycle(
     """One poll cycle of a poller against a fake Prometheus answering with ``handler``; ``release``
     is set once the cycle ended, so hanging handlers return before the server stops."""
     async with fake_prometheus(handler) as url:
-        poller = PrometheusPoller(url, TRITON, **poller_args)
+        poller = PrometheusPoller(url, VLLM, **poller_args)
         try:
             return await poller.poll_once(now()), poller
         finally:
@@ -386,7 +397,7 @@ async def one_cycle(
 
 
 async def test_connection_refused_becomes_an_error_snapshot() -> None:
-    poller = PrometheusPoller(f"http://127.0.0.1:{_unused_port()}", TRITON, timeout_s=2.0)
+    poller = PrometheusPoller(f"http://127.0.0.1:{_unused_port()}", VLLM, timeout_s=2.0)
     try:
         snapshot = await poller.poll_once(now())
     finally:
@@ -417,7 +428,7 @@ async def test_an_answer_slower_than_the_timeout_but_within_the_interval_is_used
     snapshots = {}
     async with fake_prometheus(slow) as url:
         for interval_s in (2.0, 0.4):
-            poller = PrometheusPoller(url, TRITON, interval_s=interval_s, timeout_s=0.3)
+            poller = PrometheusPoller(url, VLLM, interval_s=interval_s, timeout_s=0.3)
             try:
                 snapshots[interval_s] = await poller.poll_once(now())
             finally:
@@ -483,7 +494,7 @@ async def test_one_cycles_quotients_come_from_one_evaluation_instant() -> None:
             return web.json_response(_vector(4 * steps_per_s))
         if "accepted_tokens" in query:
             return web.json_response(_vector(2.5 * steps_per_s))
-        if "steps_total" in query:
+        if "num_drafts_total" in query:
             return web.json_response(_vector(steps_per_s))
         return web.json_response(_vector(0.02))
 
@@ -501,7 +512,7 @@ async def test_non_json_gateway_error_becomes_an_error_snapshot() -> None:
         return web.Response(status=502, text="<html>bad gateway</html>")
 
     async with fake_prometheus(gateway_error) as url:
-        poller = PrometheusPoller(url, TRITON)
+        poller = PrometheusPoller(url, VLLM)
         try:
             snapshot = await poller.poll_once(now())
         finally:
@@ -521,25 +532,25 @@ async def test_hub_polls_while_resources_need_it_and_stops_after_the_last_leaves
         hub = MetricsHub(scrape_interval_s=1.0)
         try:
             # given nothing registered, nothing is polled
-            assert hub.poller(url, "triton-trtllm") is None
-            assert not hub.lookup(url, "triton-trtllm", "ns", "a", "stable", now()).ok
+            assert hub.poller(url, BACKEND) is None
+            assert not hub.lookup(url, BACKEND, "ns", "a", "stable", now()).ok
 
             # when two resources register against the same Prometheus and backend
-            hub.register("a", url, "triton-trtllm", 0.05)
-            hub.register("b", url, "triton-trtllm", 0.05)
-            poller = hub.poller(url, "triton-trtllm")
+            hub.register("a", url, BACKEND, 0.05)
+            hub.register("b", url, BACKEND, 0.05)
+            poller = hub.poller(url, BACKEND)
             assert poller is not None
             await eventually(lambda: poller.cycles, lambda cycles: cycles >= 3, 5)
 
             # then one poller serves both, and a resource without series reads as an error
-            missing = hub.lookup(url, "triton-trtllm", "ns", "a", "stable", now())
+            missing = hub.lookup(url, BACKEND, "ns", "a", "stable", now())
             assert not missing.ok and missing.reason == "NoMetricsForDeployment"
 
             # when one leaves, polling goes on; when the last leaves, it stops
             hub.unregister("a")
-            assert hub.poller(url, "triton-trtllm") is poller
+            assert hub.poller(url, BACKEND) is poller
             hub.unregister("b")
-            assert hub.poller(url, "triton-trtllm") is None
+            assert hub.poller(url, BACKEND) is None
             await asyncio.sleep(0.2)
             settled = len(queries)
             await asyncio.sleep(0.3)
@@ -558,7 +569,7 @@ async def test_credentials_in_the_url_are_sent_as_basic_auth_and_answers_asked_f
         return web.json_response(_vector(1.0))
 
     async with fake_prometheus(guarded) as url:
-        poller = PrometheusPoller(url.replace("http://", "http://metrics:s3cr3t@"), TRITON)
+        poller = PrometheusPoller(url.replace("http://", "http://metrics:s3cr3t@"), VLLM)
         try:
             snapshot = await poller.poll_once(now())
         finally:
@@ -578,7 +589,7 @@ async def test_a_password_in_the_prometheus_url_is_in_no_message_whatever_it_hol
     caplog.set_level(logging.DEBUG)
     userinfo = shape.url.partition("://")[2].rpartition("@")[0] if shape.url else ""
     url = f"http://{userinfo}@127.0.0.1:{_unused_port()}"
-    poller = PrometheusPoller(url, TRITON, timeout_s=2.0)
+    poller = PrometheusPoller(url, VLLM, timeout_s=2.0)
     try:
         snapshot = await poller.poll_once(now())
     finally:
