@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -82,7 +83,7 @@ async def test_apply_validates_on_the_server_and_refuses_unknown_fields(kubectl:
     assert created.code == 0, created.err
     assert created.out.strip() == "speculativedeployment.specops.dev/llama-70b-chat created"
     stored = kubectl.cluster.get("sdep", "llama-70b-chat")
-    assert stored is not None and stored["spec"]["speculation"]["batchGuard"]["margin"] > 0  # defaulted
+    assert stored is not None and stored["spec"]["speculation"]["reconfigure"]["minGain"] > 0  # defaulted
 
     reapplied = await kubectl("apply", "-f", "-", stdin=example(replicas=3))
     assert reapplied.code == 0, reapplied.err
@@ -131,6 +132,23 @@ async def test_server_dry_runs_are_not_persisted(kubectl: Kubectl) -> None:
     assert stored is not None and stored["spec"]["serving"]["replicas"] == 2
 
 
+SCHEDULE = "draftModel K=6 to batch 32, K=2 to batch 96, K=0 above 96"
+
+
+def table(out: str) -> list[dict[str, str]]:
+    """kubectl's table as rows of {column: cell}, cut where each header starts (cells hold spaces)."""
+    header, *lines = out.rstrip("\n").splitlines()
+    starts = [match.start() for match in re.finditer(r"\S+", header)]
+    names = header.split()
+    return [
+        {
+            name: line[start:end].strip()
+            for name, start, end in zip(names, starts, [*starts[1:], None], strict=True)
+        }
+        for line in lines
+    ]
+
+
 async def test_get_shows_the_printer_columns(kubectl: Kubectl) -> None:
     await kubectl("apply", "-f", "-", stdin=example())
     kubectl.cluster.patch_status(
@@ -138,7 +156,7 @@ async def test_get_shows_the_printer_columns(kubectl: Kubectl) -> None:
         "llama-70b-chat",
         {
             "phase": "Canary",
-            "speculation": {"state": "on", "draftLength": 6, "measuredSpeedup": 2.5},
+            "speculation": {"state": "on", "schedule": SCHEDULE, "measuredSpeedup": 2.5},
             "draft": {"version": "v3"},
             "observed": {"alpha": 0.81, "perTokenLatencyP99": "4.99ms"},
             "canary": {"phase": "Progressing", "weight": 25},
@@ -154,21 +172,31 @@ async def test_get_shows_the_printer_columns(kubectl: Kubectl) -> None:
     )
     shown = await kubectl("get", "sdep")
     assert shown.code == 0, shown.err
-    header, row = (line.split() for line in shown.out.strip().splitlines())
-    assert header == [
+    [row] = table(shown.out)
+    assert list(row) == [
         "NAME",
         "PHASE",
         "READY",
         "SPECULATION",
+        "SCHEDULE",
         "DRAFT",
-        "LEN",
         "ACCEPT",
         "P99",
         "WEIGHT",
         "AGE",
     ]
-    assert row[:9] == ["llama-70b-chat", "Canary", "True", "on", "v3", "6", "0.81", "4.99ms", "25"]
-    assert row[9].endswith("s")
+    assert list(row.values())[:9] == [
+        "llama-70b-chat",
+        "Canary",
+        "True",
+        "on",
+        SCHEDULE,  # the whole schedule the engines apply, readable in one cell
+        "v3",
+        "0.81",
+        "4.99ms",
+        "25",
+    ]
+    assert row["AGE"].endswith("s")
     wide = await kubectl("get", "sdep", "llama-70b-chat", "-o", "wide")
     assert "SPEEDUP" in wide.out and "2.5" in wide.out
 
@@ -183,7 +211,7 @@ async def test_explain_prints_the_field_documentation(kubectl: Kubectl) -> None:
     assert explained.code == 0, explained.err
     assert "KIND:       SpeculativeDeployment" in explained.out
     assert "How the control loop runs speculation." in explained.out
-    for field in ("batchGuard", "draftLength", "mode", "rollout"):
+    for field in ("reconfigure", "draftLength", "mode", "rollout"):
         assert field in explained.out
     missing = await kubectl("explain", "sdep.spec.nothing")
     assert missing.code == 1 and 'field "nothing" does not exist' in missing.err
