@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -30,14 +31,23 @@ BIN = Path(sys.executable).parent
 NAMESPACE = "inference"
 NAME = "llama-70b-chat"
 
+SCHEDULE = "draftModel K=5 to batch 64, K=2 to batch 128, K=0 above 128"
 STATUS: dict[str, Any] = {
     "phase": "Canary",
     "speculation": {
         "state": "on",
         "draftLength": 5,
+        "schedule": SCHEDULE,
+        "revision": {
+            "digest": "bdaf1c784d",
+            "mode": "spec",
+            "method": "draftModel",
+            "schedule": [{"maxBatch": 64, "k": 5}, {"maxBatch": 128, "k": 2}, {"k": 0}],
+            "description": SCHEDULE,
+        },
         "controlPhase": "Dynamic",
-        "reason": "DraftLengthIncreased",
-        "message": "acceptance 0.83 pays for a longer draft",
+        "reason": "RevisionProposed",
+        "message": "rolling out K=5 to batch 64, K=2 to batch 128, K=0 above 128: predicted +6.0%",
         "measuredSpeedup": 2.4,
     },
     "draft": {"version": "v3"},
@@ -159,9 +169,11 @@ def test_bench_help_lists_the_real_benchmarks() -> None:
 def test_bench_passes_its_arguments_through(tmp_path: Path) -> None:
     out = tmp_path / "policy.json"
     trace = ROOT / "operator" / "specops" / "bench" / "traces" / "steady_low.csv"
-    result = CliRunner().invoke(specops, ["bench", "policy", "--trace", str(trace), "--json", str(out)])
+    command = ["bench", "policy", "--world", "roofline", "--trace", str(trace), "--limit-seconds", "120"]
+    result = CliRunner().invoke(specops, [*command, "--json", str(out)])
     assert result.exit_code == 0, result.output
-    assert json.loads(out.read_text())
+    measured = json.loads(out.read_text())
+    assert measured["policy_speedup"] > 0 and measured["oracle_speedup"] > 0
 
 
 async def test_canary_gates_default_to_the_kubeconfig_namespace(cluster: EmulatedCluster) -> None:
@@ -207,7 +219,7 @@ async def test_plugin_get_shows_what_a_rollout_watcher_asks(cluster: EmulatedClu
         f"{NAMESPACE}/{NAME}",
         "phase Canary",
         "speculation on",
-        "length 5",
+        f"schedule {SCHEDULE}",
         "alpha 0.83",
         "batch 40 vs break-even 256 (roofline)",  # 70B/7B on 4x H100 at alpha 0.83 (251 at 0.8)
         "p99 31ms vs SLO 45ms",
@@ -216,10 +228,24 @@ async def test_plugin_get_shows_what_a_rollout_watcher_asks(cluster: EmulatedClu
         "25% -> [50%] -> 100%",
         "stable 50%  canary 50%",
         "retraining round 2",
-        "DraftLengthIncreased: acceptance 0.83 pays for a longer draft",
+        "RevisionProposed: rolling out K=5 to batch 64, K=2 to batch 128, K=0 above 128: predicted +6.0%",
         "CanaryStepAdvanced",
     ):
         assert shown in out, shown
+
+
+def table(out: str) -> list[dict[str, str]]:
+    """A printed table as rows of {column: cell}, cut where each header starts (cells hold spaces)."""
+    header, *lines = out.rstrip("\n").splitlines()
+    starts = [match.start() for match in re.finditer(r"\S+", header)]
+    names = header.split()
+    return [
+        {
+            name: line[start:end].strip()
+            for name, start, end in zip(names, starts, [*starts[1:], None], strict=True)
+        }
+        for line in lines
+    ]
 
 
 async def test_plugin_json_list_and_namespace(cluster: EmulatedCluster) -> None:
@@ -230,9 +256,10 @@ async def test_plugin_json_list_and_namespace(cluster: EmulatedCluster) -> None:
     assert summary["canary"]["steps"] == [25, 50, 100]
 
     listed = await invoke(kubectl_plugin.main, "list")
-    header, row = (line.split() for line in listed.stdout.strip().splitlines())
-    assert header[:3] == ["NAME", "PHASE", "READY"] and "WEIGHT" in header
-    assert row[:3] == [NAME, "Canary", "True"] and row[header.index("WEIGHT")] == "50"
+    [row] = table(listed.stdout)
+    assert list(row)[:3] == ["NAME", "PHASE", "READY"] and "WEIGHT" in row
+    assert list(row.values())[:3] == [NAME, "Canary", "True"] and row["WEIGHT"] == "50"
+    assert row["SCHEDULE"] == SCHEDULE
     as_json = await invoke(kubectl_plugin.main, "list", "--json", "-")
     assert [s["name"] for s in json.loads(as_json.stdout)] == [NAME]
     empty = await invoke(kubectl_plugin.main, "list", "-n", "default")
