@@ -65,7 +65,7 @@ OPERATOR_RULES: tuple[Rule, ...] = (
         "",
         "pods",
         "list watch",
-        "serving pods' IPs (Triton model control, lossless check; watched into the operator's pod "
+        "serving pods' IPs (the lossless check through the engines' API; watched into the operator's pod "
         "index), training pods' termination messages",
     ),
     _rule(

@@ -66,8 +66,8 @@ CASES: dict[str, dict[str, Any]] = {
     "SpecopsSpeculationFlapping": {
         "interval": "5m",
         "series": [
-            _series("specops_speculation_toggles_total", CHAT, "0+1x30"),  # 12 toggles an hour
-            _series("specops_speculation_toggles_total", OTHER, "0+0.25x30"),  # 3 an hour
+            _series("specops_revision_rollouts_total", CHAT, "0+1x30"),  # 12 rollouts an hour
+            _series("specops_revision_rollouts_total", OTHER, "0+0.25x30"),  # 3 an hour
         ],
         "fires": ("120m", CHAT, "12"),
         "quiet": "20m",  # not yet more than 6 in the window

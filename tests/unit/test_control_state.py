@@ -19,8 +19,9 @@ from specops.domain.status_patch import merge_patch, only_volatile
 EXAMPLE = Path(__file__).resolve().parents[2] / "docs" / "examples" / "dense-70b-7b.yaml"
 T0 = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 SPEC_REVISION = Revision(
-    mode="spec", method="draftModel", draft="v3-x", schedule=Schedule.of([[16, 4], [64, 1], [None, 0]])
+    mode="spec", method="draftModel", draft="v3-5c99b768", schedule=Schedule.of([[16, 4], [64, 1], [None, 0]])
 )
+"""Drafting with the example's draft (its identity: version and a hash of its checkpoint)."""
 
 
 def spec() -> SpeculativeDeploymentSpec:
@@ -86,6 +87,16 @@ def test_state_round_trips_through_the_wire_form_of_status() -> None:
         loaded.speculation, loaded.baseline, config, Flat(), T0 + timedelta(hours=1)
     )
     assert restored == state
+
+
+def test_a_promoted_draft_keeps_the_schedule_and_takes_the_revision_its_pods_run() -> None:
+    config = config_from_spec(spec(), spec().draft)
+    before = cs.revision_to_status(
+        Revision(mode="spec", method="draftModel", draft="v2-old", schedule=SPEC_REVISION.schedule)
+    )
+    speculation = SpeculationStatus(revision=before, control_phase="Dynamic", phase_since=T0)
+    restored = cs.state_from_status(speculation, BaselineStatus(), config, Flat(), T0)
+    assert restored.revision == SPEC_REVISION  # the new draft's identity, the same schedule
 
 
 def test_acceptance_condition_follows_the_smoothed_alpha_while_speculating() -> None:

@@ -77,12 +77,12 @@ def _operator_series() -> set[str]:
     return names
 
 
-def _bls_series() -> set[str]:
+def _triton_model_series() -> set[str]:
     """The serving pods' BLS metrics as docs/metrics.md lists them (the table of that section)."""
     section = (
         (ROOT / "docs" / "metrics.md")
         .read_text()
-        .split("## The specops BLS metrics", 1)[1]
+        .split("## specops's Triton model metrics", 1)[1]
         .split("\n## ", 1)[0]
     )
     names = set()
@@ -132,7 +132,7 @@ def test_every_panel_query_parses(tmp_path: Path) -> None:
 
 
 def test_every_panel_names_only_metrics_that_exist() -> None:
-    known = _operator_series() | _bls_series()
+    known = _operator_series() | _triton_model_series()
     for title, expr in _exprs():
         unknown = metric_names(expr) - known
         assert not unknown, f"panel {title!r} queries {sorted(unknown)}, which nothing exports"

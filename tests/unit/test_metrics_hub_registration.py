@@ -10,13 +10,13 @@ URL = "http://127.0.0.1:9"  # never reached: the pollers' first poll fails quiet
 async def test_the_poller_follows_the_fastest_registered_interval() -> None:
     hub = MetricsHub()
     try:
-        hub.register("a", URL, "triton-trtllm", 15.0)
-        hub.register("b", URL, "triton-trtllm", 5.0)
-        poller = hub.poller(URL, "triton-trtllm")
+        hub.register("a", URL, "triton", 15.0)
+        hub.register("b", URL, "triton", 5.0)
+        poller = hub.poller(URL, "triton")
         assert poller is not None and poller.interval_s == 5.0
-        hub.register("b", URL, "triton-trtllm", 30.0)  # the fastest one slowed down
+        hub.register("b", URL, "triton", 30.0)  # the fastest one slowed down
         assert poller.interval_s == 15.0
-        hub.register("a", URL, "triton-trtllm", 15.0)  # unchanged
+        hub.register("a", URL, "triton", 15.0)  # unchanged
         assert poller.interval_s == 15.0
         hub.unregister("a")
         assert poller.interval_s == 30.0

@@ -105,12 +105,13 @@ def test_every_profile_measures_acceptance_batch_load_and_latency(backend: str) 
     assert Q_ACCEPTANCE_GAUGE in quantities or {Q_DRAFTED, Q_ACCEPTED} <= quantities
 
 
-def test_triton_profile_uses_the_specops_bls_counters_and_the_ensemble_request_count() -> None:
-    queries = PROFILES["triton-trtllm"].queries(10)
+def test_triton_profile_reads_the_counters_of_specops_llm_api_model() -> None:
+    queries = PROFILES["triton"].queries(10)
     assert "specops_spec_decode_draft_tokens_total[10s]" in queries[Q_DRAFTED]
-    assert "specops_spec_decode_steps_total[10s]" in queries[Q_DRAFT_STEPS]
-    assert 'nv_inference_request_success{model="ensemble"}[10s]' in queries[Q_REQUESTS]
-    assert 'nv_trt_llm_request_metrics{request_type="active"}' in queries[Q_BATCH]
+    assert "specops_spec_decode_accepted_tokens_total[10s]" in queries[Q_ACCEPTED]
+    assert "specops_request_success_total[10s]" in queries[Q_REQUESTS]
+    assert "specops_num_requests_running" in queries[Q_BATCH]
+    assert Q_DRAFT_STEPS not in queries  # steps are not counted: K is the schedule's at the batch
 
 
 def test_rate_window_covers_several_scrapes_with_a_floor() -> None:
@@ -124,8 +125,8 @@ def test_rate_window_covers_several_scrapes_with_a_floor() -> None:
 @pytest.mark.parametrize(
     ("backend", "alpha", "draft_length"),
     [
-        ("triton-trtllm", 0.74, 4),
-        ("triton-trtllm", 0.55, 7),
+        ("triton", 0.74, 4),
+        ("triton", 0.55, 7),
         ("vllm", 0.8, 3),
         ("vllm", 0.3, 5),
         ("trtllm-serve", 0.74, 4),
@@ -162,7 +163,7 @@ def test_engines_without_a_step_count_need_the_configured_draft_length(backend: 
 
 
 def test_measured_draft_length_wins_over_the_configured_one() -> None:
-    snapshot = build_snapshot(PROFILES["triton-trtllm"], raw_for("triton-trtllm", 0.7, 4), T0)
+    snapshot = build_snapshot(PROFILES["vllm"], raw_for("vllm", 0.7, 4), T0)
     measured = snapshot.lookup(*KEY, now=T0, max_age_s=30, draft_length=8)
     assert measured.mean_draft_length == pytest.approx(4)
     assert measured.alpha == pytest.approx(0.7, abs=1e-6)
@@ -183,7 +184,7 @@ def test_nothing_drafted_means_speculation_off_not_an_error(backend: str) -> Non
 
 
 def test_load_and_latency_figures_are_carried_through() -> None:
-    measured = build_snapshot(PROFILES["triton-trtllm"], raw_for("triton-trtllm", 0.7, 4), T0).lookup(
+    measured = build_snapshot(PROFILES["vllm"], raw_for("vllm", 0.7, 4), T0).lookup(
         *KEY, now=T0, max_age_s=30
     )
     assert (measured.batch, measured.pods_reporting, measured.request_rate, measured.tokens_per_s) == (
@@ -200,11 +201,11 @@ def test_load_and_latency_figures_are_carried_through() -> None:
 
 @pytest.mark.parametrize("bad", ["NaN", "+Inf", "-Inf", "not-a-number"])
 def test_non_finite_values_read_as_unknown(bad: str) -> None:
-    raw = raw_for("triton-trtllm", 0.7, 4)
+    raw = raw_for("vllm", 0.7, 4)
     raw[Q_TPOT_P99] = [sample(bad)]
     raw[Q_DRAFTED] = [sample(bad)]
 
-    measured = build_snapshot(PROFILES["triton-trtllm"], raw, T0).lookup(*KEY, now=T0, max_age_s=30)
+    measured = build_snapshot(PROFILES["vllm"], raw, T0).lookup(*KEY, now=T0, max_age_s=30)
 
     assert measured.ok
     assert measured.tpot_p99_s is None
@@ -239,7 +240,7 @@ def two_drafts_in_the_canary_variant() -> dict[str, Any]:
     alpha 0.88) are still in the rate window next to the new canary's (draft v5, alpha 0.55)."""
     raw: dict[str, Any] = {}
     for draft, alpha, pods, batch, p99 in (("v4-aaaa", 0.88, 1, 10.0, 0.03), ("v5-bbbb", 0.55, 2, 4.0, 0.05)):
-        for quantity, series in raw_for("triton-trtllm", alpha, 4).items():
+        for quantity, series in raw_for("vllm", alpha, 4).items():
             value = float(series[0]["value"][1])
             value = {Q_PODS: pods, Q_BATCH: batch, Q_TPOT_P99: p99}.get(quantity, value)
             raw.setdefault(quantity, []).append(sample(value, variant="canary", draft=draft))
@@ -247,7 +248,7 @@ def two_drafts_in_the_canary_variant() -> dict[str, Any]:
 
 
 def test_each_draft_of_a_variant_is_measured_on_its_own_series() -> None:
-    snapshot = build_snapshot(PROFILES["triton-trtllm"], two_drafts_in_the_canary_variant(), T0)
+    snapshot = build_snapshot(PROFILES["vllm"], two_drafts_in_the_canary_variant(), T0)
 
     old = snapshot.lookup("team-a", "chat", "canary", now=T0, max_age_s=30, draft="v4-aaaa")
     new = snapshot.lookup("team-a", "chat", "canary", now=T0, max_age_s=30, draft="v5-bbbb")
@@ -258,7 +259,7 @@ def test_each_draft_of_a_variant_is_measured_on_its_own_series() -> None:
 
 
 def test_a_draft_without_series_reads_as_no_metrics_not_as_another_drafts_numbers() -> None:
-    snapshot = build_snapshot(PROFILES["triton-trtllm"], two_drafts_in_the_canary_variant(), T0)
+    snapshot = build_snapshot(PROFILES["vllm"], two_drafts_in_the_canary_variant(), T0)
     assert_error_without_numbers(
         snapshot.lookup("team-a", "chat", "canary", now=T0, max_age_s=30, draft="v6-cccc"), REASON_NO_METRICS
     )
@@ -266,7 +267,7 @@ def test_a_draft_without_series_reads_as_no_metrics_not_as_another_drafts_number
 
 def test_the_variant_as_a_whole_adds_up_the_drafts_pods() -> None:
     # The control loop reads the variant as a whole, as during a rolling update of the stable pods
-    snapshot = build_snapshot(PROFILES["triton-trtllm"], two_drafts_in_the_canary_variant(), T0)
+    snapshot = build_snapshot(PROFILES["vllm"], two_drafts_in_the_canary_variant(), T0)
 
     whole = snapshot.lookup("team-a", "chat", "canary", now=T0, max_age_s=30)
 
@@ -280,7 +281,7 @@ def test_the_variant_as_a_whole_adds_up_the_drafts_pods() -> None:
 
 def test_a_scrape_without_the_draft_label_still_answers_a_draft_lookup() -> None:
     # A hand-written scrape config that adds no specops_draft: every series has ""
-    snapshot = build_snapshot(PROFILES["triton-trtllm"], raw_for("triton-trtllm", 0.7, 4), T0)
+    snapshot = build_snapshot(PROFILES["vllm"], raw_for("vllm", 0.7, 4), T0)
     measured = snapshot.lookup(*KEY, now=T0, max_age_s=30, draft="v3-abcd")
     assert measured.ok and measured.alpha == pytest.approx(0.7, abs=1e-6)
 
@@ -297,7 +298,7 @@ def test_a_cycles_snapshot_leaves_nothing_per_resource_for_the_garbage_collector
     fleet = 300
     raw: dict[str, list[dict[str, Any]]] = {}
     for index in range(fleet):
-        for quantity, samples in raw_for("triton-trtllm", 0.7, 4).items():
+        for quantity, samples in raw_for("vllm", 0.7, 4).items():
             labels = {**samples[0]["metric"], "specops_deployment": f"chat-{index}"}
             raw.setdefault(quantity, []).append({**samples[0], "metric": labels})
         pod_labels = {**raw[Q_BATCH][-1]["metric"], "pod": f"chat-{index}-0"}
@@ -306,7 +307,7 @@ def test_a_cycles_snapshot_leaves_nothing_per_resource_for_the_garbage_collector
     gc.disable()
     try:
         before = len(gc.get_objects())
-        snapshot = build_snapshot(PROFILES["triton-trtllm"], raw, T0)
+        snapshot = build_snapshot(PROFILES["vllm"], raw, T0)
         gc.collect(0)  # the young pass that follows a poll (it untracks tuples of strings)
         held = len(gc.get_objects()) - before
     finally:
@@ -433,26 +434,26 @@ def every_value(raw: dict[str, Any], value: str) -> dict[str, Any]:
 @pytest.mark.parametrize("value", ["NaN", "+Inf", "-Inf", "-17"])
 def test_a_cycle_with_no_finite_possible_value_is_an_outage_of_its_own(value: str) -> None:
     # Given Prometheus answers every series of a resource with NaN, an infinity or a negative number
-    raw = every_value(raw_for("triton-trtllm", 0.74, 4), value)
+    raw = every_value(raw_for("vllm", 0.74, 4), value)
 
-    measured = build_snapshot(PROFILES["triton-trtllm"], raw, T0).lookup(*KEY, now=T0, max_age_s=30)
+    measured = build_snapshot(PROFILES["vllm"], raw, T0).lookup(*KEY, now=T0, max_age_s=30)
 
     # Then the resource is measured as blind, with its own reason: no decision, MetricsUnavailable
     assert not measured.ok
     assert measured.reason == REASON_INVALID
     assert "no finite" in (measured.error or "")
-    by_draft = build_snapshot(PROFILES["triton-trtllm"], raw, T0).by_draft[KEY]
+    by_draft = build_snapshot(PROFILES["vllm"], raw, T0).by_draft[KEY]
     assert all(not m.ok and m.reason == REASON_INVALID for m in by_draft.values())
 
 
 def test_negative_gauges_and_rates_are_refused_and_the_rest_stands() -> None:
     # Given a batch gauge and a request rate read negative (a counter reset gone wrong, a bad recording rule)
-    raw = raw_for("triton-trtllm", 0.74, 4)
+    raw = raw_for("vllm", 0.74, 4)
     raw[Q_BATCH] = [sample(-17)]
     raw[Q_REQUESTS] = [sample(-9.3)]
     raw[Q_TPOT_P99] = [sample("+Inf")]
 
-    measured = build_snapshot(PROFILES["triton-trtllm"], raw, T0).lookup(*KEY, now=T0, max_age_s=30)
+    measured = build_snapshot(PROFILES["vllm"], raw, T0).lookup(*KEY, now=T0, max_age_s=30)
 
     # Then they are not values; the rest of the cycle still measures the resource
     assert measured.ok
@@ -470,5 +471,5 @@ def test_an_idle_resource_with_zero_load_is_measured_not_invalid() -> None:
         Q_DRAFTED: [sample(0)],
         Q_ACCEPTED: [sample(0)],
     }
-    measured = build_snapshot(PROFILES["triton-trtllm"], raw, T0).lookup(*KEY, now=T0, max_age_s=30)
+    measured = build_snapshot(PROFILES["vllm"], raw, T0).lookup(*KEY, now=T0, max_age_s=30)
     assert measured.ok and measured.batch == 0 and measured.tpot_p50_s is None

@@ -45,7 +45,6 @@ def test_a_recorded_status_sets_every_per_resource_gauge(metrics: OperatorMetric
     expected = {
         "specops_speculation_enabled": 1.0,
         "specops_draft_length": 5.0,
-        "specops_tuned_draft_length": 5.0,
         "specops_acceptance_alpha": 0.7801,
         "specops_smoothed_acceptance_alpha": 0.7712,
         "specops_acceptance_rate_ratio": 0.5412,
@@ -102,13 +101,13 @@ def test_fields_that_leave_the_status_leave_the_metrics(metrics: OperatorMetrics
     )
 
 
-def test_new_decisions_toggles_and_rollbacks_are_counted_from_one_status_to_the_next(
+def test_new_decisions_rollouts_and_rollbacks_are_counted_from_one_status_to_the_next(
     metrics: OperatorMetrics,
 ) -> None:
     # The first status seen (also after an operator restart) is a starting point: nothing counted
     metrics.observe_status("ml", "chat", STATUS)
     assert value(metrics, "specops_decisions_total", action="hold", reason="LengthRaised") is None
-    assert value(metrics, "specops_speculation_toggles_total") == 0.0
+    assert value(metrics, "specops_revision_rollouts_total") == 0.0
     assert value(metrics, "specops_canary_rollbacks_total") == 0.0
     # A tick that switches speculation off and ends the canary with a rollback
     off = copy.deepcopy(STATUS)
@@ -116,7 +115,7 @@ def test_new_decisions_toggles_and_rollbacks_are_counted_from_one_status_to_the_
         state="off",
         draftLength=0,
         reason="SpeculationDisabledBatch",
-        lastToggleTime="2026-11-30T11:00:30Z",
+        lastChangeTime="2026-11-30T11:00:30Z",
         lastDecisionTime="2026-11-30T11:00:30Z",
     )
     off["canary"] = None
@@ -127,7 +126,7 @@ def test_new_decisions_toggles_and_rollbacks_are_counted_from_one_status_to_the_
     assert (
         value(metrics, "specops_decisions_total", action="disable", reason="SpeculationDisabledBatch") == 1.0
     )
-    assert value(metrics, "specops_speculation_toggles_total") == 1.0
+    assert value(metrics, "specops_revision_rollouts_total") == 1.0
     assert value(metrics, "specops_canary_rollbacks_total") == 1.0
 
 

@@ -2,7 +2,7 @@
 
 Per resource, every gauge is set from the status the operator just wrote
 (``observe_status``), so what Prometheus sees is what ``kubectl get -o yaml`` shows;
-decisions, toggles and canary rollbacks are counted when the status shows a new one.
+decisions, revision rollouts and canary rollbacks are counted when the status shows a new one.
 Durations and errors are recorded where they happen (handlers, adapters).
 
 Names follow Prometheus' conventions: ``specops_`` prefix, base units (seconds,
@@ -73,7 +73,7 @@ def _seconds(value: Any) -> float | None:
 
 
 _UNSET = object()
-_REMEMBERED = ("state", "draftLength", "lastToggleTime", "lastDecisionTime")
+_REMEMBERED = ("state", "draftLength", "lastChangeTime", "lastDecisionTime")
 """What the previous speculation status must show to count the next decision and toggle."""
 
 
@@ -174,9 +174,6 @@ class OperatorMetrics:
             "specops_speculation_enabled", "1 while serving pods speculate, 0 when off."
         )
         self.draft_length = gauge("specops_draft_length", "Draft tokens per step the pods run (0 = off).")
-        self.tuned_draft_length = gauge(
-            "specops_tuned_draft_length", "Draft length kept while speculation is off."
-        )
         self.alpha = gauge("specops_acceptance_alpha", "Measured per-token acceptance alpha.")
         self.smoothed_alpha = gauge(
             "specops_smoothed_acceptance_alpha", "Smoothed alpha the control loop used."
@@ -235,7 +232,9 @@ class OperatorMetrics:
             "action",
             "reason",
         )
-        self.toggles = counter("specops_speculation_toggles", "Speculation switched on or off.")
+        self.toggles = counter(
+            "specops_revision_rollouts", "Revisions rolled out to the stable pods (each restarts every pod)."
+        )
         self.rollbacks = counter("specops_canary_rollbacks", "Canaries of a new draft rolled back.")
         r.register(per_resource)
         self.reconcile_duration = Histogram(
@@ -289,7 +288,6 @@ class OperatorMetrics:
         self._per_resource: tuple[PerResourceMetric, ...] = (
             self.speculation_enabled,
             self.draft_length,
-            self.tuned_draft_length,
             self.alpha,
             self.smoothed_alpha,
             self.acceptance_rate,
@@ -346,7 +344,6 @@ class OperatorMetrics:
             length = _number(speculation.get("draftLength"))
             self._set(self.speculation_enabled, key, None if state is None else float(state == "on"))
             self._set(self.draft_length, key, length)
-            self._set(self.tuned_draft_length, key, _number(speculation.get("tunedLength")))
             self._set(self.smoothed_alpha, key, _number(speculation.get("smoothedAlpha")))
             self._set(self.predicted_speedup, key, _number(speculation.get("predictedSpeedup")))
             self._set(self.measured_speedup, key, _number(speculation.get("measuredSpeedup")))
@@ -387,8 +384,8 @@ class OperatorMetrics:
                 self.rollbacks.labels(namespace, name)
             previous = seen.get("speculation") or {}
             if not first:
-                toggle = speculation.get("lastToggleTime")
-                if toggle and toggle != previous.get("lastToggleTime"):
+                toggle = speculation.get("lastChangeTime")
+                if toggle and toggle != previous.get("lastChangeTime"):
                     self.toggles.labels(namespace, name).inc()
                 decided = speculation.get("lastDecisionTime")
                 if decided and decided != previous.get("lastDecisionTime"):

@@ -572,8 +572,8 @@ class Calibration(ApiModel):
     )
     slowdown_guard: bool = Field(
         default=True,
-        description="Switch speculation off when measurements show it slower than plain at the "
-        "current load, whatever the model predicts.",
+        description="Replace a revision measured slower than plain on the load seen at once (even "
+        "mid-rollout or mid-soak); false: it waits for the soak and reconfigure.minInterval.",
     )
     profile: CalibrationProfile | None = Field(
         default=None,

@@ -64,6 +64,15 @@ class CalibrationStatistics(ApiModel):
     )
 
 
+class BandAnchorStatus(ApiModel):
+    """What one batch band measured directly."""
+
+    batch: int = Field(description="Upper edge of the band (running requests per pod).")
+    plain_seconds: float | None = Field(default=None, description="Measured plain step, seconds.")
+    k: int = Field(default=0, description="Draft length the round below was measured at.")
+    round_seconds: float | None = Field(default=None, description="Measured speculative round at k, seconds.")
+
+
 class CalibrationStatus(ApiModel):
     """What the deployment has learned of its own speedup curve, and how sure it is."""
 
@@ -101,6 +110,11 @@ class CalibrationStatus(ApiModel):
     )
     relative_fit_error: float | None = Field(
         default=None, description="Weighted RMS of the fit's relative residuals over the samples remembered."
+    )
+    anchors: list[BandAnchorStatus] = Field(
+        default_factory=list,
+        max_length=32,
+        description="Each batch band's direct measurements (they set the curve's level there).",
     )
     break_even_band: list[int] = Field(
         default_factory=list,

@@ -473,7 +473,7 @@ def replay(
         run.speedups.append(_speedup(world, point, loads))
 
     alpha = state.alpha if state.alpha is not None else revision_step.PRIOR_ALPHA
-    run.learned_break_even = learning.break_even(fitted, alpha, bounds) if learn.enabled else None
+    run.learned_break_even = revision_policy.break_even(model, alpha, bounds) if learn.enabled else None
     return run
 
 

@@ -8,7 +8,7 @@ same step is tried again at the next tick and status never claims what did not h
 
 1. Start: spec.draft changed (or retraining produced a draft) -> canary pods with the new
    draft, held out of traffic.
-2. LosslessCheck: golden prompts at temperature 0, speculation on and off; any difference
+2. LosslessCheck: golden prompts at temperature 0 on a canary pod and a reference pod; any difference
    rolls back with NotLossless before the canary ever receives traffic.
 3. Progressing: each step sets the canary weight, collects one sample per tick and
    variant, and after the step's pause asks `domain.canary.analyse` / `next_action`.
@@ -68,7 +68,7 @@ TrafficRouting = Literal["GatewayAPI", "ReplicaRatio"]
 
 @dataclass(frozen=True)
 class LosslessPassed:
-    """Every golden prompt gave the same text with speculation on and off."""
+    """Every golden prompt gave the reference pod's text (within the allowed divergence)."""
 
 
 @dataclass(frozen=True)
@@ -284,7 +284,7 @@ def _first_draft_check(inputs: CanaryInputs) -> CanaryStep:
     passed = status.draft.model_copy(
         update={"lossless_check": "Passed", "lossless_attempts": None, "lossless_retry_at": None}
     )
-    message = f"draft {version}: golden prompts identical with speculation on and off; speculation may go on"
+    message = f"draft {version}: golden prompts at temperature 0 match the reference pod's; speculation may go on"
     return CanaryStep(
         _with(status, None, draft=passed),
         updates=(ConditionUpdate(cond.CANARY_ROLLOUT, "False", Reason.LOSSLESS_CHECK_PASSED, message),)
@@ -378,7 +378,7 @@ def _lossless_check(inputs: CanaryInputs, canary: CanaryStatus) -> CanaryStep:
         actions=(ApplyCanary(_draft(canary, inputs.spec), receives_traffic=True), *entered.actions),
         events=(
             EventRecord(
-                "Normal", Reason.LOSSLESS_CHECK_PASSED, "golden prompts identical with speculation on and off"
+                "Normal", Reason.LOSSLESS_CHECK_PASSED, "golden prompts at temperature 0 match the reference pod's"
             ),
             *entered.events,
         ),

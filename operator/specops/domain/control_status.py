@@ -69,6 +69,14 @@ def revision_from_status(recorded: RevisionStatus | None) -> Revision | None:
         return None
 
 
+def for_draft(revision: Revision, draft: str | None) -> Revision:
+    """The revision with the stable draft's identity: a promoted draft keeps the schedule it was
+    judged on, and the pods (which already load the new checkpoint) keep their revision label."""
+    if revision.mode != "spec" or revision.draft == draft:
+        return revision
+    return Revision(mode="spec", method=revision.method, draft=draft, schedule=revision.schedule)
+
+
 def state_from_status(
     speculation: SpeculationStatus,
     baseline: BaselineStatus,
@@ -80,6 +88,7 @@ def state_from_status(
     revision = revision_from_status(speculation.revision)
     if speculation.control_phase is None or speculation.phase_since is None or revision is None:
         return initial_state(config, model, now)
+    revision = for_draft(revision, config.draft)
     recorded = Baseline()
     if baseline.samples:
         recorded = Baseline(

@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from specops.api.status import CalibrationStatistics, CalibrationStatus
+from specops.api.status import BandAnchorStatus, CalibrationStatistics, CalibrationStatus
 from specops.domain.calibration import (
     N_BUCKETS,
     N_PARAMS,
@@ -445,3 +445,19 @@ def anchor_pods(
 
 def _mix(old: float, new: float) -> float:
     return (1 - ANCHOR_WEIGHT) * old + ANCHOR_WEIGHT * new
+
+
+def anchors_to_status(anchors: Mapping[float, Anchor]) -> list[BandAnchorStatus]:
+    return [
+        BandAnchorStatus(
+            batch=int(batch),
+            plain_seconds=None if a.plain_s is None else round(a.plain_s, 6),
+            k=a.k,
+            round_seconds=None if a.round_s is None else round(a.round_s, 6),
+        )
+        for batch, a in sorted(anchors.items())
+    ]
+
+
+def anchors_from_status(recorded: Sequence[BandAnchorStatus]) -> dict[float, Anchor]:
+    return {float(a.batch): Anchor(a.plain_seconds, a.k, a.round_seconds) for a in recorded}

@@ -160,21 +160,10 @@ def profile_of(name: str, names: MetricNames) -> BackendProfile:
 
 
 PROFILES: dict[str, BackendProfile] = {
-    # Triton's TensorRT-LLM backend exports no acceptance metric: the specops BLS
-    # counts drafted/accepted tokens and verification steps with Triton custom metrics.
-    "triton-trtllm": BackendProfile(
-        name="triton-trtllm",
-        batch_gauge='nv_trt_llm_request_metrics{request_type="active"}',
-        request_counter='nv_inference_request_success{model="ensemble"}',
-        tpot_histogram="specops_time_per_output_token_seconds",
-        drafted_tokens="specops_spec_decode_draft_tokens_total",
-        accepted_tokens="specops_spec_decode_accepted_tokens_total",
-        draft_steps="specops_spec_decode_steps_total",
-        output_tokens_counter="specops_output_tokens_total",
-    ),
-    # The engines' own names, from their adapters (domain/engines): trtllm-serve counts tokens
-    # but not steps (g is the configured draft length); vLLM counts steps too; SGLang publishes
-    # an acceptance-rate gauge, which cannot tell "all drafts rejected" from "not speculating".
+    # The engines' own names, from their adapters (domain/engines): specops's Triton model and
+    # trtllm-serve count tokens but not steps (g is the schedule's K at the batch); vLLM counts
+    # steps too; SGLang publishes an acceptance-rate gauge, which cannot tell "all drafts
+    # rejected" from "not speculating".
     **{
         engine.name: profile_of(engine.name, engine.metrics)
         for engine in (Triton(), TrtllmServe(), Vllm(), Sglang())

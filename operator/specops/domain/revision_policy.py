@@ -151,6 +151,8 @@ class BandAnchor(Protocol):
 EXPLORE_SHARE = 0.05
 """A band carrying at least this share of the load seen, with no speculating measurement near it,
 is measured at K=1 (see Evidence.explore)."""
+SCALE_REACH = math.log(2.0)
+"""A band measured within this distance in log batch (an octave) corrects the prior nearby."""
 PRIOR_SCALE_MAX = 4.0
 """The prior is scaled by at most this factor either way (Evidence.prior_scale)."""
 EXPLORE_TOLERANCE = 0.3
@@ -180,24 +182,32 @@ class Evidence:
     Where a band has both, the fit only scales the round to other K; its level is the measurement."""
     steps: Stepped | None = None
     """The fitted model's step times (for scaling an anchor's round to another K)."""
-    _scales: dict[float, float] = field(default_factory=dict, compare=False, repr=False)
+    _ratios: dict[float, tuple[tuple[float, float], ...]] = field(
+        default_factory=dict, compare=False, repr=False
+    )
 
-    def prior_scale(self, alpha: float) -> float:
-        """How far the measured bands sit from the prior (geometric mean of measured over prior
-        speedup at each anchor's K): applied to the prior where nothing was measured, so a prior
-        that every measurement found optimistic is not trusted at face value elsewhere."""
+    def prior_scale(self, alpha: float, batch: float) -> float:
+        """How far the prior sits from what the nearest measured band within an octave measured
+        (measured over prior speedup at that band's K): applied to the prior where nothing was
+        measured, so a prior that measurements found optimistic nearby is not trusted at face value
+        (1 where no band within an octave was measured)."""
         key = round(alpha, 2)
-        if key not in self._scales:
-            logs = []
-            for batch, anchor in self.anchors.items():
+        if key not in self._ratios:
+            found: list[tuple[float, float]] = []
+            for edge, anchor in self.anchors.items():
                 if anchor.round_s and anchor.k > 0:
-                    measured = self._anchored(alpha, anchor.k, batch, None)
-                    prior = self.prior.predict_speedup(alpha, anchor.k, batch)
+                    measured = self._anchored(alpha, anchor.k, edge, None)
+                    prior = self.prior.predict_speedup(alpha, anchor.k, edge)
                     if measured and measured > 0 and prior > 0:
-                        logs.append(math.log(measured / prior))
-            scale = math.exp(sum(logs) / len(logs)) if logs else 1.0
-            self._scales[key] = min(PRIOR_SCALE_MAX, max(1.0 / PRIOR_SCALE_MAX, scale))
-        return self._scales[key]
+                        ratio = min(PRIOR_SCALE_MAX, max(1.0 / PRIOR_SCALE_MAX, measured / prior))
+                        found.append((math.log(edge), ratio))
+            self._ratios[key] = tuple(sorted(found))
+        ratios = self._ratios[key]
+        if not ratios:
+            return 1.0
+        where = math.log(max(1.0, batch))
+        distance, ratio = min((abs(at - where), ratio) for at, ratio in ratios)
+        return ratio if distance <= SCALE_REACH else 1.0
 
     def _anchored(
         self, alpha: float, draft_length: int, batch: float, context_tokens: float | None
@@ -229,7 +239,7 @@ class Evidence:
             return self.fitted.predict_speedup(alpha, draft_length, batch, context_tokens)
         prior = self.prior.predict_speedup(alpha, draft_length, batch, context_tokens)
         if draft_length > 0:
-            prior *= self.prior_scale(alpha)
+            prior *= self.prior_scale(alpha, batch)
         if draft_length == 1 and batch in self.explore and prior >= 1.0 - EXPLORE_TOLERANCE:
             return max(prior, self.credit)
         return prior
@@ -267,6 +277,31 @@ def measured_speedup(
     if not kept:
         return None
     return expected_speedup(model, alpha, schedule, kept, k0_cost if k0_cost is not None else DEFAULT_K0_COST)
+
+
+def break_even(
+    model: SpeedupModel, alpha: float, bounds: tuple[int, int], edges: Sequence[int] = BAND_EDGES
+) -> int | None:
+    """The smallest batch at which no draft length in ``bounds`` is predicted to beat plain: the
+    first band edge where none does, refined by bisection down to the previous edge. None when
+    every band up to the last edge pays."""
+
+    def pays(batch: float) -> bool:
+        return any(model.predict_speedup(alpha, k, batch) > 1.0 for k in range(bounds[0], bounds[1] + 1))
+
+    previous = 0
+    for edge in edges:
+        if not pays(float(edge)):
+            low, high = previous, edge  # pays at low (or nothing below), not at high
+            while high - low > 1:
+                middle = (low + high) // 2
+                if pays(float(middle)):
+                    low = middle
+                else:
+                    high = middle
+            return max(1, high)
+        previous = edge
+    return None
 
 
 @dataclass(frozen=True)

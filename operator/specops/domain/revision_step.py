@@ -77,6 +77,9 @@ class StepConfig:
     setup: perf.ModelSetup
     off_reason: str | None = None
     """Why speculation must stay off now (an unchecked or stale draft), or None."""
+    slowdown_guard: bool = True
+    """A revision measured slower than plain is replaced at once (spec.speculation.calibration
+    .slowdownGuard); False: it waits for the soak and the minimum interval like any change."""
 
 
 @dataclass(frozen=True)
@@ -158,6 +161,7 @@ def config_from_spec(
         half_life_s=parse_duration(speculation.calibration.half_life),
         setup=setup,
         off_reason=off_reason,
+        slowdown_guard=speculation.calibration.slowdown_guard,
     )
 
 
@@ -328,7 +332,7 @@ def step(
 
     if state.phase == "Fixed":
         measured = measured_speedup(model, alpha, current.schedule, seen, state.k0_cost)
-        slower = measured is not None and measured < 1.0 - config.margin
+        slower = config.slowdown_guard and measured is not None and measured < 1.0 - config.margin
         if (now - state.phase_since).total_seconds() < config.soak_s and not slower:
             return Decision(
                 state,
@@ -356,7 +360,7 @@ def step(
     current_speed = predicted(current)
     proposed_speed = expected_speedup(explorer, alpha, proposed.schedule, seen, k0_cost)
     measured = measured_speedup(model, alpha, current.schedule, seen, state.k0_cost)
-    slowdown = measured is not None and measured < 1.0 - config.margin
+    slowdown = config.slowdown_guard and measured is not None and measured < 1.0 - config.margin
     first_change = state.last_change is not None and state.last_change < state.phase_since
     result = verdict(
         current.schedule,

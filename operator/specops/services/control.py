@@ -33,6 +33,7 @@ from specops.domain.names import STABLE
 from specops.domain.profile import ProfileError, ServingProfile
 from specops.domain.records import replace
 from specops.domain.revision_policy import BAND_EDGES, Evidence, SpeedupModel
+from specops.domain.revision_policy import break_even as revision_break_even
 from specops.domain.revision_step import PRIOR_ALPHA, StepConfig, config_from_spec, step
 from specops.ports import KubeApiError, KubePort, MetricsSource
 
@@ -203,7 +204,10 @@ class ControlLoop:
         uid = str(resource.metadata.get("uid", ""))
         remembered = self._memory.get((namespace, name))
         if remembered is None or remembered.uid != uid:
-            remembered = _Memory(uid, learning.from_status(status.speculation.calibration))
+            recorded = status.speculation.calibration
+            remembered = _Memory(
+                uid, learning.from_status(recorded), anchors=learning.anchors_from_status(recorded.anchors)
+            )
         previous = remembered.fit if remembered.fit_prior == prior_stats else None
         fitted = profile_prior.model(
             config.setup, remembered.knowledge.calibration, learn.calibration, prior_stats, previous
@@ -216,8 +220,10 @@ class ControlLoop:
         on_revision = sum(1 for e in mine if e.revision == current.digest)
         wanted = spec.serving.replicas
         rollout_running = on_revision < wanted or len(mine) > wanted
-        typical_k = current.schedule.max_k if current.schedule else 0
-        measurement = self._measure(resource, typical_k, now)
+        measurement = self._measure(resource, 0, now)
+        if measurement.ok and current.schedule is not None and measurement.batch is not None:
+            # engines that count tokens but not steps: acceptance at the K the schedule gives here
+            measurement = measurement.with_configured_draft_length(current.schedule.k_at(measurement.batch))
         updates: list[ConditionUpdate] = []
         events: list[EventRecord] = []
         if loaded is not None:
@@ -285,9 +291,7 @@ class ControlLoop:
         decision = step(config, state, inputs, model, now)
         alpha = decision.state.alpha if decision.state.alpha is not None else PRIOR_ALPHA
         bounds = (max(1, config.min_k), max(1, config.min_k, config.max_k))
-        break_even = learning.break_even(fitted, alpha, bounds) if learn.enabled else None
-        if not learn.enabled:
-            break_even = learning.break_even(prior_model, alpha, bounds)
+        break_even = revision_break_even(model, alpha, bounds)
         prior_break_even = learning.break_even(prior_model, alpha, bounds)
         knowledge, moved = learning.announce(knowledge, break_even, prior_break_even)
         if moved is not None:
@@ -328,6 +332,7 @@ class ControlLoop:
         calibration = calibration.model_copy(
             update={
                 **_prior_fields(loaded, knowledge, learn),
+                "anchors": learning.anchors_to_status(anchors),
                 "break_even_band": _break_even_band(fitted if learn.enabled else prior_model, alpha, bounds),
             }
         )

@@ -21,7 +21,7 @@ from specops.api.models import API_VERSION, KIND, SpeculativeDeployment
 from specops.api.status import SpeculativeDeploymentStatus
 from specops.domain import drafts, lifecycle, phases, profile_prior
 from specops.domain.calibration import CalibrationConfig
-from specops.domain.control_status import revision_from_status
+from specops.domain.control_status import for_draft, revision_from_status
 from specops.domain.engines.schedule import Revision
 from specops.domain.lifecycle import EventRecord
 from specops.domain.names import LABEL_DEPLOYMENT, STABLE, label_value, selector_labels, service_name
@@ -112,8 +112,9 @@ def stable_revision(resource: SpeculativeDeployment) -> Revision:
     """The revision recorded in status, else the one a new resource starts with (plain through its
     baseline, or the roofline prior's first schedule)."""
     recorded = revision_from_status(resource.status.speculation.revision)
+    draft = drafts.stable_draft(resource.spec.draft, resource.status)
     if recorded is not None:
-        return recorded
+        return for_draft(recorded, drafts.draft_identity(draft) if draft.uri else None)
     config = config_from_spec(
         resource.spec,
         drafts.stable_draft(resource.spec.draft, resource.status),
