@@ -84,7 +84,11 @@ def test_scale_bench_writes_every_figure_for_a_small_fleet(tmp_path: Path) -> No
     # targets file, and stopped with the run: none of their metrics ports still listens.
     assert "1 pod farm(s) live" in finished.stderr
     groups = json.loads((tmp_path / "work" / "prometheus" / "targets.d" / "farm-0.json").read_text())
-    assert sorted(group["labels"]["pod"] for group in groups) == [f"scale-000{i}-0" for i in range(3)]
+    # one pod a resource, named as a ReplicaSet names it (Deployment, template hash, ordinal)
+    published = sorted(group["labels"]["pod"] for group in groups)
+    assert len(published) == 3, published
+    for index, pod in enumerate(published):
+        assert re.fullmatch(rf"scale-000{index}-[0-9a-f]+-[0-9]+", pod), published
     for group in groups:
         host, port = group["targets"][0].split(":")
         with socket.socket() as probe:
