@@ -166,9 +166,9 @@ def test_a_tick_interval_that_got_past_admission_is_clamped(text: str, seconds: 
 @pytest.mark.parametrize("asked", [0.0, 0.001, -5.0, math.nan])
 async def test_the_shared_prometheus_poller_never_polls_faster_than_its_floor(asked: float) -> None:
     hub = MetricsHub()
-    hub.register("fast", "http://127.0.0.1:9", "triton-trtllm", asked)
+    hub.register("fast", "http://127.0.0.1:9", "vllm", asked)
     try:
-        poller = hub.poller("http://127.0.0.1:9", "triton-trtllm")
+        poller = hub.poller("http://127.0.0.1:9", "vllm")
         assert poller is not None and poller.interval_s == MIN_POLL_INTERVAL_S
     finally:
         await hub.close()

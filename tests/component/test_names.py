@@ -73,7 +73,7 @@ async def test_a_resource_named_like_a_model_serves_is_ticked_and_cleans_up(
 
 
 async def test_metrics_are_looked_up_by_the_derived_label_value() -> None:
-    url, backend = "http://127.0.0.1:9", "triton-trtllm"
+    url, backend = "http://127.0.0.1:9", "vllm"
     hub = MetricsHub()
     hub.register((NAMESPACE, LONG_NAME), url, backend, 15.0)
     try:
