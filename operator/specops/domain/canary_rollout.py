@@ -284,7 +284,9 @@ def _first_draft_check(inputs: CanaryInputs) -> CanaryStep:
     passed = status.draft.model_copy(
         update={"lossless_check": "Passed", "lossless_attempts": None, "lossless_retry_at": None}
     )
-    message = f"draft {version}: golden prompts at temperature 0 match the reference pod's; speculation may go on"
+    message = (
+        f"draft {version}: golden prompts at temperature 0 match the reference pod's; speculation may go on"
+    )
     return CanaryStep(
         _with(status, None, draft=passed),
         updates=(ConditionUpdate(cond.CANARY_ROLLOUT, "False", Reason.LOSSLESS_CHECK_PASSED, message),)
@@ -378,7 +380,9 @@ def _lossless_check(inputs: CanaryInputs, canary: CanaryStatus) -> CanaryStep:
         actions=(ApplyCanary(_draft(canary, inputs.spec), receives_traffic=True), *entered.actions),
         events=(
             EventRecord(
-                "Normal", Reason.LOSSLESS_CHECK_PASSED, "golden prompts at temperature 0 match the reference pod's"
+                "Normal",
+                Reason.LOSSLESS_CHECK_PASSED,
+                "golden prompts at temperature 0 match the reference pod's",
             ),
             *entered.events,
         ),
