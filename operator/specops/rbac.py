@@ -64,9 +64,10 @@ OPERATOR_RULES: tuple[Rule, ...] = (
     _rule(
         "",
         "pods",
-        "list watch",
+        "list watch delete",
         "serving pods' IPs (the lossless check through the engines' API; watched into the operator's pod "
-        "index), training pods' termination messages",
+        "index), training pods' termination messages; a serving pod whose acceptance collapsed is "
+        "deleted so its Deployment starts a fresh engine",
     ),
     _rule(
         "monitoring.coreos.com",

@@ -72,6 +72,15 @@ CASES: dict[str, dict[str, Any]] = {
         "fires": ("120m", CHAT, "12"),
         "quiet": "20m",  # not yet more than 6 in the window
     },
+    "SpecopsAcceptanceCollapsed": {
+        "series": [
+            # one pod collapsed (and was deleted) at minute 10; the counter starts at 0 as the operator does
+            _series("specops_acceptance_collapses_total", CHAT, "0x10 1x80"),
+            _series("specops_acceptance_collapses_total", OTHER, "0x90"),
+        ],
+        "fires": ("15m", CHAT, "1"),
+        "quiet": "5m",
+    },
     "SpecopsDraftStale": {
         "series": [
             _series(

@@ -20,7 +20,10 @@ from specops.domain.metrics import (
     Q_BATCH,
     Q_DRAFT_STEPS,
     Q_DRAFTED,
+    Q_POD_ACCEPTANCE_GAUGE,
+    Q_POD_ACCEPTED,
     Q_POD_BATCH,
+    Q_POD_DRAFTED,
     Q_PODS,
     Q_REQUESTS,
     Q_TOKENS,
@@ -194,6 +197,73 @@ def test_load_and_latency_figures_are_carried_through() -> None:
         600.0,
     )
     assert (measured.tpot_p50_s, measured.tpot_p95_s, measured.tpot_p99_s) == (0.02, 0.03, 0.04)
+
+
+# ---------------------------------------------------------------- per pod
+
+
+def pod_sample(pod: str, value: str | float) -> Any:
+    return {"metric": {**sample(0)["metric"], DRAFT_LABEL: "d1", "pod": pod}, "value": [0, str(value)]}
+
+
+@pytest.mark.parametrize("backend", sorted(PROFILES))
+def test_each_pods_own_acceptance_is_one_query_for_every_resource(backend: str) -> None:
+    profile = PROFILES[backend]
+    queries = profile.queries(60)
+    pod_group = "by (" + ", ".join(GROUP_LABELS) + ", pod)"
+    if profile.acceptance_rate_gauge is not None:
+        assert queries[Q_POD_ACCEPTANCE_GAUGE] == f"avg {pod_group} ({profile.acceptance_rate_gauge})"
+        assert Q_POD_DRAFTED not in queries
+    else:
+        assert queries[Q_POD_DRAFTED] == f"sum {pod_group} (rate({profile.drafted_tokens}[60s]))"
+        assert queries[Q_POD_ACCEPTED] == f"sum {pod_group} (rate({profile.accepted_tokens}[60s]))"
+        assert Q_POD_ACCEPTANCE_GAUGE not in queries
+
+
+def test_each_pods_acceptance_is_its_own_accepted_over_drafted() -> None:
+    # Given two pods of one resource: one accepting normally, one accepting nothing
+    raw = raw_for("vllm", 0.7, 4)
+    raw[Q_POD_BATCH] = [pod_sample("p-0", 12), pod_sample("p-1", 13)]
+    raw[Q_POD_DRAFTED] = [pod_sample("p-0", 200.0), pod_sample("p-1", 180.0)]
+    raw[Q_POD_ACCEPTED] = [pod_sample("p-0", 110.0), pod_sample("p-1", 0.0)]
+
+    measured = build_snapshot(PROFILES["vllm"], raw, T0).lookup(*KEY, now=T0, max_age_s=30)
+
+    # Then each pod carries its own rate; the variant's figures are untouched
+    assert measured.per_pod["p-0"] == PodMeasurement(batch=12, drafted_per_s=200.0, acceptance_rate=0.55)
+    assert measured.per_pod["p-1"] == PodMeasurement(batch=13, drafted_per_s=180.0, acceptance_rate=0.0)
+    assert measured.alpha == pytest.approx(0.7, abs=1e-6)
+
+
+@pytest.mark.parametrize("bad", ["NaN", "+Inf", "-3", "not-a-number"])
+def test_a_pods_unreadable_acceptance_is_no_acceptance_not_zero(bad: str) -> None:
+    raw = raw_for("vllm", 0.7, 4)
+    raw[Q_POD_BATCH] = [pod_sample("p-0", 12), pod_sample("p-1", 12)]
+    raw[Q_POD_DRAFTED] = [pod_sample("p-0", 200.0), pod_sample("p-1", bad)]
+    raw[Q_POD_ACCEPTED] = [pod_sample("p-0", bad), pod_sample("p-1", 100.0)]
+
+    per_pod = build_snapshot(PROFILES["vllm"], raw, T0).lookup(*KEY, now=T0, max_age_s=30).per_pod
+
+    assert per_pod["p-0"].acceptance_rate is None and per_pod["p-0"].drafted_per_s == 200.0
+    assert per_pod["p-1"].acceptance_rate is None and per_pod["p-1"].drafted_per_s is None
+
+
+def test_nothing_drafted_by_a_pod_is_no_acceptance() -> None:
+    raw = raw_for("vllm", 0.7, 4)
+    raw[Q_POD_BATCH] = [pod_sample("p-0", 12)]
+    raw[Q_POD_DRAFTED] = [pod_sample("p-0", 0)]
+    raw[Q_POD_ACCEPTED] = [pod_sample("p-0", 0)]
+    per_pod = build_snapshot(PROFILES["vllm"], raw, T0).lookup(*KEY, now=T0, max_age_s=30).per_pod
+    assert per_pod["p-0"] == PodMeasurement(batch=12, drafted_per_s=0.0)
+
+
+def test_sglang_pods_read_their_acceptance_gauge_zero_included() -> None:
+    raw = raw_for("sglang", 0.7, 4)
+    raw[Q_POD_BATCH] = [pod_sample("p-0", 6), pod_sample("p-1", 7), pod_sample("p-2", 7)]
+    raw[Q_POD_ACCEPTANCE_GAUGE] = [pod_sample("p-0", 0.48), pod_sample("p-1", 0), pod_sample("p-2", "NaN")]
+    per_pod = build_snapshot(PROFILES["sglang"], raw, T0).lookup(*KEY, now=T0, max_age_s=30).per_pod
+    assert [per_pod[p].acceptance_rate for p in ("p-0", "p-1", "p-2")] == [0.48, 0.0, None]
+    assert per_pod["p-0"].drafted_per_s is None  # SGLang counts no drafted tokens
 
 
 # ---------------------------------------------------------------- bad values, missing and stale data

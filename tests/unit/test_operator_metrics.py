@@ -130,6 +130,29 @@ def test_new_decisions_rollouts_and_rollbacks_are_counted_from_one_status_to_the
     assert value(metrics, "specops_canary_rollbacks_total") == 1.0
 
 
+def test_acceptance_collapses_are_counted_from_the_status_count(metrics: OperatorMetrics) -> None:
+    # The first status seen is a starting point, whatever its count (an operator restart)
+    first = copy.deepcopy(STATUS)
+    first["speculation"]["acceptanceCollapses"] = 3
+    metrics.observe_status("ml", "chat", first)
+    assert value(metrics, "specops_acceptance_collapses_total") == 0.0
+    # A tick that found two pods collapsed, then the same status again
+    later = copy.deepcopy(first)
+    later["speculation"]["acceptanceCollapses"] = 5
+    metrics.observe_status("ml", "chat", later)
+    metrics.observe_status("ml", "chat", later)
+    assert value(metrics, "specops_acceptance_collapses_total") == 2.0
+    # A status without the count (an older operator wrote it) reads as 0; the next collapse counts one
+    none = copy.deepcopy(STATUS)
+    none["speculation"].pop("acceptanceCollapses", None)
+    metrics.observe_status("ml", "chat", none)
+    none["speculation"]["acceptanceCollapses"] = 1
+    metrics.observe_status("ml", "chat", none)
+    assert value(metrics, "specops_acceptance_collapses_total") == 3.0
+    metrics.forget("ml", "chat")
+    assert value(metrics, "specops_acceptance_collapses_total") is None
+
+
 @pytest.mark.parametrize(
     ("before", "after", "action"),
     [

@@ -54,7 +54,7 @@ checks it). Namespaced resources first; cluster-scoped ones (CRDs) go in a Clust
   verbs: ["get", "list", "create", "patch", "delete"]
 - apiGroups: [""]
   resources: ["pods"]
-  verbs: ["list", "watch"]
+  verbs: ["list", "watch", "delete"]
 - apiGroups: ["monitoring.coreos.com"]
   resources: ["podmonitors"]
   verbs: ["get", "list", "create", "patch", "delete"]

@@ -2,7 +2,8 @@
 
 Per resource, every gauge is set from the status the operator just wrote
 (``observe_status``), so what Prometheus sees is what ``kubectl get -o yaml`` shows;
-decisions, revision rollouts and canary rollbacks are counted when the status shows a new one.
+decisions, revision rollouts, canary rollbacks and acceptance collapses are counted when the
+status shows a new one.
 Durations and errors are recorded where they happen (handlers, adapters).
 
 Names follow Prometheus' conventions: ``specops_`` prefix, base units (seconds,
@@ -73,7 +74,7 @@ def _seconds(value: Any) -> float | None:
 
 
 _UNSET = object()
-_REMEMBERED = ("state", "draftLength", "lastChangeTime", "lastDecisionTime")
+_REMEMBERED = ("state", "draftLength", "lastChangeTime", "lastDecisionTime", "acceptanceCollapses")
 """What the previous speculation status must show to count the next decision and toggle."""
 
 
@@ -236,6 +237,11 @@ class OperatorMetrics:
             "specops_revision_rollouts", "Revisions rolled out to the stable pods (each restarts every pod)."
         )
         self.rollbacks = counter("specops_canary_rollbacks", "Canaries of a new draft rolled back.")
+        self.acceptance_collapses = counter(
+            "specops_acceptance_collapses",
+            "Stable pods whose acceptance collapsed while their neighbours on the same draft accepted "
+            "normally, each deleted so a fresh engine replaced it.",
+        )
         r.register(per_resource)
         self.reconcile_duration = Histogram(
             "specops_reconcile_duration_seconds",
@@ -311,6 +317,7 @@ class OperatorMetrics:
             self.slo_tpot_p99,
             self.toggles,
             self.rollbacks,
+            self.acceptance_collapses,
         )
 
     # ------------------------------------------------------------ per resource
@@ -382,11 +389,16 @@ class OperatorMetrics:
             if first:
                 self.toggles.labels(namespace, name)
                 self.rollbacks.labels(namespace, name)
+                self.acceptance_collapses.labels(namespace, name)
             previous = seen.get("speculation") or {}
             if not first:
                 toggle = speculation.get("lastChangeTime")
                 if toggle and toggle != previous.get("lastChangeTime"):
                     self.toggles.labels(namespace, name).inc()
+                collapses = _number(speculation.get("acceptanceCollapses")) or 0.0
+                before = _number(previous.get("acceptanceCollapses")) or 0.0
+                if collapses > before:  # a count that went down (status rewritten) is a new start
+                    self.acceptance_collapses.labels(namespace, name).inc(collapses - before)
                 decided = speculation.get("lastDecisionTime")
                 if decided and decided != previous.get("lastDecisionTime"):
                     self._count_decision(key, seen, decision_action(previous, speculation), speculation)

@@ -60,6 +60,7 @@ class Reason:
     # control loop
     ACCEPTANCE_BELOW_SLO = "AcceptanceBelowSLO"
     ACCEPTANCE_OK = "AcceptanceOK"
+    ACCEPTANCE_COLLAPSED = "AcceptanceCollapsed"
     NOT_SPECULATING = "NotSpeculating"
     PROMETHEUS_UNREACHABLE = "PrometheusUnreachable"
     METRICS_OK = "MetricsOK"

@@ -208,6 +208,12 @@ class SpeculationStatus(ApiModel):
     calibration: CalibrationStatus = Field(
         default_factory=CalibrationStatus, description="The learned speedup model and its confidence."
     )
+    acceptance_collapses: int = Field(
+        default=0,
+        ge=0,
+        description="Stable pods found accepting nothing while their neighbours on the same draft accepted "
+        "normally (AcceptanceCollapsed Events), each deleted so a fresh engine replaced it.",
+    )
 
 
 class BaselineStatus(ApiModel):

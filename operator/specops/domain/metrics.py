@@ -46,10 +46,15 @@ Q_TPOT_MEAN = "tpot_mean_s"
 # buckets), and the only ones a cycle can do without. The control loop decides on the mean; a
 # canary's latency analysis needs them, so a cycle without them pauses canary judgement.
 LATENCY_QUANTILES = frozenset({Q_TPOT_P50, Q_TPOT_P95, Q_TPOT_P99})
-# Per pod (grouped by pod as well): what a split-fleet A/B compares, pods at different settings.
+# Per pod (grouped by pod as well): what a split-fleet A/B compares, pods at different settings,
+# and each pod's own acceptance (a pod that lost its draft weights accepts nothing while its
+# neighbours on the same draft accept normally: domain/collapse.py).
 Q_POD_BATCH = "pod_batch"
 Q_POD_TPOT_MEAN = "pod_tpot_mean_s"
-POD_QUANTITIES = (Q_POD_BATCH, Q_POD_TPOT_MEAN)
+Q_POD_DRAFTED = "pod_drafted_tokens_per_s"
+Q_POD_ACCEPTED = "pod_accepted_tokens_per_s"
+Q_POD_ACCEPTANCE_GAUGE = "pod_acceptance_rate_gauge"
+POD_QUANTITIES = (Q_POD_BATCH, Q_POD_TPOT_MEAN, Q_POD_DRAFTED, Q_POD_ACCEPTED, Q_POD_ACCEPTANCE_GAUGE)
 
 # Reasons carried by error measurements (usable as condition reasons).
 REASON_METRICS_UNAVAILABLE = "MetricsUnavailable"
@@ -133,12 +138,15 @@ class BackendProfile:
         }
         if self.drafted_tokens is not None:
             result[Q_DRAFTED] = summed_rate(self.drafted_tokens)
+            result[Q_POD_DRAFTED] = pod_rate(self.drafted_tokens)
         if self.accepted_tokens is not None:
             result[Q_ACCEPTED] = summed_rate(self.accepted_tokens)
+            result[Q_POD_ACCEPTED] = pod_rate(self.accepted_tokens)
         if self.draft_steps is not None:
             result[Q_DRAFT_STEPS] = summed_rate(self.draft_steps)
         if self.acceptance_rate_gauge is not None:
             result[Q_ACCEPTANCE_GAUGE] = f"avg by ({_GROUP}) ({self.acceptance_rate_gauge})"
+            result[Q_POD_ACCEPTANCE_GAUGE] = f"avg by ({_GROUP}, pod) ({self.acceptance_rate_gauge})"
         if self.output_tokens_counter is not None:
             result[Q_TOKENS] = summed_rate(self.output_tokens_counter)
         return result
@@ -173,10 +181,34 @@ PROFILES: dict[str, BackendProfile] = {
 
 @dataclass(frozen=True)
 class PodMeasurement:
-    """One pod's own batch and mean per-token latency over the rate window."""
+    """One pod's own batch, mean per-token latency and acceptance over the rate window."""
 
     batch: float | None = None
     tpot_mean_s: float | None = None
+    drafted_per_s: float | None = None
+    """Draft tokens the pod proposed per second (None: the engine does not count them, SGLang)."""
+    acceptance_rate: float | None = None
+    """Accepted / drafted tokens of this pod alone, in [0, 1]; the engine's acceptance-rate gauge
+    where it publishes one instead (SGLang, where 0 also reads when nothing was drafted). None when
+    nothing was drafted in the window or nothing readable was answered."""
+
+
+def pod_measurement(profile: BackendProfile, values: Mapping[str, float | None]) -> PodMeasurement:
+    """One pod's figures from its per-pod series (`_grouped`: NaN and negative values are None)."""
+    drafted = values.get(Q_POD_DRAFTED)
+    accepted = values.get(Q_POD_ACCEPTED)
+    rate: float | None = None
+    if profile.acceptance_rate_gauge is not None:
+        gauge = values.get(Q_POD_ACCEPTANCE_GAUGE)
+        rate = None if gauge is None else min(gauge, 1.0)
+    elif drafted is not None and drafted > 0 and accepted is not None:
+        rate = min(accepted / drafted, 1.0)
+    return PodMeasurement(
+        batch=values.get(Q_POD_BATCH),
+        tpot_mean_s=values.get(Q_POD_TPOT_MEAN),
+        drafted_per_s=drafted,
+        acceptance_rate=rate,
+    )
 
 
 @dataclass(frozen=True)
@@ -514,11 +546,7 @@ class _Cycle:
             found = self.values[(*key, drafts[0])]
         else:
             found = merge_drafts([self.values[(*key, draft)] for draft in drafts])
-        per_pod = {
-            name: PodMeasurement(batch=got.get(Q_POD_BATCH), tpot_mean_s=got.get(Q_POD_TPOT_MEAN))
-            for name in names or ()
-            for got in (self.pods[(*key, name)],)
-        }
+        per_pod = {name: pod_measurement(self.profile, self.pods[(*key, name)]) for name in names or ()}
         return measurement_from_values(self.profile, found, self.at, self.latency_error, per_pod)
 
     def by_draft(self, key: Key) -> dict[str, Measurement] | None:

@@ -6,7 +6,12 @@ draft length the engine used at that batch (the revision's schedule at the batch
 revision has settled (domain.learning); decide: one pure step (domain.revision_step) on the state
 kept in status, which names the revision the stable pods should run; act: a new revision is
 written to status and the stable Deployment is rendered with it after the write (a rollout, pod
-by pod). Events come only from revision changes and break-even moves.
+by pod). Events come only from revision changes, break-even moves and collapsed pods.
+
+A stable pod whose own acceptance collapsed while its neighbours on the same draft accept normally
+(domain.collapse: an engine that lost its draft weights) is deleted, once an incarnation: its
+Deployment starts a fresh engine on the same revision, and the Service stops sending it traffic as
+soon as it terminates. A Warning Event names it with the numbers; status counts it.
 
 A metrics outage is a measured state: the loop holds the revision in force, sets
 MetricsUnavailable, and decides nothing until fresh data returns.
@@ -22,8 +27,8 @@ from specops.api import conditions as cond
 from specops.api.conditions import ConditionUpdate, Reason
 from specops.api.models import SpeculativeDeployment
 from specops.api.status import PodsApplied, RolloutStatus, SpeculativeDeploymentStatus
+from specops.domain import collapse, drafts, learning, profile_prior
 from specops.domain import control_status as cs
-from specops.domain import drafts, learning, profile_prior
 from specops.domain.calibration import CalibrationState, Fit
 from specops.domain.discovery import PodEndpoint
 from specops.domain.engines.schedule import Revision
@@ -62,6 +67,9 @@ class _Memory:
     """The revisions this resource's pods ran lately, by digest (a rollout's old pods still run one)."""
     anchors: Mapping[float, learning.Anchor] = field(default_factory=dict)
     """What each batch band measured directly (learning.anchor_pods); rebuilt after a restart."""
+    collapsing: collapse.CollapseState = field(default_factory=collapse.CollapseState)
+    restarts: Mapping[str, str] = field(default_factory=dict)
+    """Collapsed pods (name -> incarnation) whose deletion failed: tried again every tick."""
 
 
 class ControlLoop:
@@ -269,10 +277,23 @@ class ControlLoop:
                 )
             return held
 
-        # learn: each settled pod's window at the K its revision's schedule gave at its batch
+        revisions = {current.digest: current, **remembered.revisions}
+        # a pod whose acceptance collapsed against its neighbours': deleted, so a fresh engine replaces it
+        collapsing, collapsed = collapse.detect(
+            remembered.collapsing,
+            _acceptances(measurement, mine, revisions),
+            {e.name for e in mine},
+            measurement.at,
+        )
+        restarts, restart_events = await self._restart_collapsed(
+            namespace, mine, collapsed, remembered.restarts
+        )
+        events += restart_events
+        # learn: each settled pod's window at the K its revision's schedule gave at its batch (a
+        # collapsing pod's windows measure a broken engine, not the deployment: left out)
         knowledge = remembered.knowledge
         batch = measurement.batch or 0.0
-        readings = _readings(measurement, mine, revisions={current.digest: current, **remembered.revisions})
+        readings = [r for r in _readings(measurement, mine, revisions) if not collapsing.suspect(r.pod)]
         tracks = learning.track_pods(remembered.tracks, readings, learn, now)
         learned, at_zero = learning.learn_pods(
             knowledge.calibration, readings, tracks, config.setup, learn, now
@@ -309,7 +330,7 @@ class ControlLoop:
             )
         known = {current.digest: current, decision.state.revision.digest: decision.state.revision}
         self._memory[(namespace, name)] = _Memory(
-            uid, knowledge, fitted.fit, prior_stats, tracks, known, anchors
+            uid, knowledge, fitted.fit, prior_stats, tracks, known, anchors, collapsing, restarts
         )
         updates.append(ConditionUpdate(cond.METRICS_UNAVAILABLE, "False", Reason.METRICS_OK, ""))
         updates.append(cs.acceptance_condition(decision.state, spec.slo.min_acceptance))
@@ -336,7 +357,12 @@ class ControlLoop:
                 "break_even_band": _break_even_band(fitted if learn.enabled else prior_model, alpha, bounds),
             }
         )
-        speculation = speculation.model_copy(update={"calibration": calibration})
+        speculation = speculation.model_copy(
+            update={
+                "calibration": calibration,
+                "acceptance_collapses": status.speculation.acceptance_collapses + len(collapsed),
+            }
+        )
         new_status = status.model_copy(
             update={
                 "speculation": speculation,
@@ -347,6 +373,48 @@ class ControlLoop:
         return ControlResult(
             new_status, updates, events, decision.state.revision if decision.changed else None
         )
+
+    async def _restart_collapsed(
+        self,
+        namespace: str,
+        pods: Sequence[PodEndpoint],
+        collapsed: Sequence[collapse.Collapse],
+        pending: Mapping[str, str],
+    ) -> tuple[dict[str, str], list[EventRecord]]:
+        """Delete each collapsed pod (its Deployment starts a fresh engine with the same revision) and
+        retry those whose deletion failed before, while the same incarnation still serves; returns
+        the pods still to delete and one Warning Event per collapse."""
+        serving = {e.name: e for e in pods}
+        wanted = {
+            pod: incarnation
+            for pod, incarnation in pending.items()
+            if pod in serving and serving[pod].incarnation == incarnation
+        }
+        wanted.update({c.pod: c.incarnation for c in collapsed})
+        failed: dict[str, str] = {}
+        for pod in wanted:
+            if self.kube is None:
+                failed[pod] = "no Kubernetes API client"
+                continue
+            try:
+                await self.kube.delete("v1", "Pod", namespace, pod)
+            except KubeApiError as error:
+                failed[pod] = str(error)
+        events = []
+        for c in collapsed:
+            revision = serving[c.pod].revision if c.pod in serving else ""
+            cause = "its engine has likely lost the draft weights (a resume or a weight sync)"
+            if c.pod in failed:
+                action = (
+                    f"deleting the pod failed ({failed[c.pod]}): tried again every interval; "
+                    f"or delete it by hand (kubectl -n {namespace} delete pod {c.pod})"
+                )
+            else:
+                action = f"deleted the pod: its Deployment starts a fresh engine on revision {revision}"
+            events.append(
+                EventRecord("Warning", Reason.ACCEPTANCE_COLLAPSED, f"{c.describe()}; {cause}; {action}.")
+            )
+        return {pod: wanted[pod] for pod in failed}, events
 
 
 @dataclass(frozen=True)
@@ -411,6 +479,23 @@ def _readings(
         alpha = measurement.alpha if revision.mode == "spec" else None
         readings.append(learning.PodReading(pod.name, revision, own.batch, own.tpot_mean_s, alpha))
     return readings
+
+
+def _acceptances(
+    measurement: Measurement, pods: Sequence[PodEndpoint], revisions: Mapping[str, Revision]
+) -> list[collapse.PodAcceptance]:
+    """Each speculating stable pod's own acceptance, where its drafts flow (collapse.reading)."""
+    found = []
+    for pod in pods:
+        own = measurement.per_pod.get(pod.name)
+        revision = revisions.get(pod.revision)
+        if own is None or revision is None or revision.schedule is None or own.batch is None:
+            continue
+        k = revision.schedule.k_at(own.batch) if revision.mode == "spec" else 0
+        reading = collapse.reading(pod.name, pod.incarnation, pod.draft, own, k)
+        if reading is not None:
+            found.append(reading)
+    return found
 
 
 def _key(resource: SpeculativeDeployment) -> tuple[str, str]:
