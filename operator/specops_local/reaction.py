@@ -1,14 +1,18 @@
-"""Reaction benchmark: how fast speculation goes off on every pod once batches pass break-even.
+"""Reaction benchmark: how fast drafting stops on every pod once batches pass break-even.
 
-One SpeculativeDeployment (the dense example, several pods) speculates at low load in the
-Dynamic phase. At t0 every simulated pod's load jumps past break-even (its batch gauge moves at
-that instant); the benchmark polls each pod's num_draft_tokens every 20 ms and records when all
-of them read 0. Then the load falls back, speculation returns, and the next run starts after a
-random pause so the scrape, poll and decision clocks meet t0 at a different phase each time.
+One SpeculativeDeployment (the dense example, several pods, the Triton backend) speculates at low
+load in the Dynamic phase, its engines started with a draft-length schedule that gives K=0 at
+heavy batches. The engines serve a measured profile (``WORLD``: break-even near batch 100 at
+alpha 0.8), not the roofline the operator starts from. At t0 every simulated engine's load jumps past break-even (its running-requests
+gauge moves at that instant); the benchmark polls the K each engine drafts every 20 ms and
+records when all of them read 0: the engines apply their schedule at every iteration, so no
+decision and no restart sits on this path. Then the load falls back, drafting resumes, and the
+next run starts after a random pause so the scrape, poll and decision clocks meet t0 at a
+different phase each time.
 
-Each run also records when each stage of the path saw the change, to show where the time goes:
-Prometheus (every pod's gauge scraped), the operator's metrics snapshot (its poller), the first
-pod switched (the decision tick plus one Triton call), every pod switched, status written.
+Each run also records when each stage of the observation path saw the change: Prometheus (every
+engine's gauge scraped), the operator's metrics snapshot (its poller), the first engine and every
+engine at K=0, and status (status.observed.batch past break-even: what the learning sees).
 
     python -m specops_local.reaction [--runs N] [--json OUT] [--workdir DIR]
 """
@@ -27,18 +31,17 @@ import tempfile
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TextIO
 
 import httpx
 
 from specops.api.models import API_VERSION, KIND, SpeculativeDeployment
-from specops.api.units import parse_duration
 from specops.domain import perf
-from specops.domain.control_status import policy_config
-from specops_local.sim import LoadPoint
-from specops_local.sim.pod import MAX_ACTIVE_REQUESTS
+from specops.domain.metrics import PROFILES
+from specops.domain.revision_step import config_from_spec
+from specops.profiles import load_builtin
+from specops_local.sim import MAX_RUNNING_REQUESTS, LoadPoint
 from specops_local.stack import LocalStack, fast_resource, interrupt_cancels, local_stack, log_to_file
 
 NAME = "llama-70b-chat"
@@ -47,9 +50,13 @@ REPLICAS = 4
 ALPHA = 0.8
 LOW = LoadPoint(batch=16, alpha=ALPHA)
 HIGH = LoadPoint(batch=300, alpha=ALPHA)  # the engine runs at most 256 at once: past break-even (~251)
-# Spec values chosen so that repeats are quick: a 1 s minimum dwell between toggles (switching back
-# on still needs enable_evidence, 5 speedup-seconds above the on threshold: about 4 decisions here).
-SPEC = {"interval": "1s", "baseline": "2s", "soak": "2s", "minDwell": "1s"}
+BACKEND = "triton"
+WORLD = "llama70b-small-draft-4xh100"
+# Spec values chosen so that the Dynamic phase comes quickly; then the first speculating revision
+# stays (a revision change at most every hour): the runs time the engines' reaction under one
+# schedule, not the loop's tuning of it (after a run at 256, a learned schedule may draft K=1 in
+# the band that ends there).
+SPEC = {"interval": "1s", "baseline": "2s", "soak": "2s", "minInterval": "1h"}
 TARGET_MEDIAN_S = 3.0
 HPA_SYNC_PERIOD_S = 15.0  # kube-controller-manager --horizontal-pod-autoscaler-sync-period default
 KEDA_POLLING_INTERVAL_S = 30.0  # ScaledObject pollingInterval default
@@ -69,10 +76,11 @@ class RunTiming:
     run: int
     prometheus_s: float | None  # every pod's batch gauge above break-even in Prometheus
     snapshot_s: float | None  # the operator's in-memory metrics snapshot shows it
-    first_pod_s: float | None  # the first pod at num_draft_tokens 0
-    all_pods_s: float  # every pod at num_draft_tokens 0: the reaction time
-    status_s: float | None  # status.speculation.state == off
-    back_on_s: float  # after the load fell again, every pod speculating (needs sustained evidence)
+    first_pod_s: float | None  # the first engine at its schedule's K for the heavy batch
+    all_pods_s: float  # every engine at its schedule's K for the heavy batch: the reaction time
+    status_s: float | None  # status.observed.batch past break-even
+    back_on_s: float  # after the load fell again, every engine drafting (K>0) again
+    high_k: int = 0  # the largest K the engines drafted at the heavy batch (0 where the schedule says so)
 
 
 @dataclass(frozen=True)
@@ -169,14 +177,22 @@ async def until(
 
 
 def draft_tokens(stack: LocalStack) -> list[int]:
-    return [pod.draft_length for pod in stack.pods(NAME)]
+    """The K each ready stable engine drafted at its last iteration (its schedule at its batch)."""
+    return [pod.k for pod in stack.pods(NAME, "stable") if pod.ready]
+
+
+def following(stack: LocalStack, batch: float) -> list[bool]:
+    """Per ready stable engine: it carries ``batch`` and drafts the K its own schedule gives there."""
+    return [
+        pod.batch >= batch and pod.k == pod.k_at(pod.batch) for pod in stack.pods(NAME, "stable") if pod.ready
+    ]
 
 
 def operator_batch(stack: LocalStack) -> float | None:
     """The batch in the operator's latest metrics snapshot (read from its memory, for diagnosis only)."""
     run = stack.operator.run
     services = getattr(run.memo, "services", None) if run is not None else None
-    poller = services.metrics.poller(stack.prometheus.url, "triton-trtllm") if services is not None else None
+    poller = services.metrics.poller(stack.prometheus.url, BACKEND) if services is not None else None
     if poller is None:
         return None
     measurement = poller.latest.measurements.get((stack.namespace, NAME, "stable"))
@@ -191,7 +207,7 @@ async def speculation_status(stack: LocalStack) -> dict[str, Any]:
 
 async def prometheus_min_batch(stack: LocalStack) -> float | None:
     """The smallest running batch over the resource's pods, as Prometheus has it now."""
-    promql = f'min(nv_trt_llm_request_metrics{{request_type="active", specops_deployment="{NAME}"}})'
+    promql = f'min({PROFILES[BACKEND].batch_gauge}{{specops_deployment="{NAME}"}})'
     with contextlib.suppress(httpx.HTTPError, RuntimeError):
         vector = await stack.prometheus.query(promql)
         if vector:
@@ -199,8 +215,8 @@ async def prometheus_min_batch(stack: LocalStack) -> float | None:
     return None
 
 
-async def ready_to_start(stack: LocalStack, min_dwell_s: float) -> bool:
-    """Every pod speculating, the operator seeing low load, and the minimum dwell over."""
+async def ready_to_start(stack: LocalStack) -> bool:
+    """Every engine drafting, the operator seeing low load, the Dynamic phase, no rollout running."""
     lengths = draft_tokens(stack)
     if len(lengths) != REPLICAS or not all(n > 0 for n in lengths):
         return False
@@ -210,11 +226,7 @@ async def ready_to_start(stack: LocalStack, min_dwell_s: float) -> bool:
     speculation = await speculation_status(stack)
     if speculation.get("controlPhase") != "Dynamic" or speculation.get("state") != "on":
         return False
-    toggled = speculation.get("lastToggleTime")
-    if toggled:
-        since = (datetime.now(UTC) - datetime.fromisoformat(toggled.replace("Z", "+00:00"))).total_seconds()
-        return since > min_dwell_s
-    return True
+    return not speculation.get("rollout")
 
 
 # ---------------------------------------------------------------- one run
@@ -234,7 +246,9 @@ async def one_run(stack: LocalStack, number: int, saturated_batch: float) -> Run
 
     async def watch_status() -> None:
         while "status" not in seen:
-            if (await speculation_status(stack)).get("state") == "off":
+            body = await stack.kube.get(API_VERSION, KIND, stack.namespace, NAME) or {}
+            batch = (body.get("status") or {}).get("observed", {}).get("batch")
+            if batch is not None and batch >= saturated_batch:
                 seen["status"] = loop.time()
             await asyncio.sleep(0.05)
 
@@ -244,6 +258,7 @@ async def one_run(stack: LocalStack, number: int, saturated_batch: float) -> Run
         asyncio.create_task(watch_prometheus(), name="bench: prometheus"),
         asyncio.create_task(watch_status(), name="bench: status"),
     ]
+    high_ks: list[int] = []
     try:
         deadline = t0 + OFF_DEADLINE_S
         while True:
@@ -252,14 +267,19 @@ async def one_run(stack: LocalStack, number: int, saturated_batch: float) -> Run
             batch = operator_batch(stack)
             if "snapshot" not in seen and batch is not None and batch >= saturated_batch:
                 seen["snapshot"] = now
-            if "first_pod" not in seen and any(n == 0 for n in lengths):
+            follow = following(stack, saturated_batch)
+            if "first_pod" not in seen and any(follow):
                 seen["first_pod"] = now
-            if lengths and all(n == 0 for n in lengths):
+            if follow and all(follow):
+                high_ks = lengths
                 all_off = now
                 break
             if now > deadline:
+                speculation = await speculation_status(stack)
                 raise BenchFailed(
-                    f"run {number}: speculation still on after {OFF_DEADLINE_S:.0f} s: {lengths}"
+                    f"run {number}: engines not at their schedule's K after {OFF_DEADLINE_S:.0f} s: K {lengths}; the "
+                    f"schedule in force: {speculation.get('schedule')} ({speculation.get('reason')}: "
+                    f"{speculation.get('message')})"
                 )
             await asyncio.sleep(POLL_S)
         with contextlib.suppress(TimeoutError):
@@ -276,7 +296,7 @@ async def one_run(stack: LocalStack, number: int, saturated_batch: float) -> Run
         lengths = draft_tokens(stack)
         return bool(lengths) and all(n > 0 for n in lengths)
 
-    back_on = await until(all_on, ON_DEADLINE_S, f"run {number}: speculation back on", every_s=POLL_S)
+    back_on = await until(all_on, ON_DEADLINE_S, f"run {number}: drafting again", every_s=POLL_S)
 
     def since_t0(key: str) -> float | None:
         return round(seen[key] - t0, 3) if key in seen else None
@@ -289,11 +309,12 @@ async def one_run(stack: LocalStack, number: int, saturated_batch: float) -> Run
         all_pods_s=round(all_off - t0, 3),
         status_s=since_t0("status"),
         back_on_s=round(back_on - t_low, 3),
+        high_k=max(high_ks, default=0),
     )
 
 
 def off_threshold(setup: perf.ModelSetup, margin: float, max_length: int) -> int | None:
-    """Smallest batch at which even the best length is modelled below 1 + margin (the policy's off point)."""
+    """Smallest batch at which even the best length is modelled below 1 + margin (where a schedule's band gets K=0)."""
     for batch in range(1, 4097):
         if perf.best_draft_length(setup, ALPHA, batch, max_length)[1] < 1.0 + margin:
             return batch
@@ -306,7 +327,10 @@ async def run_reaction(
     out = out if out is not None else sys.stdout
     say: Callable[[str], None] = lambda text: print(text, file=out, flush=True)  # noqa: E731
     jitter = random.Random(seed)
-    async with local_stack(workdir, load=LOW) as stack:
+    world = load_builtin(WORLD)
+    async with local_stack(
+        workdir, load=LOW, pod_options=lambda owner, variant: {"serving_profile": world}
+    ) as stack:
         task = asyncio.current_task()
         assert task is not None
         with interrupt_cancels(task, lambda: say("\nInterrupted: stopping everything...")):
@@ -318,38 +342,39 @@ async def run_reaction(
                 interval=SPEC["interval"],
                 baseline=SPEC["baseline"],
                 soak=SPEC["soak"],
-                min_dwell=SPEC["minDwell"],
+                min_interval=SPEC["minInterval"],
+                backend=BACKEND,
             )
             await stack.kube.create(body)
             spec = SpeculativeDeployment.model_validate(body).spec
-            config = policy_config(spec)
-            min_dwell_s = parse_duration(SPEC["minDwell"])
-            saturated = min(HIGH.batch, MAX_ACTIVE_REQUESTS)
+            config = config_from_spec(spec, spec.draft)
+            saturated = min(HIGH.batch, MAX_RUNNING_REQUESTS)
             say(
-                f"{NAME}: {REPLICAS} pods, decisions every {SPEC['interval']}, scrape every "
-                f"{stack.scrape_interval_s:g} s, minDwell {SPEC['minDwell']}, baseline {SPEC['baseline']}, "
+                f"{NAME}: {REPLICAS} {BACKEND} pods, decisions every {SPEC['interval']}, scrape every "
+                f"{stack.scrape_interval_s:g} s, baseline {SPEC['baseline']}, "
                 f"soak {SPEC['soak']}; load {LOW.batch:.0f} -> {HIGH.batch:.0f} requests per pod "
                 f"({saturated:.0f} running), alpha {ALPHA}"
             )
             say("waiting for the Dynamic phase at low load ...")
-            await until(lambda: ready_to_start(stack, min_dwell_s), 90.0, "Dynamic phase, speculating")
+            await until(lambda: ready_to_start(stack), 90.0, "Dynamic phase, speculating")
             timings: list[RunTiming] = []
             for number in range(1, runs + 1):
-                await until(lambda: ready_to_start(stack, min_dwell_s), 30.0, f"run {number}: ready")
+                await until(lambda: ready_to_start(stack), 60.0, f"run {number}: ready")
                 await asyncio.sleep(jitter.uniform(0.0, 1.0))  # a random phase against the 1 s clocks
                 timing = await one_run(stack, number, saturated)
                 timings.append(timing)
                 say(
-                    f"run {number}: off on all {REPLICAS} pods after {timing.all_pods_s:.2f} s "
-                    f"(back on {timing.back_on_s:.1f} s after the load fell)"
+                    f"run {number}: all {REPLICAS} engines at their schedule's K ({timing.high_k}) for the heavy "
+                    f"batch after {timing.all_pods_s:.2f} s "
+                    f"(drafting again {timing.back_on_s:.1f} s after the load fell)"
                 )
     return ReactionReport(
         runs=timings,
         replicas=REPLICAS,
         scrape_interval_s=stack.scrape_interval_s,
         decision_interval_s=stack.decision_interval_s,
-        break_even_batch=perf.best_length_break_even_batch(config.setup, ALPHA, config.max_length),
-        off_threshold_batch=off_threshold(config.setup, config.margin, config.max_length),
+        break_even_batch=perf.best_length_break_even_batch(config.setup, ALPHA, config.max_k),
+        off_threshold_batch=off_threshold(config.setup, config.margin, config.max_k),
     )
 
 
@@ -361,7 +386,7 @@ def fmt(value: float | None) -> str:
 
 
 def render(report: ReactionReport) -> str:
-    header = ["run", "prometheus", "snapshot", "first pod", "ALL PODS OFF", "status", "back on"]
+    header = ["run", "prometheus", "snapshot", "first pod", "ALL PODS", "K", "status", "back on"]
     rows = [
         [
             str(r.run),
@@ -369,6 +394,7 @@ def render(report: ReactionReport) -> str:
             fmt(r.snapshot_s),
             fmt(r.first_pod_s),
             fmt(r.all_pods_s),
+            str(r.high_k),
             fmt(r.status_s),
             fmt(r.back_on_s),
         ]
@@ -378,10 +404,9 @@ def render(report: ReactionReport) -> str:
     rows.append(
         [
             "median",
-            *(
-                fmt(medians[k])
-                for k in ("prometheus_s", "snapshot_s", "first_pod_s", "all_pods_s", "status_s", "back_on_s")
-            ),
+            *(fmt(medians[k]) for k in ("prometheus_s", "snapshot_s", "first_pod_s", "all_pods_s")),
+            "",
+            *(fmt(medians[k]) for k in ("status_s", "back_on_s")),
         ]
     )
     table = [header, *rows]
@@ -391,21 +416,21 @@ def render(report: ReactionReport) -> str:
     return "\n".join(
         [
             "Reaction: seconds after the batch passed break-even until each stage saw it",
-            "(prometheus: every pod's gauge scraped; snapshot: the operator's poller has it; first pod / "
-            "ALL PODS OFF: num_draft_tokens 0; status: status.speculation.state off; back on: after the "
-            "load fell, every pod speculating again)",
+            "(prometheus: every engine's gauge scraped; snapshot: the operator's poller has it; first pod / "
+            "ALL PODS: at the K their own schedule gives for the heavy batch (K: that K, 0 where the "
+            "schedule stops drafting); status: status.observed.batch; back on: after the load fell, every "
+            "engine drafting again)",
             *lines,
             "",
-            f"speculation off on all {report.replicas} pods: median {report.median_s:.2f} s, "
+            f"all {report.replicas} engines at their schedule's K: median {report.median_s:.2f} s, "
             f"p90 {report.p90_s:.2f} s, max {report.max_s:.2f} s over {len(report.runs)} runs "
             f"(scrape {report.scrape_interval_s:g} s, decisions every {report.decision_interval_s:g} s, "
             f"pods polled every {POLL_S * 1000:.0f} ms)",
             f"target median <= {TARGET_MEDIAN_S:g} s: {verdict}",
-            f"modelled break-even (no draft length pays): batch {report.break_even_batch}; the policy "
-            f"switches off from batch {report.off_threshold_batch} (best speedup < 1 + margin)",
-            f"spec: interval {SPEC['interval']}, minDwell {SPEC['minDwell']} (back on also needs sustained "
-            f"evidence: 5 speedup-seconds above the on threshold), baseline {SPEC['baseline']}, "
-            f"soak {SPEC['soak']}",
+            f"modelled break-even (no draft length pays): batch {report.break_even_batch}; a schedule's "
+            f"band gets K=0 from batch {report.off_threshold_batch} (best speedup < 1 + margin)",
+            f"spec: interval {SPEC['interval']}, reconfigure.minInterval {SPEC['minInterval']}, "
+            f"baseline {SPEC['baseline']}, soak {SPEC['soak']}",
             f"for scale: the HPA re-evaluates every {HPA_SYNC_PERIOD_S:g} s and KEDA polls its triggers every "
             f"{KEDA_POLLING_INTERVAL_S:g} s by default",
         ]

@@ -1,14 +1,16 @@
 """`specops bench scale --resources N`: the operator, as its own process, running N SpeculativeDeployments.
 
 The operator runs as `specops run` would in a pod (its own process, production handlers), against
-the emulated API server, with Debian's Prometheus scraping one simulated Triton pod per resource at
-a 15 s interval (scrape and decision). This process hosts only the emulated API server; the
+the emulated API server, with Debian's Prometheus scraping one simulated engine per resource (the
+dense example's backend, Triton's LLM API model) at a 15 s interval (scrape and decision). This
+process hosts only the emulated API server; the
 simulated pods and their controller run in `--farms` pod farm processes (`specops_local.pod_farm`,
 each serving the Deployments that hash to its shard, over the API server's HTTP API), or in this
 process with ``--farms 0``. To fit 2,000 pods on a small machine, the pods do not each run a
 background ticker: one task per farm advances every pod's performance model every 10 s, a batch
-at a time. Each pod still listens on its own two ports (Triton HTTP, metrics), so discovery,
-scraping and actuation are the production paths.
+at a time. Each pod still listens on its own two ports (the engine's HTTP API, metrics) and
+starts from the rendered command, args and config files, so discovery, scraping and a revision
+rollout (a pod restart, ready ``pod_farm.RESTART_S`` later) are the production paths.
 
 Measured (docs/scale.md explains each figure):
 - initial_reconcile_seconds: from creating the N resources until every one is serving;
@@ -49,7 +51,13 @@ from specops.api.units import parse_duration
 from specops.cli_output import write_json
 from specops.domain.phases import ACTIVE_PHASES
 from specops_local.cluster import EmulatedCluster, emulated_cluster
-from specops_local.pod_farm import ADVANCE_BATCH, ADVANCE_EVERY_S, advance_pods, farm_pod_options
+from specops_local.pod_farm import (
+    ADVANCE_BATCH,
+    ADVANCE_EVERY_S,
+    RESTART_S,
+    advance_pods,
+    farm_pod_options,
+)
 from specops_local.prometheus import PrometheusProcess, free_port, run_prometheus
 from specops_local.remote_cluster import USER_AGENT as FARM_AGENT
 from specops_local.serving import ServingController
@@ -82,9 +90,10 @@ class ScaleResult:
     # it more than with most changes, so two runs compare only where these are alike.
     status_writes_per_resource_cycle: float
     length_steps_per_resource_cycle: float
-    """Draft length changes (DraftLengthIncreased/Decreased Events) per resource and cycle."""
+    """Revision changes (RevisionProposed/MeasuredSlowdown Events: a schedule rolled out) per
+    resource and cycle."""
     resources_stepping_at_start: int
-    """Resources whose last decision stepped their length when the window began."""
+    """Resources whose last decision changed their revision when the window began."""
     rested_share: float
     """The share of the window's ticks that rested (services.tick.SETTLED_DECISIONS_PER_S: none
     up to 37 resources at 15 s; 82 % at 200 and 97-98 % at 2,000 in the runs of 2026-12-06)."""
@@ -104,7 +113,7 @@ class ScaleResult:
 DEFAULT_ROLLOUT = "30s"
 """Each resource's Baseline and Fixed phases in the benchmark (10 and 30 minutes by default in a
 spec): short, so that the fleet is measured in the Dynamic phase, where a deployment spends its
-life (calibration, probes, break-even), not in Baseline."""
+life (calibration, revisions, break-even), not in Baseline."""
 
 
 def scale_resource(
@@ -293,6 +302,7 @@ async def in_process_pods(cluster: EmulatedCluster, prometheus: PrometheusProces
         prometheus,
         load=LoadPoint(batch=8, alpha=0.8),
         pod_options=farm_pod_options,
+        restart_s=RESTART_S,
         poll_s=SERVING_POLL_S,
     ) as serving:
         stop = asyncio.Event()
@@ -450,9 +460,10 @@ def _not_dynamic(cluster: EmulatedCluster, names: set[str]) -> collections.Count
     return phases
 
 
-STEPPING = frozenset({"DraftLengthIncreased", "DraftLengthDecreased"})
+STEPPING = frozenset({"RevisionProposed", "MeasuredSlowdown"})
+"""Decisions that roll a new revision (schedule) out in the Dynamic phase."""
 SETTLED_SHARE = 0.01
-"""The fleet counts as settled when at most this share of it is still stepping its draft length."""
+"""The fleet counts as settled when at most this share of it is still changing its revision."""
 LENGTH_SETTLE_S = 900.0
 
 
@@ -461,7 +472,7 @@ STATUS_WRITES = "specops: PATCH speculativedeployments/status"
 
 
 STEPS_SETTLED = 0.025
-"""... and at most this many length steps per resource and cycle were made over the last
+"""... and at most this many revision changes per resource and cycle were made over the last
 STEP_LOOKBACK_INTERVALS (at least one step allowed, for tiny fleets). The share stepping is a
 snapshot of each status's last reason, which a rest leaves as it was: in one run it read 11 of
 2,000 15 s after the fleet entered Dynamic, and the window then measured the fleet's first climb
@@ -496,7 +507,7 @@ async def _until_lengths_settle(
 
 
 def _stepping(cluster: EmulatedCluster, names: set[str]) -> int:
-    """How many named resources' last decision stepped the draft length (status.speculation.reason)."""
+    """How many named resources' last decision changed the revision (status.speculation.reason)."""
     return sum(
         1
         for obj in cluster.objects("speculativedeployments", cluster.namespace)
@@ -653,7 +664,7 @@ async def run_scale(
             else f"{waiting} resources still without metrics ({_metrics_example(cluster, names)}); measuring anyway"
         )
         # Then the Dynamic phase everywhere (after each resource's short Baseline and Fixed): the
-        # phase a deployment spends its life in, with calibration, probes and break-even.
+        # phase a deployment spends its life in, with calibration, revisions and break-even.
         behind = await _poll_until(
             lambda: _not_dynamic(cluster, names),
             2.0 * rollout_s + SETTLE_INTERVALS * interval_s + METRICS_SETTLE_S,
@@ -663,12 +674,12 @@ async def run_scale(
             if not behind
             else f"not every resource in Dynamic ({dict(behind)}); measuring anyway"
         )
-        # and the draft lengths settled: entering Dynamic, each resource climbs toward its modelled
-        # best a step at a time, a status write and an Event per step
+        # and the revisions settled: entering Dynamic, each resource may roll out the schedule its
+        # learned curve favours, a status write, an Event and a pod restart each
         stepping, step_rate = await _until_lengths_settle(cluster, names, interval_s, LENGTH_SETTLE_S)
         say(
-            f"draft lengths settled after {time.monotonic() - started:.1f} s "
-            f"({stepping} resources still stepping theirs; {step_rate:.3f} length steps per resource "
+            f"revisions settled after {time.monotonic() - started:.1f} s "
+            f"({stepping} resources still changing theirs; {step_rate:.3f} revision changes per resource "
             f"and cycle over the last {STEP_LOOKBACK_INTERVALS} intervals); {_memory_note(pid)}"
         )
         window_s = cycles * interval_s
@@ -834,7 +845,7 @@ def report(result: ScaleResult) -> str:
         ("API requests per second", f"{result.api_requests_per_second:.1f}"),
         ("operator peak RSS", f"{result.peak_rss_mib:.1f} MiB"),
         ("status writes per resource and cycle", f"{result.status_writes_per_resource_cycle:.3f}"),
-        ("length steps per resource and cycle", f"{result.length_steps_per_resource_cycle:.3f}"),
+        ("revision changes per resource and cycle", f"{result.length_steps_per_resource_cycle:.3f}"),
         ("resources stepping at the start", f"{result.resources_stepping_at_start}"),
         ("ticks at rest", f"{100 * result.rested_share:.0f} %"),
         ("machine reference (after the window)", f"{result.machine_reference_cpu_seconds:.3f} CPU-s"),

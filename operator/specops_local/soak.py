@@ -1,17 +1,17 @@
 """The chaos soak: the whole local stack under a random, seeded schedule of faults, invariants checked every tick.
 
 ``specops local soak --seconds 3600 --seed 1`` (``make soak``; CI runs 300 s) starts the local
-stack (emulated API server, Debian's Prometheus, simulated Triton pods, the real operator)
+stack (emulated API server, Debian's Prometheus, simulated serving engines, the real operator)
 with a few SpeculativeDeployments, two of them behind a Gateway API HTTPRoute, and then, one
 after another with random gaps, injects:
 
 - ``api-5xx-burst``: a share of the API writes (and half that share of the reads) answered 503 for a few seconds;
 - ``watch-cut``: every watch stream ended, the watch history compacted (resumes get 410 Gone);
 - ``prometheus-down``: Prometheus stopped for a while, then started on the same port and data;
-- ``pod-load-error`` / ``pod-load-hang``: one serving pod's model loads fail (its target model is
-  unloaded) or take longer than the operator's deadline, while its resource's load crosses
-  break-even and comes back (decisions the other pods must follow);
-- ``load-surge``: one resource's load past break-even for a while (speculation should go off);
+- ``pod-crash``: one serving engine's process dies for a while and starts again (not ready until
+  it reloaded), while its resource's load crosses break-even and comes back;
+- ``load-surge``: one resource's load past break-even for a while (the engines' schedule gives K=0
+  there; the operator may roll out another revision);
 - ``operator-restart``: the operator stopped and started again, preferably mid-canary;
 - ``new-draft``: a new draft version in spec.draft (a canary; some drafts are worse, some not lossless);
 - ``target-change``: a new target version (the draft goes stale, a training Job runs; the soak
@@ -24,9 +24,12 @@ Every ``--check-interval`` seconds it checks, from the API server's store and th
 - ``no-ready-condition``: every resource (30 s after creation) has a Ready condition;
 - ``crash-loop``: no handler fails with an unexpected exception 3 times in a row, and no resource
   stays Degraded with TickFailed for 3 checks;
-- ``speculation-mismatch``: every stable pod runs the draft length status.speculation decided,
-  within 2 decision intervals (longer only while a fault that explains it lasts, and for a grace
-  of 2 intervals after: status writes failing, the operator down, the pod itself faulted).
+- ``revision-mismatch``: the stable variant's pods converge to the configuration revision in
+  status (status.speculation.revision): every stable pod carries its digest within a rollout's
+  time (each pod restarts, ``restart_s``) plus 2 decision intervals (longer only while a fault
+  that explains it lasts, and for a grace of 2 intervals after: status writes failing, the
+  operator down, the pod itself faulted); and an engine on that revision runs exactly its
+  schedule (the K its parsed config gives at each batch is the status schedule's).
 
 After each fault it measures the recovery time (until the resources are healthy again, see
 ``recovered``) and prints a summary: faults by kind, violations by invariant (must be 0),
@@ -55,10 +58,9 @@ from specops.api.units import parse_duration
 from specops.domain.names import LABEL_DEPLOYMENT
 from specops.domain.phases import ACTIVE_PHASES
 from specops.domain.retraining.naming import LABEL_ROUND
-from specops_local.serving import DraftBehaviour
+from specops_local.serving import DraftBehaviour, PodSlot
 from specops_local.sim import LoadPoint
-from specops_local.sim.pod import TARGET_MODEL
-from specops_local.stack import LocalStack, fast_resource, local_stack, log_to_file
+from specops_local.stack import RESTART_S, LocalStack, fast_resource, local_stack, log_to_file
 from specops_local.upstream_crds import upstream_crds
 
 log = logging.getLogger(__name__)
@@ -69,14 +71,13 @@ INVARIANTS = (
     "duplicate-training-job",
     "no-ready-condition",
     "crash-loop",
-    "speculation-mismatch",
+    "revision-mismatch",
 )
 FAULT_KINDS = (
     "api-5xx-burst",
     "watch-cut",
     "prometheus-down",
-    "pod-load-error",
-    "pod-load-hang",
+    "pod-crash",
     "load-surge",
     "operator-restart",
     "new-draft",
@@ -89,8 +90,12 @@ FRESH_AFTER = frozenset({"api-5xx-burst", "watch-cut", "prometheus-down", "opera
 ALPHA = 0.8
 LOAD = LoadPoint(batch=16, alpha=ALPHA)
 SURGE = LoadPoint(batch=300, alpha=ALPHA)
-"""Past break-even for the dense example (about 251 at alpha 0.8): speculation should go off."""
+"""Past break-even for the dense example (about 251 at alpha 0.8): the schedule gives K=0 there."""
 INTERVAL = "2s"
+REPLICAS = 2
+"""Stable pods per resource (fast_resource's default)."""
+SCHEDULE_PROBES = (1, 8, 16, 32, 64, 128, 256, 1024)
+"""Batches at which an engine's parsed schedule is compared with the one status names."""
 READY_GRACE_S = 30.0
 CRASH_LOOP_COUNT = 3
 RECOVERY_TIMEOUT_S = 120.0
@@ -343,7 +348,7 @@ class Soak:
         self.check_jobs()
         self.check_ready()
         self.check_crash_loops()
-        self.check_speculation()
+        self.check_revisions()
 
     def check_routes(self) -> None:
         cluster, namespace = self.stack.cluster, self.stack.namespace
@@ -420,54 +425,76 @@ class Soak:
             for excuse in self.excuses
         )
 
-    def check_speculation(self) -> None:
+    def stable_slots(self, name: str) -> list[PodSlot]:
+        """The stable variant's pods of one resource (their revision label and engine)."""
+        return [
+            slot
+            for serving in self.stack.serving.sets.values()
+            if serving.owner == name and serving.variant == "stable"
+            for slot in serving.slots
+        ]
+
+    def rollout_allowance_s(self) -> float:
+        """How long a revision change may take to reach every pod: each pod restarts in turn
+        (maxSurge 1, maxUnavailable 0), after the operator's decision and its write."""
+        return 2 * self.interval_s() + self.settings.check_interval_s + REPLICAS * (RESTART_S + 2.0)
+
+    def check_revisions(self) -> None:
         now = self.now_s()
-        allowed = 2 * self.interval_s() + self.settings.check_interval_s
+        allowed = self.rollout_allowance_s()
         self.excuses = [e for e in self.excuses if e.until_s is None or now < e.until_s + 60.0]
         seen: set[str] = set()
         for body in self.bodies():
             name = body["metadata"]["name"]
-            speculation = (body.get("status") or {}).get("speculation")
-            if not speculation or not self.stack.operator.running:
+            speculation = (body.get("status") or {}).get("speculation") or {}
+            revision = speculation.get("revision") or {}
+            digest = revision.get("digest")
+            if not digest or not self.stack.operator.running:
                 continue
-            decided = int(speculation.get("draftLength") or 0)
-            calibration = speculation.get("calibration") or {}
-            probing = bool(calibration.get("probing"))
-            probe_length = calibration.get("probeLength")
-            probe_pods = set(calibration.get("probePods") or [])  # empty: a probe on every pod
-            for pod in self.stack.pods(name, "stable"):
-                if not pod.running:
+            for slot in self.stable_slots(name):
+                engine = slot.engine
+                if engine is None or not engine.running:
                     continue
-                key = f"speculation {pod.name}"
+                key = f"revision {slot.name}"
                 seen.add(key)
-                self.seen["pod speculation checks"] += 1
-                # a probe status shows runs its length on its pods (every pod, or the split's)
-                expected = decided
-                if probing and probe_length is not None and (not probe_pods or pod.name in probe_pods):
-                    expected = int(probe_length)
-                    self.seen["pod speculation checks during a probe"] += 1
-                if pod.draft_length != expected:
-                    self.seen["pod speculation mismatches within the allowance"] += 1
-                if pod.draft_length == expected or self.excused(pod.name):
+                self.seen["pod revision checks"] += 1
+                problem = None
+                if slot.revision != digest:
+                    self.seen["pods on another revision within the allowance"] += 1
+                    problem = f"runs revision {slot.revision}, status of {name} names {digest}"
+                elif engine.ready:
+                    self.seen["ready pods on the status revision, schedule compared"] += 1
+                    wanted = schedule_ks(revision)
+                    running = [engine.k_at(batch) for batch in SCHEDULE_PROBES]
+                    if running != wanted:
+                        problem = (
+                            f"is labelled with revision {digest} ({speculation.get('schedule')}) but its engine "
+                            f"drafts K {running} at batches {list(SCHEDULE_PROBES)}, not {wanted}"
+                        )
+                if problem is None or self.excused(slot.name):
                     self.mismatch_since.pop(key, None)
                     self.settle(key)
                     continue
                 since = self.mismatch_since.setdefault(key, now)
                 if now - since > allowed:
                     self.violate(
-                        "speculation-mismatch",
+                        "revision-mismatch",
                         key,
-                        f"{pod.name} runs num_draft_tokens={pod.draft_length}, status of {name} decided "
-                        f"{expected} ({speculation.get('reason')}{', probing' if probing else ''}) "
-                        f"for {now - since:.0f} s",
+                        f"{slot.name} {problem} ({speculation.get('reason')}) for {now - since:.0f} s",
                     )
         for key in set(self.mismatch_since) - seen:
             del self.mismatch_since[key]
 
+    def on_revision(self, name: str, speculation: dict[str, Any]) -> bool:
+        """Every running stable pod carries the revision status names, and no rollout is under way."""
+        digest = (speculation.get("revision") or {}).get("digest")
+        slots = [s for s in self.stable_slots(name) if s.engine is not None and s.engine.running]
+        return bool(digest) and all(s.revision == digest for s in slots)
+
     # ------------------------------------------------------------------ recovery
 
     def healthy(self, record: FaultRecord) -> bool:
-        """Recovered: every resource Ready and not failing, every stable pod runs what status decided,
+        """Recovered: every resource Ready and not failing, every stable pod on the revision in status,
         and what the fault disturbed is back (fresh metrics, the draft's canary ended, the draft current)."""
         ended = record.ended_s or 0.0
         bodies = self.bodies()
@@ -479,9 +506,8 @@ class Soak:
                 return False
             if (conditions.get("Degraded") or {}).get("reason") == "TickFailed":
                 return False
-            decided = int(((body.get("status") or {}).get("speculation") or {}).get("draftLength") or 0)
-            pods = self.stack.pods(body["metadata"]["name"], "stable")
-            if any(pod.running and pod.draft_length != decided for pod in pods):
+            speculation = (body.get("status") or {}).get("speculation") or {}
+            if not self.on_revision(body["metadata"]["name"], speculation):
                 return False
             if (
                 record.kind == "prometheus-down"
@@ -578,36 +604,29 @@ class Soak:
             await self.sleep(seconds, stop)
             await self.stack.prometheus.start()
             return self.end(record, None)
-        if kind in ("pod-load-error", "pod-load-hang"):
+        if kind == "pod-crash":
             pods = [
                 (spec.name, pod)
                 for spec in self.resources
                 for pod in self.stack.pods(spec.name, "stable")
-                if pod.running
+                if pod.ready
             ]
             if not pods:
                 return None
             owner, pod = rng.choice(pods)
-            seconds = self.lasting(10.0, 40.0)
-            record = self.begin(kind, pod.name, f"{seconds:.0f} s, load past break-even for half of it")
+            seconds = self.lasting(5.0, 20.0)
+            record = self.begin(kind, pod.name, f"down {seconds:.0f} s, load past break-even for half of it")
             excuse = self.excuse(kind, pod.name)
-            # The load crosses break-even and comes back meanwhile: two decisions the other pods must
-            # follow within 2 intervals while this one cannot.
-            if kind == "pod-load-hang":
-                pod.load_latency = seconds  # loads begun during the fault hang past the operator's deadline
-            else:
-                with contextlib.suppress(Exception):
-                    pod.unload_model(TARGET_MODEL)  # every BLS load fails: its target is not loaded
+            # The load crosses break-even and comes back meanwhile: the other engines follow their
+            # schedule, the operator may decide a revision this pod must then roll onto.
+            await pod.stop()
             self.stack.set_load(owner, SURGE)
             await self.sleep(seconds / 2, stop)
             self.stack.set_load(owner, LOAD)
             await self.sleep(seconds / 2, stop)
-            if kind == "pod-load-hang":
-                pod.load_latency = 0.0
-                await self.sleep(seconds, stop)  # the fault ends when the last hung load returned
-            else:
-                with contextlib.suppress(Exception):
-                    pod.load_model(TARGET_MODEL)
+            if pod in self.stack.pods(owner, "stable"):  # not replaced by a rollout meanwhile
+                await pod.start()
+                pod.set_load(LOAD)
             return self.end(record, excuse)
         if kind == "load-surge":
             owner = rng.choice([spec.name for spec in self.resources])
@@ -634,8 +653,8 @@ class Soak:
             self.drafts[version] = DraftBehaviour(alpha=alpha, lossless=lossless)
             body = self.body(name) or {}
             draft = dict(body["spec"]["draft"])
-            uri = str(draft["engine"]["uri"]).rsplit("/", 1)[0]
-            draft.update(version=version, engine={**draft["engine"], "uri": f"{uri}/{version}"})
+            uri = str(draft["uri"]).rsplit("/", 1)[0]
+            draft.update(version=version, uri=f"{uri}/{version}")
             record = self.begin(kind, name, version)
             record.detail = version
             self.patch_spec(name, {"draft": draft})
@@ -679,7 +698,7 @@ class Soak:
                 env = {e["name"]: e.get("value", "") for e in container.get("env") or []}
                 version = env.get("SPECOPS_OUTPUT_VERSION", "")
                 self.drafts[version] = DraftBehaviour(alpha=round(self.schedule.uniform(0.75, 0.92), 2))
-                result = {"draftVersion": version, "checkpointUri": f"pvc://engines/soak/{version}"}
+                result = {"draftVersion": version, "checkpointUri": f"pvc://models/soak/{version}"}
                 cluster, job_name = self.stack.cluster, job["metadata"]["name"]
                 res = cluster.resource("jobs")
                 patch = {"metadata": {"annotations": {"specops.dev/result": json.dumps(result)}}}
@@ -847,6 +866,18 @@ class Soak:
                 for r in self.faults
             ],
         }
+
+
+def schedule_ks(revision: dict[str, Any]) -> list[int]:
+    """The K a status revision's schedule gives at each of SCHEDULE_PROBES (all 0 for plain)."""
+    bands = [(band.get("maxBatch"), int(band.get("k") or 0)) for band in revision.get("schedule") or []]
+    if revision.get("mode") != "spec" or not bands:
+        return [0 for _ in SCHEDULE_PROBES]
+    ks = []
+    for batch in SCHEDULE_PROBES:
+        k = next((k for edge, k in bands if edge is None or batch <= edge), bands[-1][1])
+        ks.append(k)
+    return ks
 
 
 def summary(report: dict[str, Any]) -> str:

@@ -19,14 +19,24 @@ from specops_local.sim import LoadPoint
 from tests.conftest import EXAMPLES
 
 NAMESPACE = "default"
+RESTART_S = 0.5
+"""Start-to-ready seconds of the simulated engines in these tests (a real one takes minutes)."""
 
 
 def example(name: str = "dense-70b-7b.yaml", **spec_changes: Any) -> dict[str, Any]:
-    """An example resource moved to the test namespace, with fast rollout settings and spec overrides."""
+    """An example resource moved to the test namespace, with fast rollout settings and spec overrides.
+
+    Its checkpoints (target.uri, draft.uri, draft.method) and backend are the example's; a
+    ``serving`` override is merged into 2 replicas of 1 GPU each."""
     body = yaml.safe_load((EXAMPLES / name).read_text())
     body["metadata"]["namespace"] = NAMESPACE
-    body["spec"].pop("serving", None)
-    body["spec"]["serving"] = {"replicas": 2, "gpu": {"type": "H100", "count": 1}, "tensorParallel": 1}
+    backend = body["spec"].pop("serving", {}).get("backend", "triton")
+    body["spec"]["serving"] = {
+        "backend": backend,
+        "replicas": 2,
+        "gpu": {"type": "H100", "count": 1},
+        "tensorParallel": 1,
+    }
     body["spec"]["metrics"] = {"prometheus": {"url": "http://127.0.0.1:9"}, "interval": "1s"}
     for block, value in spec_changes.items():
         if isinstance(value, dict) and isinstance(body["spec"].get(block), dict):
@@ -58,6 +68,13 @@ class Operator:
     async def restart(self) -> None:
         await self.stop()
         await self.start()
+
+
+@pytest.fixture
+def operator_env(operator_env: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The shared fast settings, and short calls to the (local, simulated) engines."""
+    monkeypatch.delenv("SPECOPS_DEFAULT_IMAGE", raising=False)  # each backend's own image
+    monkeypatch.setenv("SPECOPS_ENGINE_DEADLINE_SECONDS", "5")
 
 
 @pytest.fixture
@@ -96,9 +113,10 @@ async def serving(
     serving_load: LoadPoint,
     draft_behaviours: dict[str, DraftBehaviour],
 ) -> AsyncIterator[ServingController]:
-    """Plays the Deployment controller: simulated Triton pods for every serving Deployment."""
+    """Plays the Deployment controller and kubelet: a simulated engine per pod of every serving
+    Deployment, started from its command, args and config files, ready RESTART_S later."""
     async with ServingController(
-        cluster, prometheus, load=serving_load, drafts=draft_behaviours
+        cluster, prometheus, load=serving_load, drafts=draft_behaviours, restart_s=RESTART_S, poll_s=0.05
     ) as controller:
         yield controller
 

@@ -1,8 +1,10 @@
 """Draft canaries, end to end: a new draft reaches users only through a measured canary.
 
-The simulated pods give each draft version its own acceptance (and can serve a broken,
-non-lossless draft); Debian's Prometheus scrapes them; the real operator runs the
-lossless gate, moves real Gateway API weights, analyses, and promotes or rolls back.
+The simulated engines give each draft version its own acceptance (and can serve a broken,
+non-lossless draft whose greedy outputs part from the target's); Debian's Prometheus scrapes
+them; the real operator runs the lossless gate through the engines' own completions / generate
+API (a canary engine speculating with the new draft against a stable one), moves real Gateway
+API weights, analyses, and promotes or rolls back.
 """
 
 from __future__ import annotations
@@ -81,7 +83,7 @@ def canary_resource(prometheus: PrometheusProcess, **canary: Any) -> dict[str, A
     body["spec"]["metrics"] = {"prometheus": {"url": prometheus.url}, "interval": "1s"}
     body["spec"]["speculation"] = {
         "rollout": {"baseline": "2s", "soak": "2s"},
-        "batchGuard": {"minDwell": "2s"},
+        "reconfigure": {"minInterval": "2s"},
     }
     body["spec"]["canary"] = {
         "steps": [{"weight": 25, "pause": "8s"}, {"weight": 100, "pause": "1s"}],
@@ -94,15 +96,23 @@ def canary_resource(prometheus: PrometheusProcess, **canary: Any) -> dict[str, A
 
 
 async def serving_ready(kube: KubeClient) -> None:
-    async def probe() -> bool:
-        body = await resource(kube, NAME)
-        return (body or {}).get("status", {}).get("phase") in ("Baseline", "Fixed", "Dynamic")
+    """Until the stable pods serve a speculating revision (past the baseline, no rollout running):
+    a canary is judged on acceptance against theirs."""
 
-    await eventually(probe, timeout_s=30, what="serving")
+    async def probe() -> bool:
+        status = ((await resource(kube, NAME)) or {}).get("status") or {}
+        speculation = status.get("speculation") or {}
+        return (
+            status.get("phase") in ("Fixed", "Dynamic")
+            and (speculation.get("revision") or {}).get("mode") == "spec"
+            and not speculation.get("rollout")
+        )
+
+    await eventually(probe, timeout_s=40, what="stable pods speculating")
 
 
 async def new_draft(kube: KubeClient, version: str) -> None:
-    draft = {"version": version, "engine": {"uri": f"pvc://engines/llama-70b-draft/{version}"}}
+    draft = {"version": version, "uri": f"pvc://models/llama-70b-draft/{version}"}
     await kube.patch(API_VERSION, KIND, NAMESPACE, NAME, {"spec": {"draft": draft}})
 
 
@@ -424,10 +434,11 @@ async def test_a_resource_recreated_mid_canary_checks_its_first_draft_before_spe
     # When it is created again at once, naming a draft that breaks greedy output (v6)
     body = canary_resource(prometheus, steps=slow)
     body["spec"]["draft"]["version"] = "v6"
-    body["spec"]["draft"]["engine"]["uri"] = "pvc://engines/llama-70b-draft/v6"
+    body["spec"]["draft"]["uri"] = "pvc://models/llama-70b-draft/v6"
     await kube.create(body)
 
-    # Then its first draft is checked on the stable pods, fails, and speculation never goes on
+    # Then its first draft is checked (a check pod speculating with it against a plain stable
+    # pod, through the engines' API), fails, and the stable pods stay plain
     failed = await wait_condition(kube, NAME, "CanaryRollout", "False", "NotLossless", timeout_s=40)
     assert failed["status"]["draft"]["version"] == "v6"
     assert failed["status"]["draft"]["losslessCheck"] == "Failed"
@@ -435,7 +446,8 @@ async def test_a_resource_recreated_mid_canary_checks_its_first_draft_before_spe
         assert set(pod_lengths(serving)) <= {0}, pod_lengths(serving)
         await asyncio.sleep(0.2)
     live = await resource(kube, NAME)
-    assert live is not None and live["status"]["speculation"]["reason"] == "SpeculationOffDraftUnchecked"
+    assert live is not None and live["status"]["speculation"]["reason"] == "SpeculationHeld"
+    assert live["status"]["speculation"]["revision"]["mode"] == "plain"
 
     # And a lossless draft published next replaces it on the stable pods, is checked, then speculates
     await new_draft(kube, "v4")

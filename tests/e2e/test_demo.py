@@ -9,14 +9,14 @@ from typing import Any
 
 import pytest
 
-from specops_local.demo import DENSE, EXAMPLES, ON_OFF_REASONS, SCENES, Demo, Pace, printer_columns, run_demo
+from specops_local.demo import DENSE, EXAMPLES, SCENES, Demo, Pace, printer_columns, run_demo
 from specops_local.sim import LoadPoint
 from specops_local.stack import LocalStack
 
 pytestmark = [pytest.mark.e2e, pytest.mark.emulated_only, pytest.mark.timeout(240)]
 
 
-async def test_demo_switches_speculation_off_past_break_even_and_back_on(tmp_path: Path) -> None:
+async def test_demo_rolls_out_revisions_and_the_schedule_follows_the_load(tmp_path: Path) -> None:
     # Given the demo's scenes, plus one that remembers the stack so its shutdown can be checked
     stacks: list[LocalStack] = []
 
@@ -30,11 +30,15 @@ async def test_demo_switches_speculation_off_past_break_even_and_back_on(tmp_pat
     result = await run_demo(fast=True, workdir=tmp_path, out=out, scenes=[*SCENES, remember_stack])
     printed = out.getvalue()
 
-    # Then it succeeded and saw speculation switch off under load and back on after it
+    # Then it succeeded: revisions rolled out (plain for the baseline, then speculating schedules),
+    # and the engines' schedule gave K=0 under load and K>0 after it, without the operator
     assert result.exit_code == 0, printed
-    assert result.failure is None
-    assert result.switched_off_and_on
-    assert result.off_after_s is not None and result.off_after_s < 10, printed
+    assert result.failure is None and result.backend == "triton"
+    assert result.schedule_followed_load
+    assert result.off_after_s is not None and result.off_after_s < 2, printed
+    assert result.revisions[0].endswith(": plain") and any("K=" in r for r in result.revisions), (
+        result.revisions
+    )
 
     # And it printed what a user would see: the children, the sdep table with the CRD's columns, Events
     for _, name in EXAMPLES:
@@ -43,17 +47,15 @@ async def test_demo_switches_speculation_off_past_break_even_and_back_on(tmp_pat
             and f"speculativedeployment.specops.dev/{name} created" in printed
         )
     columns = ["NAME", *(c["name"].upper() for c in printer_columns())]
-    assert columns == [
-        "NAME", "PHASE", "READY", "SPECULATION", "DRAFT", "LEN", "ACCEPT", "P99", "WEIGHT", "SPEEDUP", "BREAKEVEN", "AGE"
-    ]  # fmt: skip
     assert any(line.split() == columns for line in printed.splitlines())
     assert printed.count("$ kubectl get sdep -o wide") >= 2
     assert any(line.split()[:4] == [DENSE, "Dynamic", "True", "on"] for line in printed.splitlines())
-    assert "sdep  on len" in printed and "sdep off len 0" in printed
+    # the pods as the engine runs them: the rendered Triton command line, and the K each engine drafted
+    assert "/opt/tritonserver/bin/tritonserver" in printed
+    assert "K [0, 0]" in printed and "schedule draftModel K=" in printed
     events = printed[printed.index("Events") :]
-    for reason in ON_OFF_REASONS:
-        assert f"sdep/{DENSE}" in events and reason in events
-    assert "Done in" in printed
+    assert f"sdep/{DENSE}" in events and "BaselineRecorded" in events and "AllPodsApplied" in events
+    assert "Done in" in printed and "revisions of llama-70b-chat rolled out pod by pod" in printed
     # And the draft's life is shown: a promoted canary, then a retraining round promoted by its own canary
     assert printed.count("CanaryPromoted") >= 2, printed
     for reason in ("LosslessCheckPassed", "RetrainingStarted", "RetrainingSucceeded"):
@@ -82,13 +84,16 @@ async def test_demo_switches_speculation_off_past_break_even_and_back_on(tmp_pat
     def marked(reason: str, scene: Any) -> bool:
         return any(m.reason == reason and scene.start <= m.t <= scene.end for m in timeline.markers)
 
-    assert marked("SpeculationDisabledHighBatch", load) and marked("SpeculationEnabledLowBatch", load)
+    assert any(m.reason == "BaselineRecorded" for m in timeline.markers)
     assert marked("CanaryPromoted", canary) and marked("RetrainingStarted", retraining)
     weights = {s.canary_weight for s in timeline.samples if canary.start <= s.t <= canary.end}
     assert {33.0, 50.0} <= weights
     in_load = [s for s in timeline.samples if load.start <= s.t <= load.end]
     assert max(s.offered_batch or 0 for s in in_load) == 300
-    assert min(s.draft_length or 0 for s in in_load) == 0 and max(s.draft_length or 0 for s in in_load) > 0
+    # the K the engines drafted: 0 at the heavy batch, >0 at the light one, under a schedule whose
+    # largest K stayed >0 all along (the same revision's schedule, applied per iteration)
+    assert min(s.k if s.k is not None else 1 for s in in_load) == 0 and max(s.k or 0 for s in in_load) > 0
+    assert all((s.schedule_k or 0) > 0 for s in in_load)
     assert all(s.break_even_batch for s in in_load if s.alpha) and timeline.slo_p99_ms == 45.0
     assert any(s.tpot_p50_ms and s.tpot_p99_ms and s.tpot_p50_ms <= s.tpot_p99_ms for s in in_load)
     # And the MoE's sub-millisecond tokens are resolved: its speedup is measured, not stuck at 1.0
@@ -107,13 +112,16 @@ async def test_demo_switches_speculation_off_past_break_even_and_back_on(tmp_pat
     assert (tmp_path / "operator.log").stat().st_size > 0
 
 
-async def test_demo_fails_clearly_when_speculation_never_switches_off(tmp_path: Path) -> None:
-    # Given a demo whose "high" load stays below break-even, with a short deadline for the switch
+async def test_demo_fails_clearly_when_the_schedule_never_reaches_k0(tmp_path: Path) -> None:
+    # Given a demo whose "high" load stays in a band where the schedule still drafts, with a short
+    # deadline
     async def keep_load_below_break_even(demo: Demo) -> None:
         demo.high_load = LoadPoint(batch=100, alpha=0.8)
 
     apply, rollout, load_cycle = SCENES[:3]
-    pace = Pace(baseline="1s", soak="1s", low_hold_s=0, high_hold_s=0, settle_hold_s=0, off_timeout_s=3)
+    pace = Pace(
+        baseline="1s", soak="1s", restart_s=0.5, low_hold_s=0, high_hold_s=0, settle_hold_s=0, off_timeout_s=3
+    )
     out = io.StringIO()
 
     # When it runs
@@ -123,6 +131,27 @@ async def test_demo_fails_clearly_when_speculation_never_switches_off(tmp_path: 
 
     # Then it exits non-zero and says what did not happen
     assert result.exit_code == 1
-    assert result.failure is not None and "speculation off on every pod past break-even" in result.failure
-    assert "DEMO FAILED: speculation off on every pod past break-even: not within 3 s" in out.getvalue()
-    assert not result.switched_off_and_on
+    assert result.failure is not None and "K=0 on every pod past break-even" in result.failure
+    assert (
+        "DEMO FAILED: the engines' schedule at K=0 on every pod past break-even: not within 3 s"
+        in out.getvalue()
+    )
+    assert not result.schedule_followed_load
+
+
+async def test_the_demo_runs_on_another_backend(tmp_path: Path) -> None:
+    # Given the demo's first three scenes on vLLM
+    apply, rollout, load_cycle = SCENES[:3]
+    out = io.StringIO()
+
+    # When they run
+    result = await run_demo(
+        fast=True, workdir=tmp_path, out=out, scenes=[apply, rollout, load_cycle], backend="vllm"
+    )
+
+    # Then the examples were served by simulated vLLM engines, revisions rolled out and the
+    # schedule followed the load there too
+    printed = out.getvalue()
+    assert result.exit_code == 0, printed
+    assert "simulated vllm engines" in printed and " vllm " in printed
+    assert result.schedule_followed_load and len(result.revisions) >= 2, result.revisions

@@ -14,6 +14,7 @@ import pytest
 
 from specops.adapters.kube import KubeApiError, KubeClient
 from specops.api.models import API_VERSION, KIND
+from specops_local.serving import ServingController
 from tests.e2e.conftest import NAMESPACE, Operator, example
 from tests.e2e.waiting import condition, events_for, eventually, resource, wait_condition
 
@@ -59,7 +60,7 @@ async def test_apply_creates_owned_children_status_and_events(
     assert {
         "Deployment/llama-70b-chat",
         "Service/llama-70b-chat",
-        "ConfigMap/llama-70b-chat-model-repository",
+        "ConfigMap/llama-70b-chat-engine-config",
     } <= set(found)
     for obj in found.values():
         owner = obj["metadata"]["ownerReferences"][0]
@@ -137,8 +138,8 @@ INVALID_CASES = [
         "spec.speculation.draftLength",
     ),
     (
-        "draft length max above the engine's",
-        {"speculation": {"draftLength": {"initial": 4, "min": 1, "max": 12}}},
+        "draft length max above the engines'",
+        {"speculation": {"draftLength": {"initial": 4, "min": 1, "max": 20}}},
         "spec.speculation.draftLength.max",
     ),
     ("unknown speculation mode", {"speculation": {"mode": "sometimes"}}, "spec.speculation.mode"),
@@ -159,15 +160,18 @@ INVALID_CASES = [
     ("bad duration", {"metrics": {"interval": "soon"}}, "spec.metrics.interval"),
     ("bad parameter count", {"target": {"parameters": "seventy"}}, "spec.target.parameters"),
     (
-        "s3 engine without fetcher image",
-        {"draft": {"engine": {"uri": "s3://bucket/draft"}}},
-        "spec.serving.engineFetcherImage",
+        "s3 checkpoint without fetcher image",
+        {"draft": {"uri": "s3://bucket/draft"}},
+        "spec.serving.checkpointFetcherImage",
     ),
     (
-        "onBelow not below offAbove",
-        {"speculation": {"batchGuard": {"offAbove": 40, "onBelow": 60}}},
-        "spec.speculation.batchGuard.onBelow",
+        "hub checkpoint without its revision",
+        {"target": {"uri": "hf://meta-llama/Llama-3.1-70B-Instruct"}},
+        "spec.target.uri",
     ),
+    ("mtp with a draft checkpoint", {"draft": {"method": "mtp"}}, "spec.draft.uri"),
+    ("draft as large as the target", {"draft": {"parameters": "70B"}}, "spec.draft.parameters"),
+    ("unknown draft method", {"draft": {"method": "medusa"}}, "spec.draft.method"),
 ]
 
 
@@ -241,11 +245,13 @@ async def test_delete_removes_children_and_releases_the_resource(
 
 
 @pytest.mark.emulated_only
-async def test_restart_rewrites_nothing(cluster: Any, kube: KubeClient, operator: Operator) -> None:
-    # Given a reconciled, ready resource with the control loop idle (no metrics yet)
+async def test_restart_rewrites_nothing(
+    cluster: Any, kube: KubeClient, operator: Operator, serving: ServingController
+) -> None:
+    # Given a reconciled resource whose plain pods serve (speculation off), the control loop
+    # holding its revision (no metrics at this Prometheus)
     await kube.create(example(speculation={"mode": "off"}))
     await eventually(lambda: _when(children(kube, "llama-70b-chat"), lambda c: len(c) >= 4), what="children")
-    await make_serving_ready(cluster, "llama-70b-chat", 2)
     await wait_condition(kube, "llama-70b-chat", "Ready", "True")
     await eventually(lambda: _settled(kube), what="status settled")
     before = {

@@ -1,7 +1,7 @@
 """A resource named like a model, longer than a label allows, served end to end.
 
 The real operator against the emulated API server (which refuses the names and labels a
-cluster refuses), Debian's Prometheus and simulated Triton pods: the Services get valid
+cluster refuses), Debian's Prometheus and simulated engines: the Services get valid
 names, the pods and their metrics are found through the derived label value, and deletion
 removes every child and the finalizer.
 """

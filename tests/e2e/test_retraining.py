@@ -82,7 +82,11 @@ async def test_target_bump_retrains_once_and_promotes_the_new_draft(
     # When the trainer finishes and publishes its draft (the test plays the Job controller)
     job = jobs[0]
     version = env["SPECOPS_OUTPUT_VERSION"]
-    result = {"draftVersion": version, "checkpointUri": f"pvc://engines/llama-70b-draft/{version}", "metrics": {}}
+    result = {
+        "draftVersion": version,
+        "checkpointUri": f"pvc://models/llama-70b-draft/{version}",
+        "metrics": {},
+    }
     await kube.patch(
         "batch/v1",
         "Job",
@@ -132,7 +136,11 @@ async def test_stale_draft_policy_off_switches_speculation_off_until_a_new_draft
     async def off_for_staleness() -> dict[str, Any] | None:
         body = await resource(kube, NAME)
         speculation = ((body or {}).get("status") or {}).get("speculation") or {}
-        return body if speculation.get("reason") == "SpeculationOffDraftStale" else None
+        return (
+            body
+            if speculation.get("reason") == "SpeculationHeld" and "stale" in str(speculation.get("message"))
+            else None
+        )
 
     live = await eventually(off_for_staleness, timeout_s=10, what="status saying speculation is off as stale")
     assert condition(live, "DraftStale")["status"] == "True"

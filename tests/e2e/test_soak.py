@@ -10,7 +10,7 @@ from specops_local.soak import INVARIANTS, SoakSettings, exit_code, run_soak, su
 
 pytestmark = [pytest.mark.e2e, pytest.mark.emulated_only, pytest.mark.timeout(240)]
 
-KINDS = ("api-5xx-burst", "new-draft", "watch-cut", "operator-restart", "pod-load-error")
+KINDS = ("api-5xx-burst", "new-draft", "watch-cut", "operator-restart", "pod-crash")
 
 
 async def test_a_short_seeded_soak_injects_faults_and_breaks_no_invariant(tmp_path: Path) -> None:
