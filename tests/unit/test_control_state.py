@@ -193,3 +193,24 @@ def test_merge_patch_removes_what_the_new_status_no_longer_has() -> None:
 
 def test_perf_setup_is_the_roofline_of_the_spec() -> None:
     assert config_from_spec(spec(), spec().draft).setup.gpu == perf.GPUS["H100"]
+
+
+def test_an_engine_that_runs_one_k_for_the_method_gets_constant_schedules() -> None:
+    resource = spec().model_copy(update={"serving": spec().serving.model_copy(update={"backend": "sglang"})})
+    config = config_from_spec(resource, resource.draft)  # draftModel: SGLang's STANDALONE does not adapt
+    assert config.fixed_k
+    state = StepState("Baseline", T0, PLAIN)
+    for minute in range(0, 40):
+        decision = step(
+            config,
+            state,
+            StepInputs(batch=4, alpha=0.8, tpot_p50_s=0.02),
+            Flat(),
+            T0 + timedelta(minutes=minute),
+        )
+        state = decision.state
+        if state.revision.schedule is not None:
+            assert len(state.revision.schedule.bands) == 1, state.revision.describe()
+    assert state.revision.mode == "spec"
+    eagle = resource.model_copy(update={"draft": resource.draft.model_copy(update={"method": "eagle3"})})
+    assert not config_from_spec(eagle, eagle.draft).fixed_k

@@ -32,6 +32,7 @@ from typing import Literal
 from specops.api.models import DraftSpec, SpeculativeDeploymentSpec
 from specops.api.units import parse_duration
 from specops.domain import drafts, perf
+from specops.domain.engines import engine_for
 from specops.domain.engines.schedule import PLAIN, Revision, Schedule
 from specops.domain.records import replace
 from specops.domain.revision_policy import (
@@ -77,6 +78,9 @@ class StepConfig:
     setup: perf.ModelSetup
     off_reason: str | None = None
     """Why speculation must stay off now (an unchecked or stale draft), or None."""
+    fixed_k: bool = False
+    """The engine runs one K at every batch for this method (SGLang adapts only EAGLE methods):
+    revisions are a constant K, chosen on the load seen."""
     slowdown_guard: bool = True
     """A revision measured slower than plain is replaced at once (spec.speculation.calibration
     .slowdownGuard); False: it waits for the soak and the minimum interval like any change."""
@@ -162,6 +166,7 @@ def config_from_spec(
         setup=setup,
         off_reason=off_reason,
         slowdown_guard=speculation.calibration.slowdown_guard,
+        fixed_k=draft.method not in engine_for(spec.serving.backend).scheduled_methods,
     )
 
 
@@ -181,6 +186,8 @@ def first_revision(
 ) -> Revision:
     """The prior's schedule capped at draftLength.initial (at least K=initial at batch 1); with the
     load seen in the baseline, its unmeasured loaded bands explored (revision_policy.Evidence)."""
+    if config.fixed_k:
+        return speculating(config, Schedule.constant(config.initial_k))
     if load:
         model = exploring(model, load, credit=1.0 + config.margin + config.min_gain + EXPLORE_CREDIT)
     schedule = best_schedule(
@@ -347,8 +354,15 @@ def step(
     schedule = best_schedule(
         explorer, alpha, config.max_k, min_k=config.min_k, margin=config.margin, load=seen
     )
+    if config.fixed_k and schedule is not None:
+        # one K at every batch: the one with the best expected speedup on the load seen
+        constants = [Schedule.constant(k) for k in range(max(1, config.min_k), config.max_k + 1)]
+        schedule = max(constants, key=lambda c: expected_speedup(explorer, alpha, c, seen, k0_cost))
+
     if schedule is None and config.mode == "on":
-        schedule = Schedule.of([[1, config.min_k], [None, 0]])
+        schedule = (
+            Schedule.constant(config.min_k) if config.fixed_k else Schedule.of([[1, config.min_k], [None, 0]])
+        )
     proposed = PLAIN if schedule is None else speculating(config, schedule)
     if (
         config.mode != "on"

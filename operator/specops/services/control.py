@@ -240,7 +240,7 @@ class ControlLoop:
         rollout = (
             RolloutStatus(
                 target=current.digest,
-                started_at=state.last_change or now,
+                started_at=_rollout_start(status, current.digest, state.last_change, now),
                 updated=on_revision,
                 ready=on_revision,
                 replicas=wanted,
@@ -496,6 +496,17 @@ def _acceptances(
         if reading is not None:
             found.append(reading)
     return found
+
+
+def _rollout_start(
+    status: SpeculativeDeploymentStatus, digest: str, last_change: datetime | None, now: datetime
+) -> datetime:
+    """When the rollout to ``digest`` began: as status recorded it, else the revision's last change,
+    else now (written once: a status whose start moved every tick would be written every tick)."""
+    recorded = status.speculation.rollout
+    if recorded is not None and recorded.target == digest:
+        return recorded.started_at
+    return last_change or now
 
 
 def _key(resource: SpeculativeDeployment) -> tuple[str, str]:
