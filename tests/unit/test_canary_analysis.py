@@ -361,3 +361,22 @@ def test_mann_whitney_edge_cases() -> None:
     assert mann_whitney_p([0.1, 0.2, 0.3], [0.7, 0.8, 0.9], "greater") > 0.95
     with pytest.raises(ValueError):
         mann_whitney_p([], [0.5], "less")
+
+
+def test_against_plain_stable_pods_a_canary_is_judged_on_its_latency() -> None:
+    from specops.domain.canary import Sample, analyse
+
+    plain = [
+        Sample(ok=True, alpha=None, tpot_p50_s=0.020 + 0.0005 * (i % 3), tpot_p99_s=0.03) for i in range(12)
+    ]
+    faster = [
+        Sample(ok=True, alpha=0.7, tpot_p50_s=0.012 + 0.0005 * (i % 3), tpot_p99_s=0.02) for i in range(12)
+    ]
+    slower = [
+        Sample(ok=True, alpha=0.1, tpot_p50_s=0.026 + 0.0005 * (i % 3), tpot_p99_s=0.04) for i in range(12)
+    ]
+    verdict, evidence = analyse(faster, plain, confidence=0.95, slo_p99_s=None)
+    assert verdict.value == "Pass" and evidence.cause == "NotSlowerThanPlain"
+    assert "0.6" in evidence.summary and "plain stable pods" in evidence.summary
+    verdict, evidence = analyse(slower, plain, confidence=0.95, slo_p99_s=None)
+    assert verdict.value == "Fail" and evidence.cause == "SlowerThanPlain"

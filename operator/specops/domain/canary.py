@@ -85,6 +85,8 @@ CAUSE_ACCEPTANCE_DROPPED = "AcceptanceDropped"
 CAUSE_ACCEPTANCE_WITHIN_TOLERANCE = "AcceptanceWithinTolerance"
 CAUSE_ACCEPTANCE_NOT_WORSE = "AcceptanceNotWorse"
 CAUSE_ACCEPTANCE_UNCLEAR = "AcceptanceUnclear"
+CAUSE_SLOWER_THAN_PLAIN = "SlowerThanPlain"
+CAUSE_NOT_SLOWER_THAN_PLAIN = "NotSlowerThanPlain"
 
 # Reasons of `next_action` (conditions and Events).
 REASON_STEP_PASSED = "CanaryStepPassed"
@@ -274,6 +276,24 @@ def analyse(
         shared = len(stable_p99) >= min_samples and _majority_above(stable_p99, slo_p99_s)
         if canary_breaches and not shared:
             return evidence(Verdict.FAIL, CAUSE_LATENCY_ABOVE_SLO)
+    stable_ok = [st for st in stable if st.ok]
+    if not stable_alpha and len(stable_ok) >= min_samples and len(canary_alpha) >= min_samples:
+        # the stable pods run plain: no acceptance to compare, so the canary is judged on what
+        # matters against plain decoding, its per-token latency in the same window
+        canary_lat = [st.tpot_p50_s for st in canary if st.ok and st.tpot_p50_s is not None]
+        stable_lat = [st.tpot_p50_s for st in stable_ok if st.tpot_p50_s is not None]
+        if len(canary_lat) >= min_samples and len(stable_lat) >= min_samples:
+            p_slower = mann_whitney_p(canary_lat, stable_lat, "greater")
+            verdict, found = evidence(
+                Verdict.FAIL if p_slower < level else Verdict.PASS,
+                CAUSE_SLOWER_THAN_PLAIN if p_slower < level else CAUSE_NOT_SLOWER_THAN_PLAIN,
+            )
+            ratio = statistics.median(canary_lat) / statistics.median(stable_lat)
+            summary = (
+                f"{found.summary}; per-token latency {ratio:.2f}x the plain stable pods', test "
+                f"'canary is slower' p={p_slower:.3g} (holds when p < {level:.3g})"
+            )
+            return verdict, replace(found, p_value=p_slower, summary=summary)
     if not enough or p_worse is None or p_non_inferior is None:
         return evidence(Verdict.INCONCLUSIVE, CAUSE_NOT_ENOUGH_SAMPLES)
     if p_worse < level and effect is not None and effect < -tolerance:
