@@ -24,10 +24,36 @@ NAME = "llama-70b-chat"
 
 
 @dataclass
-class Pod:
-    name: str
-    draft_length: int
+class Engine:
+    """A simulated engine as the revision check reads it: the K its parsed schedule drafts."""
+
+    bands: list[tuple[int | None, int]]  # (largest batch, K), ascending; None: every batch above
     running: bool = True
+    ready: bool = True
+
+    def k_at(self, batch: int) -> int:
+        return next((k for edge, k in self.bands if edge is None or batch <= edge), 0)
+
+
+@dataclass
+class Slot:
+    """One stable pod: its revision label and its engine."""
+
+    name: str
+    revision: str
+    engine: Engine | None
+
+
+@dataclass
+class ServingSet:
+    owner: str
+    variant: str
+    slots: list[Slot] = field(default_factory=list)
+
+
+@dataclass
+class Serving:
+    sets: dict[str, ServingSet] = field(default_factory=dict)
 
 
 @dataclass
@@ -38,12 +64,9 @@ class Operator:
 @dataclass
 class Stack:
     cluster: EmulatedCluster
-    pods_by_owner: dict[str, list[Pod]] = field(default_factory=dict)
+    serving: Serving = field(default_factory=Serving)
     operator: Operator = field(default_factory=Operator)
     namespace: str = NAMESPACE
-
-    def pods(self, owner: str, variant: str | None = None) -> list[Pod]:
-        return self.pods_by_owner.get(owner, [])
 
 
 @pytest.fixture
@@ -139,34 +162,67 @@ async def test_two_unfinished_training_jobs_or_two_jobs_of_one_round_are_duplica
     assert sorted(violated(soak)) == ["duplicate-training-job", "duplicate-training-job"]
 
 
-async def test_pods_may_differ_from_the_decision_for_two_intervals_and_longer_only_while_a_fault_explains_it(
+SPECULATING = [(32, 4), (None, 0)]
+REVISION = {
+    "digest": "r2",
+    "mode": "spec",
+    "schedule": [{"maxBatch": 32, "k": 4}, {"k": 0}],
+    "description": "draftModel K=4 to batch 32, K=0 above 32",
+}
+
+
+async def test_pods_may_differ_from_the_revision_in_status_for_a_rollout_and_longer_only_while_a_fault_explains_it(
     cluster: EmulatedCluster, soak: Soak
 ) -> None:
-    # Given a resource whose status decided draft length 4, and one pod still running 0
+    # Given a resource whose status names revision r2 (K=4 to batch 32), one pod on it and one
+    # still on the plain revision r1 (a rollout under way)
     a_resource(cluster)
-    cluster.patch_status("speculativedeployments", NAME, {"speculation": {"state": "on", "draftLength": 4}})
-    soak.stack.pods_by_owner[NAME] = [Pod(f"{NAME}-0", 4), Pod(f"{NAME}-1", 0)]  # type: ignore[attr-defined]
-    interval = soak.interval_s()
+    speculation = {"state": "on", "schedule": REVISION["description"], "revision": REVISION}
+    cluster.patch_status("speculativedeployments", NAME, {"speculation": speculation})
+    late = Slot(f"{NAME}-1", "r1", Engine([(None, 0)]))
+    pods = [Slot(f"{NAME}-0", "r2", Engine(SPECULATING)), late]
+    soak.stack.serving.sets["stable"] = ServingSet(NAME, "stable", pods)  # type: ignore[attr-defined]
+    allowed = soak.rollout_allowance_s()
 
-    # Then within two intervals nothing is wrong, after them it is (once)
-    soak.check_speculation()
-    advance(soak, 2 * interval)
-    soak.check_speculation()
+    # Then within the rollout's allowance nothing is wrong, after it it is (once)
+    soak.check_revisions()
+    advance(soak, allowed)
+    soak.check_revisions()
     assert violated(soak) == []
-    advance(soak, interval + soak.settings.check_interval_s)
-    soak.check_speculation()
-    soak.check_speculation()
-    assert violated(soak) == ["speculation-mismatch"]
-    assert f"{NAME}-1 runs num_draft_tokens=0" in soak.violations[0].detail
+    advance(soak, soak.settings.check_interval_s)
+    soak.check_revisions()
+    soak.check_revisions()
+    assert violated(soak) == ["revision-mismatch"]
+    assert f"{NAME}-1 runs revision r1, status of {NAME} names r2" in soak.violations[0].detail
+
+    # And once it rolled out, a pod labelled with the revision whose engine drafts another schedule
+    # is wrong too
+    late.revision, late.engine = "r2", Engine(SPECULATING)
+    soak.check_revisions()
+    late.engine = Engine([(64, 4), (None, 0)])
+    soak.check_revisions()
+    advance(soak, allowed + soak.settings.check_interval_s)
+    soak.check_revisions()
+    assert violated(soak) == ["revision-mismatch", "revision-mismatch"]
+    assert "drafts K [4, 4, 4, 4, 4, 0, 0, 0] at batches" in soak.violations[1].detail
 
     # And while the pod is faulted (and for two intervals after), a mismatch is explained
-    soak.stack.pods_by_owner[NAME][1].draft_length = 4  # type: ignore[attr-defined]
-    soak.check_speculation()
-    soak.stack.pods_by_owner[NAME][1].draft_length = 0  # type: ignore[attr-defined]
-    soak.excuses.append(Excuse("pod-load-hang", f"{NAME}-1", until_s=None))
-    advance(soak, 10 * interval)
-    soak.check_speculation()
-    assert violated(soak) == ["speculation-mismatch"]
+    late.engine = Engine(SPECULATING)
+    soak.check_revisions()
+    late.engine = Engine([(None, 0)])
+    soak.excuses.append(Excuse("pod-crash", f"{NAME}-1", until_s=None))
+    soak.check_revisions()
+    advance(soak, 10 * allowed)
+    soak.check_revisions()
+    assert violated(soak) == ["revision-mismatch", "revision-mismatch"]
+
+    # And once the fault ended, a mismatch that outlasts the grace and the allowance is wrong again
+    soak.excuses = [Excuse("pod-crash", f"{NAME}-1", until_s=soak.now_s())]
+    advance(soak, 2 * soak.interval_s() + 1)
+    soak.check_revisions()
+    advance(soak, allowed + 1)
+    soak.check_revisions()
+    assert violated(soak) == ["revision-mismatch"] * 3
 
 
 async def test_a_resource_without_a_ready_condition_is_flagged_after_its_grace(
