@@ -69,7 +69,7 @@ def test_scale_bench_writes_every_figure_for_a_small_fleet(tmp_path: Path) -> No
     assert "CPU per control cycle" in finished.stdout
     # measured where a deployment spends its life: after Baseline and Fixed, in Dynamic
     assert "every resource in the Dynamic phase after" in finished.stderr, finished.stderr[-3000:]
-    assert "draft lengths settled after" in finished.stderr, finished.stderr[-3000:]
+    assert "revisions settled after" in finished.stderr, finished.stderr[-3000:]
     # and it read the operator's own count of garbage-collector pauses over the window
     assert "the operator's garbage collector in the window:" in finished.stderr, finished.stderr[-3000:]
     # and its liveness probe sees every resource's control loop ticking (a probe that saw none
