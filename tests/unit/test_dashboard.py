@@ -1,5 +1,5 @@
 """The chart's Grafana dashboard: valid JSON, templated by namespace and resource, every panel's
-PromQL parses (promtool) and names only metrics that the operator or the serving pods' BLS export."""
+PromQL parses (promtool) and names only metrics that the operator or specops's Triton model export."""
 
 from __future__ import annotations
 
@@ -78,7 +78,7 @@ def _operator_series() -> set[str]:
 
 
 def _triton_model_series() -> set[str]:
-    """The serving pods' BLS metrics as docs/metrics.md lists them (the table of that section)."""
+    """specops's Triton model metrics as docs/metrics.md lists them (the table of that section)."""
     section = (
         (ROOT / "docs" / "metrics.md")
         .read_text()

@@ -57,10 +57,10 @@ def test_token_like_strings_are_masked(text: str, secret: str) -> None:
     "text",
     [
         "cannot reach Prometheus at http://prom:9090: ConnectError('All connection attempts failed')",
-        "holding num_draft_tokens=0; max_tokens: 16",
+        "holding revision 2b9d3c5678; max_tokens: 16",
         "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB",
         "engine pvc://engines/llama-3.1-70b-instruct-draft/v3-rt1-2026-10-01 loaded",
-        "model repository /models/tensorrt_llm_bls/config.pbtxt not found",
+        "model repository /models/llmapi_repo/tensorrt_llm/config.pbtxt not found",
         "alpha canary 0.879 vs stable 0.750 over 12 samples",
         "the token returned by the hub expired; tokenizer loaded from /models/tokenizer.json",
     ],

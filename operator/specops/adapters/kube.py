@@ -10,7 +10,7 @@ Why aiohttp and not httpx: measured on this project's machine, one request throu
 costs the client about 2.7 ms of CPU (anyio, httpcore's pool bookkeeping, h11) and through aiohttp
 about 0.3 ms. Thousands of resources make tens of requests each while they are reconciled, and
 the operator is one process: the client's share decided how long a large fleet took to come up.
-aiohttp is what Kopf and tritonclient already run on. The pinned `kubernetes` client has no
+aiohttp is what Kopf already runs on. The pinned `kubernetes` client has no
 async API.
 """
 

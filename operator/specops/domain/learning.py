@@ -145,11 +145,11 @@ def observe(
     return replace(state, calibration=calibration)
 
 
-def applied(state: LearningState, num_draft_tokens: int, now: datetime) -> LearningState:
+def applied(state: LearningState, draft_length: int, now: datetime) -> LearningState:
     """Record what the pods were set to; a change restarts the settle clock."""
-    if state.applied_length == num_draft_tokens and state.applied_since is not None:
+    if state.applied_length == draft_length and state.applied_since is not None:
         return state
-    return replace(state, applied_length=num_draft_tokens, applied_since=now)
+    return replace(state, applied_length=draft_length, applied_since=now)
 
 
 BREAK_EVEN_ALPHA_DECIMALS = 2

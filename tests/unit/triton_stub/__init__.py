@@ -3,7 +3,7 @@
 Tests install it with ``monkeypatch.setitem(sys.modules, "triton_python_backend_utils", stub)``
 and then load a python-backend model file. Only what specops's model uses is here:
 tensors, inference requests and responses, response senders (each records what it sent),
-errors with their codes, BLS calls to other models (served by fakes registered with
+errors with their codes, calls to other models (served by fakes registered with
 :func:`serve`), custom metrics and the logger. Custom metrics are recorded in
 :data:`METRICS` so tests can read what a model counted.
 """
@@ -37,7 +37,7 @@ def reset() -> None:
 
 
 def serve(model_name: str, handler: ModelHandler) -> None:
-    """Make BLS requests to ``model_name`` answer with ``handler``."""
+    """Make requests to ``model_name`` answer with ``handler``."""
     MODELS[model_name] = handler
 
 
@@ -120,7 +120,7 @@ class ResponseSender:
 
 
 class InferenceRequest:
-    """Both the request a model receives and a BLS request it sends (``exec``)."""
+    """Both the request a model receives and a request it sends to another model (``exec``)."""
 
     def __init__(
         self,
