@@ -12,7 +12,7 @@ RUN python -m venv /opt/specops \
  && /opt/specops/bin/pip install --no-compile . \
  && /opt/specops/bin/pip uninstall -y pip setuptools \
  && /opt/specops/bin/specops crd > /dev/null \
- && /opt/specops/bin/python -c "import specops.assets as a; a.bls_model_source()"
+ && /opt/specops/bin/python -c "import specops.assets as a; a.llmapi_model_source()"
 
 FROM ${PYTHON_IMAGE}
 ENV PATH=/opt/specops/bin:$PATH \
