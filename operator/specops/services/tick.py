@@ -251,6 +251,8 @@ class ResourceTick:
         self._resources: dict[tuple[str, str], _Validated] = {}
         self._specs = SharedModels()  # the kept specs' equal parts, held once across resources
         self._at_rest: dict[tuple[str, str], _AtRest] = {}
+        self._roll_pending: set[tuple[str, str]] = set()
+        """Resources whose stable Deployment could not be rendered from a new revision yet."""
         self.rest_ends: collections.Counter[str] = collections.Counter()
         """Rests ended, by why (REST_ENDS): what sends a resource at rest to a full tick."""
         self.last_rest_end = ""
@@ -318,6 +320,7 @@ class ResourceTick:
         self._failures.pop((namespace, name), None)
         self._resources.pop((namespace, name), None)
         self._at_rest.pop((namespace, name), None)
+        self._roll_pending.discard((namespace, name))
 
     def rest(
         self,
@@ -561,21 +564,32 @@ class ResourceTick:
         )
         if written is not None:
             outcome.body = written
-            if control.roll_to is not None:
-                # the new revision is in status: the stable pods follow it (a reconcile would too)
-                try:
-                    await self.canary.reconciler.roll_stable(self._validated(namespace, name, written)[0])
-                except KubeApiError as error:
-                    log.warning("rolling out a revision of %s/%s failed: %s", namespace, name, error)
-            if canary is not None and canary.after_write:
-                try:
-                    await self.canary.after_write(
-                        self._validated(namespace, name, written)[0], canary.after_write
-                    )
-                except KubeApiError as error:
-                    log.warning(
-                        "canary of %s/%s: acting on the new status failed: %s", namespace, name, error
-                    )
+        rolled = written if written is not None else outcome.body
+        pending = (namespace, name) in self._roll_pending
+        # the revision in status is what the stable pods must run: render it once status names it
+        # (a failed render is tried again at every tick until it lands; a reconcile renders it too)
+        if rolled is not None and (
+            (control.roll_to is not None and written is not None) or (pending and control.roll_to is None)
+        ):
+            try:
+                await self.canary.reconciler.roll_stable(self._validated(namespace, name, rolled)[0])
+            except KubeApiError as error:
+                self._roll_pending.add((namespace, name))
+                log.warning(
+                    "rolling out a revision of %s/%s failed (tried again next tick): %s",
+                    namespace,
+                    name,
+                    error,
+                )
+            else:
+                self._roll_pending.discard((namespace, name))
+        if written is not None and canary is not None and canary.after_write:
+            try:
+                await self.canary.after_write(
+                    self._validated(namespace, name, written)[0], canary.after_write
+                )
+            except KubeApiError as error:
+                log.warning("canary of %s/%s: acting on the new status failed: %s", namespace, name, error)
         outcome.events = events
         round_of = parts.get("retraining")
         if (
