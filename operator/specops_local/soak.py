@@ -1006,6 +1006,11 @@ def summary(report: dict[str, Any]) -> str:
         f"canaries: {canaries.get('started', 0)} started, {canaries.get('promoted', 0)} promoted, "
         f"{canaries.get('rolledback', 0)} rolled back, {canaries.get('unfinished', 0)} unfinished, "
         f"{canaries.get('running at the end', 0)} running at the end"
+        + "".join(
+            f"; {key.removeprefix('reverted mid-canary: ')} {count} reverted mid-canary"
+            for key, count in canaries.items()
+            if key.startswith("reverted mid-canary: ")
+        )
     )
     lines.append("checked: " + ", ".join(f"{what} {count}" for what, count in report["checked"].items()))
     return "\n".join(lines)
