@@ -14,6 +14,8 @@ after another with random gaps, injects:
   there; the operator may roll out another revision);
 - ``operator-restart``: the operator stopped and started again, preferably mid-canary;
 - ``new-draft``: a new draft version in spec.draft (a canary; some drafts are worse, some not lossless);
+- ``spec-revert``: a new draft version in spec.draft, then, a random moment into its canary, the
+  edit reverted (``git revert`` and a sync): the canary ends unpromoted and the stable draft serves;
 - ``target-change``: a new target version (the draft goes stale, a training Job runs; the soak
   plays the Job controller and publishes the trained draft, which goes through a canary).
 
@@ -29,7 +31,11 @@ Every ``--check-interval`` seconds it checks, from the API server's store and th
   time (each pod restarts, ``restart_s``) plus 2 decision intervals (longer only while a fault
   that explains it lasts, and for a grace of 2 intervals after: status writes failing, the
   operator down, the pod itself faulted); and an engine on that revision runs exactly its
-  schedule (the K its parsed config gives at each batch is the status schedule's).
+  schedule (the K its parsed config gives at each batch is the status schedule's);
+- ``serving-draft-not-spec``: once no canary runs, every running stable pod serves the spec's
+  draft (its ``specops.dev/draft-version`` label) within a rollout's time, as for revisions.
+  Only two drafts may serve instead, and then status.draft must: a spec draft a canary rejected
+  (``rejectedDraft``), and a retraining draft promoted while spec.draft stayed as it was.
 
 After each fault it measures the recovery time (until the resources are healthy again, see
 ``recovered``) and prints a summary: faults by kind, violations by invariant (must be 0),
@@ -54,11 +60,13 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from specops.api.models import DraftSpec
 from specops.api.units import parse_duration
+from specops.domain.drafts import draft_key
 from specops.domain.names import LABEL_DEPLOYMENT
 from specops.domain.phases import ACTIVE_PHASES
 from specops.domain.retraining.naming import LABEL_ROUND
-from specops_local.serving import DraftBehaviour, PodSlot
+from specops_local.serving import DRAFT_VERSION_LABEL, DraftBehaviour, PodSlot
 from specops_local.sim import LoadPoint
 from specops_local.stack import RESTART_S, LocalStack, fast_resource, local_stack, log_to_file
 from specops_local.upstream_crds import upstream_crds
@@ -72,6 +80,7 @@ INVARIANTS = (
     "no-ready-condition",
     "crash-loop",
     "revision-mismatch",
+    "serving-draft-not-spec",
 )
 FAULT_KINDS = (
     "api-5xx-burst",
@@ -81,6 +90,7 @@ FAULT_KINDS = (
     "load-surge",
     "operator-restart",
     "new-draft",
+    "spec-revert",
     "target-change",
 )
 BACKGROUND = frozenset({"new-draft", "target-change"})
@@ -234,6 +244,7 @@ class Soak:
         self.checks = 0
         self.excuses: list[Excuse] = []
         self.mismatch_since: dict[str, float] = {}
+        self.draft_since: dict[str, float] = {}
         self.reported: set[str] = set()
         self.degraded_checks: Counter[str] = Counter()
         self.failures = HandlerFailures()
@@ -349,6 +360,7 @@ class Soak:
         self.check_ready()
         self.check_crash_loops()
         self.check_revisions()
+        self.check_serving_drafts()
 
     def check_routes(self) -> None:
         cluster, namespace = self.stack.cluster, self.stack.namespace
@@ -485,6 +497,44 @@ class Soak:
         for key in set(self.mismatch_since) - seen:
             del self.mismatch_since[key]
 
+    def serving_draft_problem(self, body: dict[str, Any]) -> str | None:
+        """Why the stable pods do not serve the draft they should once no canary runs (None: they do,
+        or a canary runs, or there is nothing to compare yet)."""
+        name, status = body["metadata"]["name"], body.get("status") or {}
+        recorded = status.get("draft") or {}
+        if status.get("canary") is not None or not recorded.get("version"):
+            return None
+        spec_draft = body["spec"]["draft"]
+        key = draft_key(DraftSpec.model_validate(spec_draft))
+        retrained = recorded.get("source") == "Retraining" and status.get("observedSpecDraft") == key
+        wanted = (
+            recorded["version"] if key == status.get("rejectedDraft") or retrained else spec_draft["version"]
+        )
+        slots = [s for s in self.stable_slots(name) if s.engine is not None and s.engine.running]
+        serving = sorted({str(slot.labels.get(DRAFT_VERSION_LABEL)) for slot in slots})
+        self.seen["serving draft checks"] += 1
+        if not slots or (serving == [wanted] and recorded["version"] == wanted):
+            return None
+        return (
+            f"{name}: no canary runs, spec.draft names {spec_draft['version']}, status.draft "
+            f"{recorded['version']}, stable pods serve {', '.join(serving)}"
+        )
+
+    def check_serving_drafts(self) -> None:
+        now = self.now_s()
+        allowed = self.rollout_allowance_s()
+        for body in self.bodies():
+            name = body["metadata"]["name"]
+            key = f"serving draft {name}"
+            problem = self.serving_draft_problem(body) if self.stack.operator.running else None
+            if problem is None or any(self.excused(slot.name) for slot in self.stable_slots(name)):
+                self.draft_since.pop(key, None)
+                self.settle(key)
+                continue
+            since = self.draft_since.setdefault(key, now)
+            if now - since > allowed:
+                self.violate("serving-draft-not-spec", key, f"{problem} for {now - since:.0f} s")
+
     def on_revision(self, name: str, speculation: dict[str, Any]) -> bool:
         """Every running stable pod carries the revision status names, and no rollout is under way."""
         digest = (speculation.get("revision") or {}).get("digest")
@@ -518,6 +568,13 @@ class Soak:
                 return False
         target = self.body(record.target) if record.target else None
         status = (target or {}).get("status") or {}
+        if record.kind == "spec-revert":
+            return (
+                status.get("canary") is None
+                and target is not None
+                and self.serving_draft_problem(target) is None
+                and self.now_s() >= ended
+            )
         if record.kind in BACKGROUND:
             # The draft's canary ended (a retraining round's once its Job published the draft).
             trained = record.kind == "new-draft" or not record.detail.startswith("target ")
@@ -545,6 +602,9 @@ class Soak:
             return "Promoted"
         if str(status.get("rejectedDraft") or "").startswith(f"{version}@"):
             return "RolledBack"
+        last = status.get("lastCanary") or {}
+        if last.get("draft") == version and last.get("result") == "Superseded":
+            return "Superseded"
         return None
 
     async def await_recovery(self, record: FaultRecord, stop: asyncio.Event) -> None:
@@ -660,6 +720,8 @@ class Soak:
             self.patch_spec(name, {"draft": draft})
             self.canaries["started"] += 1
             return self.end(record, None)
+        if kind == "spec-revert":
+            return await self.spec_revert(stop)
         if kind == "target-change":
             name = self.pick_resource(idle=True, retraining=True)
             if name is None:
@@ -672,6 +734,36 @@ class Soak:
             )
             return self.end(record, None)  # the Job, its draft and the canary follow in the background
         raise ValueError(f"unknown fault kind {kind!r}")
+
+    async def spec_revert(self, stop: asyncio.Event) -> FaultRecord | None:
+        """A good new draft in spec.draft, then a random moment into its canary the edit reverted."""
+        name = self.pick_resource(idle=True)
+        if name is None:
+            return None
+        self.versions += 1
+        version = f"v{self.versions}"
+        self.drafts[version] = DraftBehaviour(alpha=round(self.schedule.uniform(0.8, 0.92), 2))
+        original = dict((self.body(name) or {})["spec"]["draft"])
+        draft = {**original, "version": version, "uri": f"{str(original['uri']).rsplit('/', 1)[0]}/{version}"}
+        into_s = self.lasting(0.0, 12.0)
+        record = self.begin("spec-revert", name, f"{version}, reverted {into_s:.0f} s into its canary")
+        self.busy.add(name)
+        try:
+            self.patch_spec(name, {"draft": draft})
+            waited = 0.0
+            while waited < 30.0 and not stop.is_set():  # until its canary runs
+                canary = ((self.body(name) or {}).get("status") or {}).get("canary") or {}
+                if (canary.get("draft") or {}).get("version") == version:
+                    break
+                await self.sleep(0.5, stop)
+                waited += 0.5
+            await self.sleep(into_s, stop)
+            self.patch_spec(name, {"draft": original})
+        finally:
+            self.busy.discard(name)
+        log.info("soak spec-revert of %s: spec.draft back to %s", name, original["version"])
+        record.detail = version
+        return self.end(record, None)
 
     async def train(self, record: FaultRecord, stop: asyncio.Event) -> None:
         """Play the Job controller: every unfinished training Job of the resource succeeds a few
@@ -798,6 +890,9 @@ class Soak:
                         following.append(task)
                     else:
                         await self.await_recovery(record, stop)
+                        if record.kind == "spec-revert":  # how the reverted draft's canary ended
+                            outcome = self.canary_outcome(record.target, record.detail) or "unfinished"
+                            self.canaries[f"reverted mid-canary: {outcome.lower()}"] += 1
             finally:
                 stop.set()
                 await checker
@@ -911,6 +1006,11 @@ def summary(report: dict[str, Any]) -> str:
         f"canaries: {canaries.get('started', 0)} started, {canaries.get('promoted', 0)} promoted, "
         f"{canaries.get('rolledback', 0)} rolled back, {canaries.get('unfinished', 0)} unfinished, "
         f"{canaries.get('running at the end', 0)} running at the end"
+        + "".join(
+            f"; {key.removeprefix('reverted mid-canary: ')} {count} reverted mid-canary"
+            for key, count in canaries.items()
+            if key.startswith("reverted mid-canary: ")
+        )
     )
     lines.append("checked: " + ", ".join(f"{what} {count}" for what, count in report["checked"].items()))
     return "\n".join(lines)

@@ -42,6 +42,7 @@ class Slot:
     name: str
     revision: str
     engine: Engine | None
+    labels: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -223,6 +224,64 @@ async def test_pods_may_differ_from_the_revision_in_status_for_a_rollout_and_lon
     advance(soak, allowed + 1)
     soak.check_revisions()
     assert violated(soak) == ["revision-mismatch"] * 3
+
+
+async def test_once_no_canary_runs_the_stable_pods_serve_the_spec_draft_within_a_rollouts_time(
+    cluster: EmulatedCluster, soak: Soak
+) -> None:
+    # Given a resource whose spec and status name draft v3, its two stable pods serving v3
+    a_resource(cluster)
+    v3 = {"version": "v3", "uri": "pvc://models/llama-70b-draft/v3", "source": "Spec"}
+    cluster.patch_status(
+        "speculativedeployments",
+        NAME,
+        {"draft": v3, "observedSpecDraft": "v3@pvc://models/llama-70b-draft/v3"},
+    )
+    pods = [
+        Slot(f"{NAME}-{i}", "r1", Engine(SPECULATING), {"specops.dev/draft-version": "v3"}) for i in (0, 1)
+    ]
+    soak.stack.serving.sets["stable"] = ServingSet(NAME, "stable", pods)  # type: ignore[attr-defined]
+    allowed = soak.rollout_allowance_s()
+    soak.check_serving_drafts()
+    assert violated(soak) == [] and soak.seen["serving draft checks"] == 1
+
+    # When spec.draft names v4 while a canary of it runs, the pods may serve v3 for as long as it runs
+    v4 = {**yaml.safe_load((EXAMPLES / "dense-70b-7b.yaml").read_text())["spec"]["draft"], "version": "v4"}
+    v4["uri"] = "pvc://models/llama-70b-draft/v4"
+    soak.patch_spec(NAME, {"draft": v4})
+    canary = {"phase": "Progressing", "startedAt": "2026-12-01T12:00:00Z", "draft": {"version": "v4"}}
+    cluster.patch_status("speculativedeployments", NAME, {"canary": canary})
+    soak.check_serving_drafts()
+    advance(soak, 10 * allowed)
+    soak.check_serving_drafts()
+    assert violated(soak) == []
+
+    # Then once no canary runs (say a revert was overruled: v3 serves, spec says v4), a rollout's
+    # time later it is a violation, once, naming both drafts
+    cluster.patch_status("speculativedeployments", NAME, {"canary": None})
+    soak.check_serving_drafts()
+    advance(soak, allowed)
+    soak.check_serving_drafts()
+    assert violated(soak) == []
+    advance(soak, soak.settings.check_interval_s)
+    soak.check_serving_drafts()
+    soak.check_serving_drafts()
+    assert violated(soak) == ["serving-draft-not-spec"]
+    assert "spec.draft names v4, status.draft v3, stable pods serve v3" in soak.violations[0].detail
+
+    # And a spec draft a canary rejected leaves status.draft serving: no violation
+    cluster.patch_status(
+        "speculativedeployments", NAME, {"rejectedDraft": "v4@pvc://models/llama-70b-draft/v4"}
+    )
+    soak.check_serving_drafts()
+    assert violated(soak) == ["serving-draft-not-spec"]
+    # But pods that do not serve status.draft are wrong even then
+    pods[1].labels["specops.dev/draft-version"] = "v2"
+    soak.check_serving_drafts()
+    advance(soak, allowed + soak.settings.check_interval_s)
+    soak.check_serving_drafts()
+    assert violated(soak) == ["serving-draft-not-spec"] * 2
+    assert "stable pods serve v2, v3" in soak.violations[1].detail
 
 
 async def test_a_resource_without_a_ready_condition_is_flagged_after_its_grace(

@@ -382,6 +382,49 @@ async def test_manual_abort_rolls_back(
     assert await canary_deployments(kube) == []
 
 
+async def test_a_spec_reverted_mid_canary_ends_the_canary_unpromoted_and_serves_the_stable_draft(
+    cluster: Any,
+    kube: KubeClient,
+    operator: Operator,
+    serving: ServingController,
+    prometheus: PrometheusProcess,
+    route: dict[str, Any],
+) -> None:
+    # Given a canary of v4 taking traffic (its step would bake for an hour)
+    await kube.create(
+        canary_resource(prometheus, steps=[{"weight": 25, "pause": "1h"}, {"weight": 100, "pause": "1s"}])
+    )
+    await serving_ready(kube)
+    async with RouteWatcher(kube) as watcher:
+        await new_draft(kube, "v4")
+        await eventually(lambda: _canary_phase(kube, "Progressing"), timeout_s=40, what="canary progressing")
+
+        # When the edit is reverted (git revert, then a sync): spec.draft names v3 again
+        await new_draft(kube, "v3")
+
+        # Then the canary ends there, unpromoted, and status says why
+        body = await wait_condition(kube, NAME, "CanaryRollout", "False", "CanarySuperseded", timeout_s=20)
+    status = body["status"]
+    message = condition(body, "CanaryRollout")["message"]
+    assert "canary of draft v4" in message and "stable draft v3" in message, message
+    assert status["lastCanary"]["result"] == "Superseded" and status["lastCanary"]["draft"] == "v4"
+    assert "rejectedDraft" not in status  # v3 may be canaried again later; so may v4
+    assert status["draft"]["version"] == "v3" and status["observedSpecDraft"].startswith("v3@")
+    assert [w for w in watcher.weights if w] == [25], watcher.weights  # never all in, never promoted
+    # The pods serve v3: the stable variant never rolled, the canary is gone, the route is all stable
+    stable = cluster.get("deployments", NAME)
+    assert stable["spec"]["template"]["metadata"]["labels"]["specops.dev/draft-version"] == "v3"
+    assert await canary_deployments(kube) == []
+    live = await kube.get("gateway.networking.k8s.io/v1", "HTTPRoute", NAMESPACE, ROUTE)
+    assert live["spec"]["rules"][0]["backendRefs"] == [STABLE_BACKEND_AT_100]
+    events = await events_for(kube, NAME)
+    assert [e["type"] for e in events if e["reason"] == "CanarySuperseded"] == ["Normal"]
+    assert not {"CanaryPromoted", "CanaryRolledBack"} & {e["reason"] for e in events}
+    # And no canary of v3 against itself follows
+    await asyncio.sleep(2)
+    assert (await resource(kube, NAME))["status"].get("canary") is None
+
+
 async def _canary_phase(kube: KubeClient, phase: str) -> bool:
     live = await resource(kube, NAME)
     return ((live or {}).get("status", {}).get("canary") or {}).get("phase") == phase

@@ -584,3 +584,153 @@ def test_a_trained_draft_takes_the_place_of_a_failed_first_draft_and_retraining_
     assert step.status.draft.lossless_check == "Pending"
     assert step.status.observed_spec_draft == failed.observed_spec_draft
     assert (step.finished, step.source) == ("Promoted", "Retraining")
+
+
+# ---------------------------------------------------------------- spec edits mid-canary
+
+V4_KEY = "v4@pvc://engines/d/v4"
+V3_DRAFT = DraftSpec(
+    model="llama-3.1-8b-draft", version="v3", parameters="7B", uri="pvc://models/llama-70b-draft/v3"
+)
+V5 = V4.model_copy(update={"version": "v5", "uri": "pvc://engines/d/v5"})
+V5_KEY = "v5@pvc://engines/d/v5"
+PASSING = Sample(alpha=0.8, tpot_p99_s=0.02, tokens_per_s=100.0, tpot_p50_s=0.01)
+
+
+def spec_naming(draft: DraftSpec) -> Any:
+    return SPEC.model_copy(update={"draft": draft})
+
+
+def mid_canary(phase: str) -> SpeculativeDeploymentStatus:
+    """The canary of v4 (spec.draft was edited from v3 to v4) in `phase`, as the machine left it."""
+    if phase == "LosslessCheck":
+        return serving(
+            observed_spec_draft=V4_KEY,
+            canary=canary_status(phase="LosslessCheck", step=-1, weight=0, lossless_check=None),
+        )
+    if phase == "Progressing":
+        return serving(observed_spec_draft=V4_KEY, canary=canary_status())
+    # Promoting: the last step passed; status.draft names v4, the stable pods have not rolled yet
+    last = canary_status(
+        step=1, weight=50, samples=CanarySamples(stable=samples(0.8, 12), canary=samples(0.8, 12))
+    )
+    promoting = rollout.step(
+        inputs(
+            serving(observed_spec_draft=V4_KEY, canary=last),
+            now=T0 + timedelta(minutes=2),
+            stable_sample=PASSING,
+            canary_sample=PASSING,
+        )
+    ).status
+    assert promoting.canary is not None and promoting.canary.phase == "Promoting"
+    return promoting
+
+
+def edited(status: SpeculativeDeploymentStatus, draft: DraftSpec, **changes: Any) -> rollout.CanaryStep:
+    """This tick's step once spec.draft names `draft`, with inputs that would otherwise move the canary on."""
+    return rollout.step(
+        inputs(
+            status,
+            spec=spec_naming(draft),
+            now=T0 + timedelta(minutes=3),
+            lossless=LosslessPassed(),
+            stable_sample=PASSING,
+            canary_sample=PASSING,
+            stable_rolled_out=False,
+            **changes,
+        )
+    )
+
+
+PHASES = ["LosslessCheck", "Progressing", "Promoting"]
+
+
+@pytest.mark.parametrize("phase", PHASES)
+def test_a_revert_to_the_stable_draft_mid_canary_aborts_it_without_promoting_or_rejecting(phase: str) -> None:
+    status = mid_canary(phase)
+    step = edited(status, V3_DRAFT)
+    # The canary ends here: weight back to stable, its objects gone, never promoted
+    assert step.status.canary is None
+    assert step.actions[:2] == (SetWeight(0), DeleteCanary())
+    assert SetWeight(100) not in step.actions and RolloutStable(V4) not in (*step.actions, *step.after_write)
+    assert step.finished != "Promoted"
+    # The stable variant serves v3 (rolled back onto it when the promotion had begun)
+    assert step.status.draft.version == "v3" and step.status.draft.uri == V3_DRAFT.uri
+    expected_after = (RolloutStable(rollout.drafts.stable_draft(V3_DRAFT, step.status)),)
+    assert step.after_write == (expected_after if phase == "Promoting" else ())
+    # v3 is not rejected (it was never canaried), and the spec's draft is the one acted on
+    assert step.status.rejected_draft is None
+    assert step.status.observed_spec_draft == V3
+    assert step.status.last_canary is not None
+    assert (step.status.last_canary.draft, step.status.last_canary.result) == ("v4", "Superseded")
+    # Why, said once in the condition and an Event naming both drafts
+    [event] = step.events
+    assert (event.type, event.reason) == ("Normal", "CanarySuperseded")
+    assert "v4" in event.message and "v3" in event.message
+    assert [(u.status, u.reason) for u in step.updates] == [("False", "CanarySuperseded")]
+    # And nothing starts afterwards: v3 serves and spec names v3
+    after = rollout.step(inputs(step.status, spec=spec_naming(V3_DRAFT), now=T0 + timedelta(minutes=4)))
+    assert after.status.canary is None and not after.changed
+
+
+@pytest.mark.parametrize("phase", PHASES)
+def test_an_edit_to_a_third_draft_mid_canary_starts_its_canary_from_the_stable(phase: str) -> None:
+    step = edited(mid_canary(phase), V5)
+    canary = step.status.canary
+    assert canary is not None
+    assert (canary.phase, canary.source, canary.draft.version, canary.weight) == (
+        "LosslessCheck",
+        "Spec",
+        "v5",
+        0,
+    )
+    # v4 is taken out of traffic and removed, and the v5 canary is rendered held out of traffic
+    assert step.actions == (SetWeight(0), DeleteCanary(), ApplyCanary(V5, receives_traffic=False))
+    assert RolloutStable(V4) not in step.after_write and step.finished != "Promoted"
+    # v5 is compared with the stable draft v3; v4 was neither promoted nor rejected
+    assert step.status.draft.version == "v3"
+    assert step.status.rejected_draft is None
+    assert step.status.observed_spec_draft == V5_KEY
+    assert [e.reason for e in step.events] == ["CanarySuperseded", "CanaryStarted"]
+    assert "v4" in step.events[0].message and "v5" in step.events[0].message
+
+
+def test_an_edit_back_to_a_rejected_draft_mid_canary_aborts_the_canary_and_the_draft_stays_rejected() -> None:
+    v2 = V4.model_copy(update={"version": "v2", "uri": "pvc://engines/d/v2"})
+    status = mid_canary("Progressing").model_copy(update={"rejected_draft": "v2@pvc://engines/d/v2"})
+    step = edited(status, v2)
+    assert step.status.canary is None and step.finished != "Promoted"
+    assert step.actions == (SetWeight(0), DeleteCanary())
+    assert step.status.draft.version == "v3"
+    assert step.status.rejected_draft == "v2@pvc://engines/d/v2"
+    # Not tried again while spec.draft names it
+    after = rollout.step(inputs(step.status, spec=spec_naming(v2), now=T0 + timedelta(minutes=4)))
+    assert after.status.canary is None and not after.changed
+
+
+def test_a_spec_edit_supersedes_a_retraining_candidates_canary_which_is_not_rejected() -> None:
+    trained = V4.model_copy(update={"version": "v4-rt1", "uri": "pvc://engines/d/v4-rt1"})
+    candidate_canary = canary_status(
+        source="Retraining",
+        draft=DraftStatus(
+            model=trained.model, version="v4-rt1", parameters="7B", uri=trained.uri, source="Retraining"
+        ),
+    )
+    status = serving(canary=candidate_canary)  # spec.draft still named v3 when it started
+    # Unchanged spec: the candidate's canary goes on
+    kept = edited(status, V3_DRAFT, candidate=trained)
+    assert kept.status.canary is not None and kept.status.canary.draft.version == "v4-rt1"
+    # A person names v5: the candidate's canary ends unpromoted, v5's canary starts from the stable
+    step = edited(status, V5, candidate=trained)
+    assert step.status.canary is not None and step.status.canary.draft.version == "v5"
+    assert step.status.canary.source == "Spec"
+    assert step.status.rejected_draft is None and step.status.draft.version == "v3"
+    # Retraining is not told the candidate failed: it waits for its canary after v5's
+    assert step.finished is None
+    assert step.events[0].reason == "CanarySuperseded" and "v4-rt1" in step.events[0].message
+
+
+def test_a_spec_edit_overrides_a_promote_annotation_and_clears_it() -> None:
+    step = edited(mid_canary("Progressing"), V3_DRAFT, action="promote")
+    assert step.status.canary is None and step.status.draft.version == "v3"
+    assert step.actions == (SetWeight(0), DeleteCanary(), ClearAction())

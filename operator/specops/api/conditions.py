@@ -79,6 +79,7 @@ class Reason:
     CANARY_PROMOTED = "CanaryPromoted"
     CANARY_ROLLED_BACK = "CanaryRolledBack"
     CANARY_ABORTED = "CanaryAborted"
+    CANARY_SUPERSEDED = "CanarySuperseded"
     LOSSLESS_CHECK_PASSED = "LosslessCheckPassed"
     LOSSLESS_CHECK_FAILED = "LosslessCheckFailed"
     LOSSLESS_CHECK_UNRUNNABLE = "LosslessCheckUnrunnable"

@@ -337,11 +337,19 @@ class CanaryStatus(ApiModel):
     last_analysis: CanaryAnalysisStatus | None = Field(default=None, description="The latest analysis.")
     paused: bool = Field(default=False, description="Held by the specops.dev/canary-paused annotation.")
     promotion_evidence: str | None = Field(default=None, description="Why it is being promoted.")
+    replaces: DraftStatus | None = Field(
+        default=None,
+        description="While Promoting: the stable draft the promotion replaces, served again if spec.draft "
+        "stops naming the canary's draft before the promotion ends.",
+    )
 
 
 class LastCanaryStatus(ApiModel):
     draft: str = Field(description="Version of the draft the canary tested.")
-    result: Literal["Promoted", "RolledBack"] = Field(description="How it ended.")
+    result: Literal["Promoted", "RolledBack", "Superseded"] = Field(
+        description="How it ended; Superseded: spec.draft stopped naming its draft, so it was stopped "
+        "unpromoted (and its draft not rejected)."
+    )
     reason: str = Field(default="", description="Why (UpperCamelCase).")
     evidence: str = Field(default="", description="The evidence, at most 500 characters.")
 

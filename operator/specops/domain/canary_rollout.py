@@ -19,6 +19,13 @@ same step is tried again at the next tick and status never claims what did not h
 4. Promoting: all traffic to the canary, the stable variant re-rendered with the new draft
    (status.draft), and once it has rolled, traffic back to stable and canary objects removed.
    Rollback: traffic to stable, canary objects removed, the draft remembered as rejected.
+
+A spec.draft that stops naming the running canary's draft (an edit or a revert mid-canary)
+supersedes the canary at any phase, as an Argo Rollouts abort does: it is never promoted and its
+draft is not rejected. A revert to the stable draft only ends it (while Promoting, the stable
+variant rolls back onto the draft it served); any other draft starts its own canary from the
+stable in the same tick, unless a canary rejected it before. A retraining candidate's canary is
+superseded the same way by any spec.draft edit; the candidate stays waiting for a later canary.
 """
 
 from __future__ import annotations
@@ -203,6 +210,9 @@ def step(inputs: CanaryInputs) -> CanaryStep:
         if status.draft.lossless_check == "Pending":
             return _first_draft_check(inputs)
         return _maybe_start(inputs)
+    if superseded(inputs.spec, status):
+        ended = _supersede(inputs, canary)
+        return replace(ended, actions=(*ended.actions, ClearAction())) if inputs.action else ended
     if inputs.action == "abort":
         ended = _rollback(inputs, canary, Reason.CANARY_ABORTED, "aborted by specops.dev/canary-action")
         return replace(ended, actions=(*ended.actions, ClearAction()))
@@ -220,6 +230,70 @@ def step(inputs: CanaryInputs) -> CanaryStep:
     return _finish_promotion(inputs, canary)
 
 
+def superseded(spec: SpeculativeDeploymentSpec, status: SpeculativeDeploymentStatus) -> bool:
+    """Whether spec.draft no longer names what the running canary was started for.
+
+    A spec canary tests spec.draft itself; a retraining candidate's canary started while spec.draft
+    named the stable draft (status.observedSpecDraft), so any edit since supersedes it. A promotion
+    recorded without the draft it replaces (by an older operator) is left to finish.
+    """
+    canary = status.canary
+    if canary is None or (canary.phase == "Promoting" and canary.replaces is None):
+        return False
+    spec_key = drafts.draft_key(spec.draft)
+    if canary.source == "Spec":
+        return spec_key != drafts.draft_key(_draft(canary, spec))
+    return status.observed_spec_draft is not None and spec_key != status.observed_spec_draft
+
+
+def _supersede(inputs: CanaryInputs, canary: CanaryStatus) -> CanaryStep:
+    """End a canary spec.draft no longer names: out of traffic and removed, never promoted, not rejected.
+
+    Then the spec's draft is acted on from the stable draft as if no canary had run: nothing more
+    when it is the stable draft (or a rejected one), else its own canary starts in this tick.
+    """
+    status, spec = inputs.status, inputs.spec
+    old = _draft(canary, spec)
+    promoting = canary.phase == "Promoting" and canary.replaces is not None
+    stable_status = canary.replaces if promoting and canary.replaces is not None else status.draft
+    stable = drafts.draft_from_status(stable_status, spec.draft)
+    spec_key = drafts.draft_key(spec.draft)
+    new = spec.draft.version
+    if spec_key == drafts.draft_key(stable):
+        why = f"spec.draft names the stable draft {new} again"
+    elif spec_key == status.rejected_draft:
+        why = f"spec.draft names draft {new}, which an earlier canary rolled back; it is not tried again"
+    else:
+        why = f"spec.draft names draft {new}, whose canary starts from the stable draft {stable.version}"
+    message = (
+        f"canary of draft {old.version} ({canary.source.lower()}) superseded: {why}; draft {old.version} "
+        "is not promoted"
+    )[:1000]
+    ended = _with(
+        status,
+        None,
+        draft=stable_status,
+        last_canary=LastCanaryStatus(
+            draft=old.version, result="Superseded", reason=Reason.CANARY_SUPERSEDED, evidence=message[:500]
+        ),
+    )
+    # A retraining candidate waits for the next tick: the spec's draft goes first.
+    started = _maybe_start(replace(inputs, status=ended, candidate=None))
+    return CanaryStep(
+        started.status.model_copy(update={"observed_spec_draft": spec_key}),
+        actions=(SetWeight(0), DeleteCanary(), *started.actions),
+        # While Promoting, the stable variant had begun to roll onto the superseded draft: back.
+        after_write=((RolloutStable(stable),) if promoting else ()) + started.after_write,
+        updates=(
+            ConditionUpdate(cond.CANARY_ROLLOUT, "False", Reason.CANARY_SUPERSEDED, message),
+            *started.updates,
+        ),
+        events=(EventRecord("Normal", Reason.CANARY_SUPERSEDED, message), *started.events),
+        source=canary.source,
+        evidence=message,
+    )
+
+
 def replace_canary(canary: CanaryStatus, **changes: object) -> CanaryStatus:
     return canary.model_copy(update=changes)
 
@@ -235,7 +309,11 @@ def _maybe_start(inputs: CanaryInputs) -> CanaryStep:
     spec_key = drafts.draft_key(spec.draft)
     draft: DraftSpec
     source: DraftSource
-    if status.observed_spec_draft not in (None, spec_key) and spec_key != status.rejected_draft:
+    spec_changed = status.observed_spec_draft not in (None, spec_key)
+    if spec_changed and spec_key == drafts.draft_key(drafts.stable_draft(spec.draft, status)):
+        # spec.draft names the draft serving now (a revert): nothing to canary
+        return CanaryStep(_with(status, None, observed_spec_draft=spec_key))
+    if spec_changed and spec_key != status.rejected_draft:
         draft, source = spec.draft, "Spec"
     elif inputs.candidate is not None and drafts.draft_key(inputs.candidate) != status.rejected_draft:
         draft, source = inputs.candidate, "Retraining"
@@ -516,7 +594,9 @@ def _progress(inputs: CanaryInputs, canary: CanaryStatus) -> CanaryStep:
 
 def _start_promotion(inputs: CanaryInputs, canary: CanaryStatus, evidence: str) -> CanaryStep:
     draft = _draft(canary, inputs.spec)
-    canary = replace_canary(canary, phase="Promoting", weight=100, promotion_evidence=evidence)
+    canary = replace_canary(
+        canary, phase="Promoting", weight=100, promotion_evidence=evidence, replaces=inputs.status.draft
+    )
     return CanaryStep(
         _with(
             inputs.status, canary, draft=drafts.draft_to_status(draft, canary.source, lossless_check="Passed")

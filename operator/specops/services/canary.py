@@ -219,6 +219,8 @@ class CanaryService:
             return inputs
         if canary is None or inputs.action is not None or inputs.paused:
             return inputs
+        if rollout.superseded(spec, status):
+            return inputs  # spec.draft moved on: the canary ends this tick, nothing to measure
         namespace, name = resource.metadata["namespace"], resource.metadata["name"]
         if canary.phase == "LosslessCheck":
             canary_pods = [endpoint for endpoint in endpoints if endpoint.variant == CANARY]
