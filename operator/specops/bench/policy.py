@@ -429,7 +429,9 @@ def replay(
                 calibration = learned
                 fitted = profile_prior.model(config.setup, calibration, learn.calibration, None, fitted.fit)
             model: revision_policy.SpeedupModel = (
-                revision_policy.Evidence(fitted, prior, fitted, anchors=anchors, steps=fitted)
+                revision_policy.Evidence(
+                    fitted, prior, fitted, anchors=anchors, steps=fitted, prior_steps=prior
+                )
                 if learn.enabled
                 else prior
             )

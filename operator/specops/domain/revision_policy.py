@@ -182,6 +182,10 @@ class Evidence:
     Where a band has both, the fit only scales the round to other K; its level is the measurement."""
     steps: Stepped | None = None
     """The fitted model's step times (for scaling an anchor's round to another K)."""
+    prior_steps: Stepped | None = None
+    """The prior's step times: the plain step where plain was not measured in the band, at the level
+    the nearest measured plain band shows (a fit that saw speculation only at a batch can blame
+    plain decoding for what the draft cost there; the prior's shape cannot)."""
     _ratios: dict[float, tuple[tuple[float, float], ...]] = field(
         default_factory=dict, compare=False, repr=False
     )
@@ -215,11 +219,24 @@ class Evidence:
         anchor = self.anchors.get(batch)
         if draft_length <= 0 or anchor is None or not anchor.round_s or self.steps is None:
             return None
-        plain_s = anchor.plain_s or self.steps.step_s(0, batch, context_tokens)
+        plain_s = anchor.plain_s or self._plain_s(batch, context_tokens)
         shape = self.steps.step_s(draft_length, batch, context_tokens) / self.steps.step_s(
             anchor.k, batch, context_tokens
         )
         return expected_tokens(alpha, draft_length) * plain_s / (anchor.round_s * shape)
+
+    def _plain_s(self, batch: float, context_tokens: float | None) -> float:
+        """The plain step at ``batch`` where no plain pod was measured in its band."""
+        assert self.steps is not None
+        if self.prior_steps is None:
+            return self.steps.step_s(0, batch, context_tokens)
+        measured = [(edge, a.plain_s) for edge, a in self.anchors.items() if a.plain_s]
+        if not measured:
+            return self.steps.step_s(0, batch, context_tokens)
+        where = math.log(max(1.0, batch))
+        edge, plain = min(measured, key=lambda item: (abs(math.log(max(1.0, item[0])) - where), item[0]))
+        level = plain / self.prior_steps.step_s(0, edge, context_tokens)
+        return level * self.prior_steps.step_s(0, batch, context_tokens)
 
     def measured(self, batch: float) -> bool:
         return float(getattr(self.confident.confidence(batch), "on", 0.0)) >= MEASURED_NEAR

@@ -303,7 +303,9 @@ class ControlLoop:
             knowledge = replace(knowledge, calibration=learned)
             fitted = profile_prior.model(config.setup, learned, learn.calibration, prior_stats, fitted.fit)
         if learn.enabled:
-            model = Evidence(fitted, prior_model, fitted, anchors=anchors, steps=fitted)
+            model = Evidence(
+                fitted, prior_model, fitted, anchors=anchors, steps=fitted, prior_steps=prior_model
+            )
         k0 = tuple(learning.k0_ratios(at_zero, fitted)) if learn.enabled else ()
 
         inputs = cs.inputs_from(
