@@ -83,6 +83,21 @@ async def engines() -> AsyncIterator[Callable[..., asyncio.Future[SimEngine]]]:
         yield start  # type: ignore[misc]
 
 
+async def answering(url: str, status: int) -> None:
+    """Wait (10 s at most) until ``url`` answers ``status``: the server took its socket over."""
+    import aiohttp
+
+    async with asyncio.timeout(10), aiohttp.ClientSession() as session:
+        while True:
+            try:
+                async with session.get(url) as response:
+                    if response.status == status:
+                        return
+            except aiohttp.ClientConnectionError:
+                pass
+            await asyncio.sleep(0.05)
+
+
 def engine_options(labelled: Sequence[tuple[str, SimEngine]]) -> list[str]:
     options = []
     for label, sim in labelled:
@@ -263,6 +278,7 @@ async def test_an_unreachable_engine_is_named(engines) -> None:
 async def test_an_engine_still_loading_is_named(engines) -> None:
     plain = await engines("trtllm-serve", "plain", 0)
     loading = await engines("trtllm-serve", "k2", 2, restart_s=30.0, ready=False)  # answers 503 meanwhile
+    await answering(f"{loading.url}/health", 503)  # trtllm-serve listens at once while it loads
     result = await profile(*engine_options([("0", plain), ("2", loading)]), "--backend", "trtllm-serve")
     assert_one_line_error(result, "engine 2", "not ready", "HTTP 503")
 
