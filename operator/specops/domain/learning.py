@@ -329,6 +329,26 @@ def pod_settled(track: PodTrack, config: LearningConfig, now: datetime) -> bool:
     return min(batches) > 0 and max(batches) / min(batches) <= LOAD_SPREAD
 
 
+def settled_readings(
+    readings: Sequence[PodReading], tracks: Mapping[str, PodTrack], config: LearningConfig, now: datetime
+) -> list[tuple[PodReading, int, float]]:
+    """The readings of settled pods with a latency and a load, each with the K its revision's
+    schedule gives at its batch (0 for plain pods) and its per-token latency."""
+    kept = []
+    for reading in readings:
+        track = tracks.get(reading.pod)
+        if (
+            track is None
+            or not pod_settled(track, config, now)
+            or reading.tpot_s is None
+            or reading.batch <= 0
+        ):
+            continue
+        schedule = reading.revision.schedule
+        kept.append((reading, schedule.k_at(reading.batch) if schedule is not None else 0, reading.tpot_s))
+    return kept
+
+
 def learn_pods(
     calibration: CalibrationState,
     readings: Sequence[PodReading],
@@ -344,23 +364,13 @@ def learn_pods(
     at_zero: list[PodReading] = []
     if not config.enabled:
         return calibration, at_zero
-    for reading in readings:
-        track = tracks.get(reading.pod)
-        if (
-            track is None
-            or not pod_settled(track, config, now)
-            or reading.tpot_s is None
-            or reading.batch <= 0
-        ):
-            continue
-        schedule = reading.revision.schedule
-        k = schedule.k_at(reading.batch) if schedule is not None else 0
+    for reading, k, tpot_s in settled_readings(readings, tracks, config, now):
         if reading.revision.mode == "spec" and k == 0:
             at_zero.append(reading)
             continue
         if k > 0 and reading.alpha is None:
             continue
-        sample = StepSample(reading.batch, k, reading.tpot_s, reading.alpha if k else None)
+        sample = StepSample(reading.batch, k, tpot_s, reading.alpha if k else None)
         calibration = update(calibration, sample, setup, now.timestamp(), config.calibration)
     return calibration, at_zero
 
@@ -418,24 +428,14 @@ def anchor_pods(
     kept = dict(anchors)
     if not config.enabled:
         return kept
-    for reading in readings:
-        track = tracks.get(reading.pod)
-        if (
-            track is None
-            or not pod_settled(track, config, now)
-            or reading.tpot_s is None
-            or reading.batch <= 0
-        ):
-            continue
-        schedule = reading.revision.schedule
-        k = schedule.k_at(reading.batch) if schedule is not None else 0
+    for reading, k, tpot_s in settled_readings(readings, tracks, config, now):
         band = band_of(reading.batch, edges)
         anchor = kept.get(band, Anchor())
         if reading.revision.mode == "plain":
-            plain = reading.tpot_s if anchor.plain_s is None else _mix(anchor.plain_s, reading.tpot_s)
+            plain = tpot_s if anchor.plain_s is None else _mix(anchor.plain_s, tpot_s)
             kept[band] = Anchor(plain, anchor.k, anchor.round_s)
         elif k > 0 and reading.alpha is not None:
-            round_s = reading.tpot_s * expected_tokens(reading.alpha, k)
+            round_s = tpot_s * expected_tokens(reading.alpha, k)
             if anchor.k != k or anchor.round_s is None:
                 kept[band] = Anchor(anchor.plain_s, k, round_s)
             else:
