@@ -14,9 +14,6 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
 
-import yaml
-
-from specops.api.models import SpeculativeDeployment
 from specops.api.status import SpeculativeDeploymentStatus
 from specops.domain.acceptance import acceptance_rate_from_alpha
 from specops.domain.discovery import PodEndpoint
@@ -25,25 +22,11 @@ from specops.domain.perf import expected_tokens
 from specops.domain.profile import profile_from_setup
 from specops.ports import KubeApiError
 from specops.services.control import ControlLoop
-from tests.conftest import EXAMPLES
 from tests.unit.test_control_loop import ALPHA, T0, World, fresh, setup
+from tests.unit.test_control_loop import resource as one_resource
 
 PODS = 4
 COLLAPSE_AT = 60  # seconds: the prior's schedule has rolled out well before
-
-
-def resource() -> SpeculativeDeployment:
-    body = yaml.safe_load((EXAMPLES / "dense-70b-7b.yaml").read_text())
-    body["metadata"].update({"namespace": "default", "uid": "u-1"})
-    body["spec"]["serving"] = {"replicas": PODS, "gpu": {"type": "H100", "count": 1}, "tensorParallel": 1}
-    body["spec"]["metrics"] = {"interval": "1s"}
-    body["spec"]["speculation"] = {
-        "draftLength": {"initial": 3, "min": 1, "max": 8},
-        "rollout": {"baseline": "20s", "soak": "20s"},
-        "reconfigure": {"minInterval": "30s"},
-        "calibration": {"halfLife": "1h"},
-    }
-    return SpeculativeDeployment.model_validate(body)
 
 
 Acceptance = Callable[[str, float], float | None]
@@ -142,7 +125,7 @@ class Kube:
 async def run(loop: ControlLoop, fleet: Fleet, seconds: int, events: list[Any],
               status: SpeculativeDeploymentStatus | None = None, start: int = 0) -> SpeculativeDeploymentStatus:  # fmt: skip
     status = status or fresh()
-    sdep = resource()
+    sdep = one_resource(PODS)
     for second in range(start, start + seconds):
         fleet.second = second
         result = await loop.tick(

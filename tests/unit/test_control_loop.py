@@ -30,10 +30,10 @@ ALPHA = 0.8
 REPLICAS = 2
 
 
-def resource(**speculation: Any) -> SpeculativeDeployment:
+def resource(replicas: int = REPLICAS, **speculation: Any) -> SpeculativeDeployment:
     body = yaml.safe_load((EXAMPLES / "dense-70b-7b.yaml").read_text())
     body["metadata"].update({"namespace": "default", "uid": "u-1"})
-    body["spec"]["serving"] = {"replicas": REPLICAS, "gpu": {"type": "H100", "count": 1}, "tensorParallel": 1}
+    body["spec"]["serving"] = {"replicas": replicas, "gpu": {"type": "H100", "count": 1}, "tensorParallel": 1}
     body["spec"]["metrics"] = {"interval": "1s"}
     body["spec"]["speculation"] = {
         "draftLength": {"initial": 3, "min": 1, "max": 8},

@@ -221,7 +221,6 @@ class ControlLoop:
             config.setup, remembered.knowledge.calibration, learn.calibration, prior_stats, previous
         )
         prior_model = profile_prior.prior_model(config.setup, learn.calibration, prior_stats)
-        model: SpeedupModel = Evidence(fitted, prior_model, fitted) if learn.enabled else prior_model
         state = cs.state_from_status(status.speculation, status.baseline, config, prior_model, now)
         current = state.revision
         mine = [e for e in endpoints if e.variant == STABLE]
@@ -302,10 +301,11 @@ class ControlLoop:
         if learned is not knowledge.calibration:
             knowledge = replace(knowledge, calibration=learned)
             fitted = profile_prior.model(config.setup, learned, learn.calibration, prior_stats, fitted.fit)
-        if learn.enabled:
-            model = Evidence(
-                fitted, prior_model, fitted, anchors=anchors, steps=fitted, prior_steps=prior_model
-            )
+        model: SpeedupModel = (
+            Evidence(fitted, prior_model, fitted, anchors=anchors, steps=fitted, prior_steps=prior_model)
+            if learn.enabled
+            else prior_model
+        )
         k0 = tuple(learning.k0_ratios(at_zero, fitted)) if learn.enabled else ()
 
         inputs = cs.inputs_from(
