@@ -143,10 +143,15 @@ async def run_elected(
     import kopf
 
     from specops.adapters.kube import KubeClient, load_connection_settings
-    from specops.adapters.leader import LeaseElector, default_namespace, follower_health, lead
+    from specops.adapters.leader import LeaseElector, LeaseTimings, default_namespace, follower_health, lead
+    from specops.services.config import OperatorConfig
 
+    config = OperatorConfig.from_env()  # SPECOPS_LEASE_* (the chart's leaderElection values)
+    timings = LeaseTimings(config.lease_duration_s, config.renew_deadline_s, config.retry_period_s)
     kube = KubeClient(load_connection_settings())
-    elector = LeaseElector(kube, namespace=lease_namespace or default_namespace(), name=lease_name)
+    elector = LeaseElector(
+        kube, namespace=lease_namespace or default_namespace(), name=lease_name, timings=timings
+    )
     try:
         async with follower_health(liveness):
             await elector.acquire()

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal, Protocol
 
-from specops.api.models import SpeculativeDeploymentSpec
+from specops.api.models import PrometheusSource, SpeculativeDeploymentSpec
 from specops.domain.metrics import Measurement
 
 MERGE_PATCH = "application/merge-patch+json"
@@ -40,8 +40,10 @@ class KubeApiError(Exception):
 class MetricsSource(Protocol):
     """Latest measurements per (namespace, deployment, variant), read from memory."""
 
-    def register(self, key: Hashable, url: str, backend: str, interval_s: float) -> None:
-        """Start (or join) polling ``url`` for ``backend`` on behalf of resource ``key``."""
+    def register(self, key: Hashable, source: str | PrometheusSource, backend: str, interval_s: float) -> None:
+        """Start (or join) polling ``source`` (a URL, or spec.metrics.prometheus) for ``backend`` on
+        behalf of resource ``key``, its (namespace, name): the namespace whose Secrets and ConfigMaps
+        hold the credentials."""
         ...
 
     def unregister(self, key: Hashable) -> None:
@@ -50,7 +52,7 @@ class MetricsSource(Protocol):
 
     def lookup(
         self,
-        url: str,
+        source: str | PrometheusSource,
         backend: str,
         namespace: str,
         name: str,

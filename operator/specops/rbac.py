@@ -108,6 +108,19 @@ LEADER_ELECTION_RULES: tuple[Rule, ...] = (
 """Granted only in the operator's namespace (a Role), not with the rules above."""
 
 
+PROMETHEUS_SECRET_RULES: tuple[Rule, ...] = (
+    _rule(
+        "",
+        "secrets",
+        "get",
+        "credentials of spec.metrics.prometheus (bearerTokenSecret, basicAuth, tlsConfig.ca.secret), read "
+        "in the resource's namespace: granted only for the Secret names the chart's prometheus.secretNames "
+        "lists (resourceNames), never list or watch",
+    ),
+)
+"""Granted only by name (the chart's prometheus.secretNames), not with the rules above."""
+
+
 def grants(rules: tuple[Rule, ...] = OPERATOR_RULES) -> dict[tuple[str, str], set[str]]:
     """(apiGroup, resource) -> verbs, the shape a test reads back from a rendered Role."""
     granted: dict[tuple[str, str], set[str]] = {}

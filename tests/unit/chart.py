@@ -17,11 +17,12 @@ ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "specops"
 RELEASE, NAMESPACE = "specops", "specops-system"
 
+RUNBOOK = "https://git.example.com/platform/specops/-/blob/main/docs/runbook.md"
 MONITORING_ON: dict[str, Any] = {
     "monitoring": {
         "serviceMonitor": {"enabled": True},
         "podMonitor": {"enabled": True},
-        "prometheusRule": {"enabled": True},
+        "prometheusRule": {"enabled": True, "runbookBaseUrl": RUNBOOK},
         "dashboard": {"enabled": True},
     }
 }

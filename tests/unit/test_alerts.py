@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from tests.unit.chart import ROOT, rule_groups
+from tests.unit.chart import RUNBOOK as RUNBOOK_URL
 
 PROMTOOL = shutil.which("promtool")
 RUNBOOK = ROOT / "docs" / "runbook.md"
@@ -236,7 +237,7 @@ def _anchors(markdown: str) -> set[str]:
 def test_every_alert_links_to_its_runbook_section_and_names_what_broke(name: str) -> None:
     rule = _alerts()[name]
     path, _, anchor = rule["annotations"]["runbook_url"].partition("#")
-    assert path == "docs/runbook.md"
+    assert path == RUNBOOK_URL  # monitoring.prometheusRule.runbookBaseUrl
     assert anchor in _anchors(RUNBOOK.read_text()), f"docs/runbook.md has no section #{anchor}"
     if "name" in CASES[name]["fires"][1]:
         for key in ("summary", "description"):

@@ -10,12 +10,28 @@ from typing import Any
 import helm_python as helm
 import kubernetes_validate
 import pytest
+import yaml
 
 from specops import rbac
+from specops.adapters.leader import DEFAULT_TIMINGS, LeaseTimings
 from specops.api.crd import render_yaml
+from specops.api.models import DEFAULT_PROMETHEUS_URL, SpeculativeDeployment
+from specops.domain.engines.schedule import Revision, Schedule
+from specops.domain.render import RenderOptions, render_children
+from specops.services.config import OperatorConfig
 from specops.domain.metrics import DRAFT_LABEL, GROUP_LABELS
 from specops_local.admission import AdmissionError
-from tests.unit.chart import CHART, MONITORING_ON, NAMESPACE, ROOT, notes, one, render, upstream_admission
+from tests.unit.chart import (
+    CHART,
+    MONITORING_ON,
+    NAMESPACE,
+    ROOT,
+    RUNBOOK,
+    notes,
+    one,
+    render,
+    upstream_admission,
+)
 from tests.unit.test_deploy_manifests import restricted_violations
 
 FULLNAME = "specops"
@@ -45,6 +61,25 @@ CUSTOM: dict[str, Any] = {
     "priorityClassName": "system-cluster-critical",
     "podLabels": {"team": "ml-platform"},
     "serviceAccount": {"annotations": {"example.com/role": "specops"}},
+    "extraEnv": [
+        {"name": "HTTPS_PROXY", "value": "http://proxy.example:3128"},
+        {"name": "TEAM", "valueFrom": {"configMapKeyRef": {"name": "ops", "key": "team"}}},
+    ],
+    "extraArgs": ["--verbose"],
+    "extraVolumes": [{"name": "ca", "configMap": {"name": "corporate-ca"}}],
+    "extraVolumeMounts": [{"name": "ca", "mountPath": "/etc/ssl/corporate", "readOnly": True}],
+    "topologySpreadConstraints": [
+        {"maxSkew": 1, "topologyKey": "topology.kubernetes.io/zone", "whenUnsatisfiable": "ScheduleAnyway"}
+    ],
+    "leaderElection": {"leaseDurationSeconds": 30, "renewDeadlineSeconds": 20, "retryPeriodSeconds": 4},
+    "prometheus": {"url": "https://prometheus.example/api/prom", "secretNames": ["prometheus-auth"]},
+    "networkPolicy": {
+        "enabled": True,
+        "metricsFrom": [
+            {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}
+        ],
+        "apiServer": {"to": [{"ipBlock": {"cidr": "10.0.0.1/32"}}], "ports": [443]},
+    },
 }
 VALUE_SETS = {"default": None, "custom": CUSTOM}
 MONITORING_KINDS = {"ServiceMonitor", "PodMonitor", "PrometheusRule"}
@@ -349,6 +384,27 @@ def test_no_role_uses_wildcards() -> None:
 # ---------------------------------------------------------------- values schema
 
 BAD_VALUES = {
+    "a digest that is no sha256": ({"image": {"digest": "latest"}}, "/image/digest", "latest"),
+    "a relative default Prometheus": (
+        {"prometheus": {"url": "prometheus:9090"}},
+        "/prometheus/url",
+        "prometheus:9090",
+    ),
+    "a Secret name that is no DNS name": (
+        {"prometheus": {"secretNames": ["Prom_Auth"]}},
+        "/prometheus/secretNames/0",
+        "Prom_Auth",
+    ),
+    "a lease of zero seconds": (
+        {"leaderElection": {"leaseDurationSeconds": 0}},
+        "/leaderElection/leaseDurationSeconds",
+        "0",
+    ),
+    "an engine port out of range": (
+        {"networkPolicy": {"enginePorts": [0]}},
+        "/networkPolicy/enginePorts/0",
+        "0",
+    ),
     "too many replicas": ({"replicas": 9}, "/replicas", "got 9, want 5"),
     "unknown watch mode": ({"watch": {"mode": "everywhere"}}, "/watch/mode", "'cluster', 'namespaced'"),
     "namespaced without namespaces": ({"watch": {"mode": "namespaced"}}, "/watch", "namespaces"),
@@ -390,14 +446,231 @@ def test_bad_values_are_refused_with_a_message_naming_them(
 
 
 def test_alerts_without_a_scrape_of_the_operator_are_flagged_at_install() -> None:
-    rules_only = {"monitoring": {"prometheusRule": {"enabled": True}}}
+    rules_only = {"monitoring": {"prometheusRule": {"enabled": True, "runbookBaseUrl": RUNBOOK}}}
     assert "nothing scrapes them" in notes(rules_only)
     assert "nothing scrapes them" not in notes(MONITORING_ON)
     # With the user's own scrape job named, the absence alert watches that job
-    own_job = {"monitoring": {"prometheusRule": {"enabled": True, "operatorJob": "kubernetes-pods"}}}
+    own_job = {
+        "monitoring": {
+            "prometheusRule": {"enabled": True, "operatorJob": "kubernetes-pods", "runbookBaseUrl": RUNBOOK}
+        }
+    }
     assert "nothing scrapes them" not in notes(own_job)
     rules = [
         rule for group in one(render(own_job), "PrometheusRule")["spec"]["groups"] for rule in group["rules"]
     ]
     (absent,) = [rule for rule in rules if rule["alert"] == "SpecopsOperatorAbsent"]
     assert absent["expr"] == 'absent(up{job="kubernetes-pods"} == 1)'
+
+
+# ---------------------------------------------------------------- values that fit real clusters
+
+
+def _pod(objects: list[dict[str, Any]], name: str = FULLNAME) -> dict[str, Any]:
+    pod: dict[str, Any] = one(objects, "Deployment", name)["spec"]["template"]["spec"]
+    return pod
+
+
+def test_name_overrides_rename_every_object_the_lease_and_the_name_label() -> None:
+    objects = render({"fullnameOverride": "llm-operator", "nameOverride": "specdec"})
+    deployment = one(objects, "Deployment", "llm-operator")
+    assert deployment["spec"]["selector"]["matchLabels"]["app.kubernetes.io/name"] == "specdec"
+    command = deployment["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert command[command.index("--lease-name") + 1] == "llm-operator"
+    assert one(objects, "ServiceAccount")["metadata"]["name"] == "llm-operator"
+    assert one(objects, "ClusterRole", "llm-operator")
+    assert one(objects, "Role", "llm-operator-leader-election")
+    # nameOverride alone: <release>-<name>
+    assert one(render({"nameOverride": "specdec"}), "Deployment", "specops-specdec")
+
+
+def test_security_contexts_are_values_and_stay_restricted_by_default() -> None:
+    pod = _pod(render())
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["containers"][0]["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    custom = {
+        "podSecurityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": 1001,
+            "fsGroup": 1001,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "securityContext": {
+            "allowPrivilegeEscalation": False,
+            "readOnlyRootFilesystem": True,
+            "capabilities": {"drop": ["ALL"]},
+        },
+    }
+    pod = _pod(render(custom))
+    # Helm merges the given keys into the defaults
+    assert pod["securityContext"] == {**custom["podSecurityContext"], "runAsGroup": 65532}
+    assert pod["containers"][0]["securityContext"].items() >= custom["securityContext"].items()
+    assert restricted_violations(pod) == []
+    # a context that breaks the profile renders as asked: the namespace's admission refuses it
+    loose = _pod(render({"securityContext": {"allowPrivilegeEscalation": True}}))
+    assert restricted_violations(loose) != []
+
+
+def test_extra_env_args_volumes_and_spread_reach_the_operator_pod() -> None:
+    objects = render(CUSTOM)
+    pod, container = _pod(objects), _operator_container(objects)
+    assert container["command"][-1] == "--verbose"
+    assert [env for env in container["env"] if env["name"] in ("HTTPS_PROXY", "TEAM")] == CUSTOM["extraEnv"]
+    assert CUSTOM["extraVolumeMounts"][0] in container["volumeMounts"]
+    assert {"name": "tmp", "mountPath": "/tmp"} in container["volumeMounts"]
+    assert CUSTOM["extraVolumes"][0] in pod["volumes"]
+    (spread,) = pod["topologySpreadConstraints"]
+    # a constraint without labelSelector spreads the operator's own pods
+    assert spread["topologyKey"] == "topology.kubernetes.io/zone"
+    assert spread["labelSelector"] == {
+        "matchLabels": one(objects, "Deployment")["spec"]["selector"]["matchLabels"]
+    }
+    own = {"matchLabels": {"team": "ml"}}
+    (kept,) = _pod(
+        render(
+            {"topologySpreadConstraints": [{**CUSTOM["topologySpreadConstraints"][0], "labelSelector": own}]}
+        )
+    )["topologySpreadConstraints"]
+    assert kept["labelSelector"] == own
+
+
+def test_an_image_digest_pins_the_image() -> None:
+    digest = "sha256:" + "0123456789abcdef" * 4
+    container = _operator_container(
+        render({"image": {"repository": "registry.example/specops", "digest": digest}})
+    )
+    assert container["image"] == f"registry.example/specops@{digest}"
+    assert _operator_container(render())["image"] == "specops:0.1.0"
+
+
+def test_lease_timings_reach_the_operator_and_a_wrong_order_is_refused() -> None:
+    env = _env(_operator_container(render(CUSTOM)))
+    config = OperatorConfig.from_env(env)
+    assert (config.lease_duration_s, config.renew_deadline_s, config.retry_period_s) == (30, 20, 4)
+    # the operator builds its leader election from them (LeaseTimings checks the order too)
+    assert LeaseTimings(config.lease_duration_s, config.renew_deadline_s, config.retry_period_s)
+    defaults = OperatorConfig.from_env(_env(_operator_container(render())))
+    assert LeaseTimings(defaults.lease_duration_s, defaults.renew_deadline_s, defaults.retry_period_s) == (
+        DEFAULT_TIMINGS
+    )
+    with pytest.raises(helm.HelmRenderError) as refused:
+        render({"leaderElection": {"renewDeadlineSeconds": 20}})
+    assert "retryPeriodSeconds (2) < renewDeadlineSeconds (20) < leaseDurationSeconds (15)" in str(
+        refused.value
+    )
+
+
+def test_the_default_prometheus_url_reaches_the_operator() -> None:
+    env = _env(_operator_container(render(CUSTOM)))
+    assert OperatorConfig.from_env(env).prometheus_url == "https://prometheus.example/api/prom"
+    # empty: the built-in default
+    assert (
+        OperatorConfig.from_env(_env(_operator_container(render()))).prometheus_url == DEFAULT_PROMETHEUS_URL
+    )
+
+
+@pytest.mark.parametrize(
+    "values", [CUSTOM, {**CUSTOM, **{"watch": {"mode": "cluster"}}}], ids=["namespaced", "cluster"]
+)
+def test_prometheus_secret_names_grant_get_on_exactly_those_secrets(values: dict[str, Any]) -> None:
+    objects = render(values)
+    name = f"{FULLNAME}-prometheus-secrets"
+    roles = [
+        obj for obj in objects if obj["kind"] in ("Role", "ClusterRole") and obj["metadata"]["name"] == name
+    ]
+    bindings = [
+        obj
+        for obj in objects
+        if obj["kind"] in ("RoleBinding", "ClusterRoleBinding") and obj["metadata"]["name"] == name
+    ]
+    namespaced = values["watch"]["mode"] == "namespaced"
+    expected_namespaces = ["team-a", "team-b"] if namespaced else [None]
+    assert sorted(role["metadata"].get("namespace") or "" for role in roles) == sorted(
+        n or "" for n in expected_namespaces
+    )
+    for role in roles:
+        assert role["kind"] == ("Role" if namespaced else "ClusterRole")
+        (rule,) = role["rules"]
+        assert rule["resourceNames"] == ["prometheus-auth"]
+        assert _granted(role) == rbac.grants(rbac.PROMETHEUS_SECRET_RULES)  # get only: no list, no watch
+        kubernetes_validate.validate(role, kubernetes_validate.latest_version(), strict=True)
+    for binding in bindings:
+        assert binding["roleRef"]["name"] == name
+        assert binding["subjects"] == [{"kind": "ServiceAccount", "name": FULLNAME, "namespace": NAMESPACE}]
+    assert len(bindings) == len(roles)
+
+
+def test_no_secret_is_readable_unless_named() -> None:
+    for obj in render(NAMESPACED):
+        for rule in obj.get("rules", []):
+            assert "secrets" not in rule["resources"], obj["metadata"]["name"]
+
+
+def _serving_pod_labels() -> dict[str, str]:
+    body = yaml.safe_load((ROOT / "docs/examples/dense-70b-7b.yaml").read_text())
+    body["metadata"]["uid"] = "0b6f1c52-1c1e-4c1a-9d7e-3a1f2e4b5c6d"
+    resource = SpeculativeDeployment.model_validate(body)
+    revision = Revision(mode="spec", method="draftModel", draft="d", schedule=Schedule.constant(4))
+    children = render_children(resource, RenderOptions(triton_model_source="# model\n"), revision)
+    deployments = [obj for obj in children if obj["kind"] == "Deployment"]
+    labels: dict[str, str] = deployments[0]["spec"]["template"]["metadata"]["labels"]
+    return labels
+
+
+@pytest.mark.parametrize(
+    "values", [CUSTOM, {**CUSTOM, "watch": {"mode": "cluster"}}], ids=["namespaced", "cluster"]
+)
+def test_the_network_policy_allows_exactly_the_operators_flows(values: dict[str, Any]) -> None:
+    objects = render(values)
+    policy = one(objects, "NetworkPolicy", FULLNAME)
+    spec = policy["spec"]
+    assert spec["podSelector"]["matchLabels"] == one(objects, "Deployment")["spec"]["selector"]["matchLabels"]
+    assert spec["policyTypes"] == ["Ingress", "Egress"]
+    # ingress: the metrics port only, from the monitoring namespace
+    (ingress,) = spec["ingress"]
+    assert ingress["ports"] == [{"port": 9090, "protocol": "TCP"}]  # CUSTOM's operator.metricsPort
+    assert ingress["from"] == values["networkPolicy"]["metricsFrom"]
+    api, prometheus, engines, dns = spec["egress"]
+    assert api == {"ports": [{"port": 443, "protocol": "TCP"}], "to": [{"ipBlock": {"cidr": "10.0.0.1/32"}}]}
+    assert [port["port"] for port in prometheus["ports"]] == [9090, 443]
+    assert "to" not in prometheus  # any address: a managed Prometheus is outside the cluster
+    assert [port["port"] for port in engines["ports"]] == [8000, 30000]
+    (serving,) = engines["to"]
+    # the peer selects the pods the operator renders (the lossless check talks to them)
+    assert serving["podSelector"]["matchLabels"].items() <= _serving_pod_labels().items()
+    if values["watch"]["mode"] == "namespaced":
+        assert serving["namespaceSelector"]["matchExpressions"] == [
+            {"key": "kubernetes.io/metadata.name", "operator": "In", "values": ["team-a", "team-b"]}
+        ]
+    else:
+        assert serving["namespaceSelector"] == {}
+    assert sorted((port["port"], port["protocol"]) for port in dns["ports"]) == [(53, "TCP"), (53, "UDP")]
+    assert dns["to"][0]["podSelector"]["matchLabels"] == {"k8s-app": "kube-dns"}
+    kubernetes_validate.validate(policy, kubernetes_validate.latest_version(), strict=True)
+
+
+def test_no_network_policy_by_default() -> None:
+    assert not [obj for obj in render() if obj["kind"] == "NetworkPolicy"]
+
+
+def test_alerts_need_an_absolute_runbook_url() -> None:
+    rules = {"monitoring": {"prometheusRule": {"enabled": True}}}
+    with pytest.raises(helm.HelmRenderError) as refused:
+        render(rules)
+    assert "monitoring.prometheusRule.runbookBaseUrl is required" in str(refused.value)
+    with pytest.raises(helm.HelmValuesError) as relative:
+        render({"monitoring": {"prometheusRule": {"enabled": True, "runbookBaseUrl": "docs/runbook.md"}}})
+    assert "/monitoring/prometheusRule/runbookBaseUrl" in str(relative.value)
+    rule = one(
+        render({"monitoring": {"prometheusRule": {"enabled": True, "runbookBaseUrl": RUNBOOK + "/"}}}),
+        "PrometheusRule",
+    )
+    urls = {r["annotations"]["runbook_url"] for group in rule["spec"]["groups"] for r in group["rules"]}
+    assert all(url.startswith(RUNBOOK + "#") for url in urls)
+    # without the alerts no URL is needed
+    assert not [obj for obj in render() if obj["kind"] == "PrometheusRule"]
+
+
+def test_the_install_notes_warn_while_the_image_is_the_unpublished_default() -> None:
+    assert "no such\nimage is published" in notes()
+    assert "no such" not in notes({"image": {"repository": "registry.example/specops"}})

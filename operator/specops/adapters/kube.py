@@ -49,6 +49,7 @@ PLURALS: dict[tuple[str, str], str] = {
     ("v1", "Pod"): "pods",
     ("v1", "Service"): "services",
     ("v1", "ConfigMap"): "configmaps",
+    ("v1", "Secret"): "secrets",
     ("v1", "Event"): "events",
     ("apps/v1", "Deployment"): "deployments",
     ("batch/v1", "Job"): "jobs",

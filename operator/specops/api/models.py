@@ -636,13 +636,136 @@ class SloSpec(ApiModel):
     )
 
 
+DEFAULT_PROMETHEUS_URL = "http://prometheus-operated.monitoring.svc:9090"
+"""The Prometheus a resource reads when neither it nor the operator (SPECOPS_PROMETHEUS_URL) names one."""
+HEADER_NAME_PATTERN = r"^[A-Za-z0-9][-A-Za-z0-9_.]*$"
+"""An HTTP header name (the RFC 9110 token characters that header names use in practice)."""
+RESERVED_HEADERS = ("authorization", "host", "content-length", "accept-encoding", "user-agent")
+
+
+class SecretKeyRef(ApiModel):
+    """A key of a Secret in the resource's namespace (core/v1 SecretKeySelector without ``optional``)."""
+
+    name: str = Field(pattern=DNS_LABEL_PATTERN, max_length=253, description="Name of the Secret.")
+    key: str = Field(
+        min_length=1, max_length=253, pattern=r"^[-._a-zA-Z0-9]+$", description="The key to read."
+    )
+
+
+class PrometheusBasicAuth(ApiModel):
+    username: SecretKeyRef = Field(description="Secret key holding the user name.")
+    password: SecretKeyRef = Field(description="Secret key holding the password.")
+
+
+class PrometheusCa(ApiModel):
+    """Where the CA bundle (PEM) is: a ConfigMap key or a Secret key, in the resource's namespace."""
+
+    model_config = ApiModel.model_config | ConfigDict(
+        json_schema_extra=cel_rules(
+            ("has(self.configMap) != has(self.secret)", "set exactly one of configMap, secret"),
+        )
+    )
+
+    config_map: SecretKeyRef | None = Field(default=None, description="ConfigMap key holding the CA (PEM).")
+    secret: SecretKeyRef | None = Field(default=None, description="Secret key holding the CA (PEM).")
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> PrometheusCa:
+        if (self.config_map is None) == (self.secret is None):
+            raise ValueError("metrics.prometheus.tlsConfig.ca: set exactly one of configMap, secret")
+        return self
+
+
+class PrometheusTls(ApiModel):
+    ca: PrometheusCa | None = Field(
+        default=None, description="CA that signs Prometheus' certificate. Empty: the system's CAs."
+    )
+    server_name: str | None = Field(
+        default=None,
+        max_length=253,
+        pattern=r"^[A-Za-z0-9]([-A-Za-z0-9.]*[A-Za-z0-9])?$",
+        description="Name to verify the certificate against. Empty: the URL's host.",
+    )
+
+
+class HttpHeader(ApiModel):
+    model_config = ApiModel.model_config | ConfigDict(
+        json_schema_extra=cel_rules(
+            (
+                "!self.name.matches('(?i)^(" + "|".join(RESERVED_HEADERS) + ")$')",
+                "Authorization, Host, Content-Length, Accept-Encoding and User-Agent are set by specops "
+                "(credentials: bearerTokenSecret or basicAuth)",
+                ".name",
+            ),
+        )
+    )
+
+    name: str = Field(pattern=HEADER_NAME_PATTERN, max_length=128, description="Header name.")
+    value: str = Field(max_length=1024, pattern=r"^[^\r\n]*$", description="Header value (not a secret).")
+
+    @model_validator(mode="after")
+    def _not_reserved(self) -> HttpHeader:
+        if self.name.lower() in RESERVED_HEADERS:
+            raise ValueError(
+                f"header {self.name!r} is set by specops (credentials: bearerTokenSecret or basicAuth)"
+            )
+        return self
+
+
 class PrometheusSource(ApiModel):
-    url: str = Field(
-        default="http://prometheus-operated.monitoring.svc:9090",
+    """The Prometheus that scrapes the serving pods, and how to authenticate to it.
+
+    Secrets and ConfigMaps are read from the resource's namespace; their contents never appear in
+    status, Events or logs (docs/metrics.md, "Prometheus")."""
+
+    model_config = ApiModel.model_config | ConfigDict(
+        json_schema_extra=cel_rules(
+            (
+                "!(has(self.bearerTokenSecret) && has(self.basicAuth))",
+                "set bearerTokenSecret or basicAuth, not both",
+            ),
+        )
+    )
+
+    url: str | None = Field(
+        default=None,
         pattern=r"^https?://.+$",
         max_length=1024,
-        description="Base URL of the Prometheus that scrapes the serving pods.",
+        description="Base URL of the Prometheus query API. Empty: the operator's default "
+        f"(chart value prometheus.url; else {DEFAULT_PROMETHEUS_URL}).",
     )
+    bearer_token_secret: SecretKeyRef | None = Field(
+        default=None, description="Send the token in this Secret key as `Authorization: Bearer`."
+    )
+    basic_auth: PrometheusBasicAuth | None = Field(
+        default=None, description="HTTP basic auth, user name and password from Secret keys."
+    )
+    tls_config: PrometheusTls | None = Field(default=None, description="TLS settings for an https:// URL.")
+    headers: list[HttpHeader] = Field(
+        default_factory=list,
+        max_length=16,
+        description="Extra request headers, e.g. X-Scope-OrgID (a Mimir or Cortex tenant). "
+        "Not for credentials: use bearerTokenSecret or basicAuth.",
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
+    )
+
+    @model_validator(mode="after")
+    def _one_credential(self) -> PrometheusSource:
+        if self.bearer_token_secret is not None and self.basic_auth is not None:
+            raise ValueError("metrics.prometheus: set bearerTokenSecret or basicAuth, not both")
+        names = [header.name.lower() for header in self.headers]
+        if len(set(names)) != len(names):
+            raise ValueError("metrics.prometheus.headers: each header name once")
+        return self
+
+    @property
+    def uses_namespace_objects(self) -> bool:
+        """Whether a Secret or ConfigMap of the resource's namespace is read to query it."""
+        return (
+            self.bearer_token_secret is not None
+            or self.basic_auth is not None
+            or (self.tls_config is not None and self.tls_config.ca is not None)
+        )
 
 
 class MetricsSpec(ApiModel):

@@ -64,6 +64,8 @@ REASON_INVALID = "MetricsInvalid"
 """Prometheus answered for a resource, but with no finite, physically possible value (NaN, an
 infinity or a negative number in every series): as blind as an outage, and said apart from one."""
 REASON_PENDING = "MetricsPending"  # the first poll after start-up has not completed: not an outage
+REASON_AUTH = "PrometheusAuthFailed"
+"""Prometheus refused the credentials, or the Secret or ConfigMap holding them cannot be read."""
 
 Key = tuple[str, str, str]
 """(namespace, deployment, variant)."""

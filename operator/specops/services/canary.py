@@ -235,7 +235,7 @@ class CanaryService:
                 )
             return replace(inputs, lossless=await self._lossless(resource, canary_pods[0], stable_pods[0]))
         if canary.phase == "Progressing":
-            url, backend = spec.metrics.prometheus.url, spec.serving.backend
+            url, backend = spec.metrics.prometheus, spec.serving.backend
             # Each variant's series of its own draft only: never what an earlier draft left in the window.
             stable_draft = drafts.draft_identity(drafts.stable_draft(spec.draft, status))
             canary_draft = drafts.draft_identity(drafts.draft_from_status(canary.draft, spec.draft))

@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from specops.api.models import DEFAULT_PROMETHEUS_URL
+
 
 def _flag(value: str | None, default: bool | None) -> bool | None:
     if value is None or value.strip().lower() in ("", "auto"):
@@ -29,6 +31,12 @@ class OperatorConfig:
     rate_window_s: float | None = None
     route_release_timeout_s: float = 300.0
     """How long a deletion waits for a route that still names the canary before deleting anyway."""
+    prometheus_url: str = DEFAULT_PROMETHEUS_URL
+    """The Prometheus of every resource whose spec.metrics.prometheus.url is empty."""
+    # Leader election (specops run --leader-election): client-go's defaults.
+    lease_duration_s: float = 15.0
+    renew_deadline_s: float = 10.0
+    retry_period_s: float = 2.0
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> OperatorConfig:
@@ -43,4 +51,8 @@ class OperatorConfig:
             if float(env.get("SPECOPS_RATE_WINDOW_SECONDS") or 0) > 0
             else None,
             route_release_timeout_s=float(env.get("SPECOPS_ROUTE_RELEASE_TIMEOUT_SECONDS", "300")),
+            prometheus_url=env.get("SPECOPS_PROMETHEUS_URL") or DEFAULT_PROMETHEUS_URL,
+            lease_duration_s=float(env.get("SPECOPS_LEASE_DURATION_SECONDS") or 15),
+            renew_deadline_s=float(env.get("SPECOPS_LEASE_RENEW_DEADLINE_SECONDS") or 10),
+            retry_period_s=float(env.get("SPECOPS_LEASE_RETRY_PERIOD_SECONDS") or 2),
         )

@@ -13,7 +13,7 @@ from typing import Any
 
 from specops.adapters.engine_client import EngineHttpClient
 from specops.adapters.kube import KubeClient, load_connection_settings
-from specops.adapters.prometheus import MetricsHub
+from specops.adapters.prometheus import KubeCredentialReader, MetricsHub
 from specops.adapters.routing import GatewayApiRouter, ReplicaRatioRouter
 from specops.assets import llmapi_model_source
 from specops.domain.discovery import PodEndpoint
@@ -96,7 +96,12 @@ async def build_services(config: OperatorConfig | None = None) -> Services:
     options = RenderOptions(
         triton_model_source=llmapi_model_source(), default_image=config.default_image, pod_monitor=pod_monitor
     )
-    metrics = MetricsHub(scrape_interval_s=config.scrape_interval_s, window_s=config.rate_window_s)
+    metrics = MetricsHub(
+        scrape_interval_s=config.scrape_interval_s,
+        window_s=config.rate_window_s,
+        default_url=config.prometheus_url,
+        credentials=KubeCredentialReader(kube),
+    )
     engines = EngineHttpClient()
     reconciler = Reconciler(kube, options)
     control = ControlLoop(

@@ -166,7 +166,7 @@ class ControlLoop:
 
     def subscribe(self, resource: SpeculativeDeployment, interval_s: float) -> None:
         spec = resource.spec
-        self.metrics.register(_key(resource), spec.metrics.prometheus.url, spec.serving.backend, interval_s)
+        self.metrics.register(_key(resource), spec.metrics.prometheus, spec.serving.backend, interval_s)
 
     def unsubscribe(self, namespace: str, name: str) -> None:
         self.metrics.unregister((namespace, name))
@@ -177,7 +177,7 @@ class ControlLoop:
         """The stable variant's latest measurement, from the metrics hub's memory."""
         spec = resource.spec
         return self.metrics.lookup(
-            spec.metrics.prometheus.url,
+            spec.metrics.prometheus,
             spec.serving.backend,
             *_key(resource),
             STABLE,
