@@ -106,7 +106,8 @@ class KubeCredentialReader:
         self.kube = kube
 
     async def _value(self, kind: str, namespace: str, ref: SecretKeyRef, field_path: str) -> str:
-        where = f"spec.metrics.prometheus.{field_path}: {kind} {namespace}/{ref.name}"
+        # the field after the object: "password: NAME" would read as a credential and be masked
+        where = f"{kind} {namespace}/{ref.name} (spec.metrics.prometheus.{field_path})"
         try:
             obj = await self.kube.get("v1", kind, namespace, ref.name)
         except KubeApiError as error:
