@@ -40,7 +40,9 @@ class KubeApiError(Exception):
 class MetricsSource(Protocol):
     """Latest measurements per (namespace, deployment, variant), read from memory."""
 
-    def register(self, key: Hashable, source: str | PrometheusSource, backend: str, interval_s: float) -> None:
+    def register(
+        self, key: Hashable, source: str | PrometheusSource, backend: str, interval_s: float
+    ) -> None:
         """Start (or join) polling ``source`` (a URL, or spec.metrics.prometheus) for ``backend`` on
         behalf of resource ``key``, its (namespace, name): the namespace whose Secrets and ConfigMaps
         hold the credentials."""

@@ -47,6 +47,7 @@ import yaml
 
 from specops.adapters import operator_metrics
 from specops.api.crd import build_crd
+from specops.api.models import PrometheusSource
 from specops.api.status import RevisionStatus
 from specops.cli_output import write_json
 from specops.domain.control_status import revision_from_status
@@ -109,7 +110,7 @@ class ProfiledWorld:
         # what each resource read at its last tick: one scrape reads the same however often it is looked up
         self.read: dict[tuple[str, str], tuple[datetime, Measurement]] = {}
 
-    def register(self, key: Hashable, url: str, backend: str, interval_s: float) -> None:
+    def register(self, key: Hashable, url: str | PrometheusSource, backend: str, interval_s: float) -> None:
         return None
 
     def unregister(self, key: Hashable) -> None:
@@ -117,7 +118,7 @@ class ProfiledWorld:
 
     def lookup(
         self,
-        url: str,
+        url: str | PrometheusSource,
         backend: str,
         namespace: str,
         name: str,

@@ -17,9 +17,9 @@ from specops.adapters.leader import DEFAULT_TIMINGS, LeaseTimings
 from specops.api.crd import render_yaml
 from specops.api.models import DEFAULT_PROMETHEUS_URL, SpeculativeDeployment
 from specops.domain.engines.schedule import Revision, Schedule
+from specops.domain.metrics import DRAFT_LABEL, GROUP_LABELS
 from specops.domain.render import RenderOptions, render_children
 from specops.services.config import OperatorConfig
-from specops.domain.metrics import DRAFT_LABEL, GROUP_LABELS
 from specops_local.admission import AdmissionError
 from tests.unit.chart import (
     CHART,

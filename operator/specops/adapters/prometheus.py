@@ -117,7 +117,9 @@ class KubeCredentialReader:
                     if kind == "Secret"
                     else "the operator's ConfigMap rule"
                 )
-                raise QueryFailed(f"{where}: the operator may not read it (grant it: {hint})", REASON_AUTH) from None
+                raise QueryFailed(
+                    f"{where}: the operator may not read it (grant it: {hint})", REASON_AUTH
+                ) from None
             raise QueryFailed(f"{where}: cannot read it (HTTP {error.status})", REASON_AUTH) from None
         if obj is None:
             raise QueryFailed(f"{where} not found", REASON_AUTH)
@@ -141,7 +143,9 @@ class KubeCredentialReader:
             authorization = True
         if source.basic_auth is not None:
             user = await self._value("Secret", namespace, source.basic_auth.username, "basicAuth.username")
-            password = await self._value("Secret", namespace, source.basic_auth.password, "basicAuth.password")
+            password = await self._value(
+                "Secret", namespace, source.basic_auth.password, "basicAuth.password"
+            )
             pair = base64.b64encode(f"{user.strip()}:{password.strip()}".encode()).decode()
             headers.append(("Authorization", f"Basic {pair}"))
             authorization = True
