@@ -279,18 +279,47 @@ def interrupt_cancels(
                     loop.remove_signal_handler(signum)
 
 
+OPERATOR_LOGGERS = ("kopf", "specops")
+"""The operator's own loggers (Kopf's and the production code's): what operator.log holds."""
+API_SERVER_LOGGERS = ("aiohttp", "kmock", "specops_local.emulator")
+"""The emulated API server's loggers (its access log among them): what api-server.log holds."""
+API_SERVER_LOG = "api-server.log"
+STACK_LOG = "local-stack.log"
+"""Everything else the local stack logs (the simulated engines and controllers, Prometheus)."""
+
+
+def _under(name: str, prefixes: Sequence[str]) -> bool:
+    return any(name == prefix or name.startswith(prefix + ".") for prefix in prefixes)
+
+
 @contextlib.contextmanager
 def log_to_file(path: Path) -> Iterator[None]:
-    """Send every log record (Kopf's and the operator's) to a file, so a terminal shows only the report."""
+    """Send every log record to files, so a terminal shows only the report: the operator's to
+    ``path``, the emulated API server's (its access log) to api-server.log beside it, the rest of
+    the local stack's to local-stack.log."""
     root = logging.getLogger()
-    handler = logging.FileHandler(path)
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    formatter = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
+    routes: list[tuple[Path, Callable[[logging.LogRecord], bool]]] = [
+        (path, lambda record: _under(record.name, OPERATOR_LOGGERS)),
+        (path.with_name(API_SERVER_LOG), lambda record: _under(record.name, API_SERVER_LOGGERS)),
+        (
+            path.with_name(STACK_LOG),
+            lambda record: not _under(record.name, (*OPERATOR_LOGGERS, *API_SERVER_LOGGERS)),
+        ),
+    ]
+    handlers = []
+    for target, accepts in routes:
+        handler = logging.FileHandler(target)
+        handler.setFormatter(formatter)
+        handler.addFilter(accepts)
+        handlers.append(handler)
+        root.addHandler(handler)
     level = root.level
-    root.addHandler(handler)
     root.setLevel(logging.INFO)
     try:
         yield
     finally:
-        root.removeHandler(handler)
+        for handler in handlers:
+            root.removeHandler(handler)
+            handler.close()
         root.setLevel(level)
-        handler.close()
