@@ -34,7 +34,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TextIO, cast
 
-import httpx
 import kmock
 from rich.console import Console, Group
 from rich.live import Live
@@ -44,13 +43,12 @@ from rich.text import Text
 from specops.adapters.routing import achieved_weight, canary_replicas_for
 from specops.api import columns
 from specops.api.crd import build_crd
-from specops.api.models import API_VERSION, BACKENDS, KIND, SpeculativeDeployment
-from specops.api.units import parse_duration
+from specops.api.models import API_VERSION, BACKENDS, KIND
 from specops.domain import perf
 from specops.domain.learning import settle_seconds
-from specops.domain.metrics import PROFILES, Q_TPOT_P50, Q_TPOT_P99, rate_window_s
-from specops.domain.revision_step import config_from_spec
+from specops.domain.metrics import rate_window_s
 from specops.views import list_table
+from specops_local.recorder import TimelineRecorder, model_setup, serving_engines
 from specops_local.serving import DraftBehaviour
 from specops_local.sim import LoadPoint, SimEngine
 from specops_local.stack import (
@@ -61,7 +59,7 @@ from specops_local.stack import (
     local_stack,
     log_to_file,
 )
-from specops_local.timeline import Marker, Sample, SceneSpan, Timeline, render_html, render_png
+from specops_local.timeline import SceneSpan, Timeline, render_html, render_png
 
 DENSE = "llama-70b-chat"
 EXAMPLES = (("dense-70b-7b.yaml", DENSE), ("moe-expert-distilled.yaml", "qwen3-moe"))
@@ -78,6 +76,8 @@ DRAFTS = {
     "v4": DraftBehaviour(alpha=0.88),
     RETRAINED: DraftBehaviour(alpha=0.92),
 }
+TRAIN_S = 2.0
+"""How long the simulated training Job of the retraining scene runs."""
 CANARY_WEIGHTS = (25, 50)
 FAST_CANARY = {
     "steps": [*({"weight": w, "pause": "6s"} for w in CANARY_WEIGHTS), {"weight": 100, "pause": "1s"}],
@@ -125,7 +125,6 @@ FAST = Pace(
     settle_hold_s=2.0,
     measure_timeout_s=10.0,
 )
-SAMPLE_INTERVAL_S = 0.5
 LOG_LINES_SHOWN = 14
 
 
@@ -304,14 +303,9 @@ def owned_children(stack: LocalStack) -> list[list[str]]:
 # ---------------------------------------------------------------- status lines
 
 
-def serving_engines(demo: Demo, name: str) -> list[SimEngine]:
-    """The stable variant's ready engines (a pod that is still loading drafts nothing)."""
-    return [pod for pod in demo.stack.pods(name, "stable") if pod.ready]
-
-
 def engine_k(demo: Demo, name: str) -> list[int]:
     """The K each stable engine drafted at its last iteration (its schedule at its batch)."""
-    return [pod.k for pod in serving_engines(demo, name)]
+    return [pod.k for pod in serving_engines(demo.stack, name)]
 
 
 def pod_revisions(demo: Demo, name: str) -> list[str]:
@@ -353,7 +347,7 @@ async def load_line(demo: Demo) -> str:
     pods = demo.stack.pods(DENSE, "stable")
     offered = pods[0].load_point.batch if pods else 0.0
     return (
-        f"offered batch {offered:>4.0f}/pod | engines batch {[p.batch for p in serving_engines(demo, DENSE)]} "
+        f"offered batch {offered:>4.0f}/pod | engines batch {[p.batch for p in serving_engines(demo.stack, DENSE)]} "
         f"K {engine_k(demo, DENSE)} | schedule {speculation.get('schedule', '?')} "
         f"(seen batch {observed.get('batch', '?')}): {speculation.get('reason', '')}"
     )
@@ -375,7 +369,7 @@ async def on_revision(demo: Demo, name: str) -> bool:
         and not speculation.get("rollout")
         and bool(revisions)
         and all(r == digest for r in revisions)
-        and len(serving_engines(demo, name)) == len(revisions)
+        and len(serving_engines(demo.stack, name)) == len(revisions)
     )
 
 
@@ -404,7 +398,7 @@ async def scene_apply(demo: Demo) -> None:
         demo.say(f"speculativedeployment.specops.dev/{name} created")
 
     async def serving() -> bool:
-        return all(len(serving_engines(demo, name)) == 2 for _, name in EXAMPLES)
+        return all(len(serving_engines(demo.stack, name)) == 2 for _, name in EXAMPLES)
 
     await demo.watch("serving pods ready", serving, lambda: rollout_line(demo), timeout_s=30)
     demo.say()
@@ -526,12 +520,6 @@ async def all_measured(demo: Demo) -> bool:
     return True
 
 
-def model_setup(body: dict[str, Any]) -> perf.ModelSetup:
-    """The roofline world of a resource's spec (what the operator's prior starts from)."""
-    spec = SpeculativeDeployment.model_validate(body).spec
-    return config_from_spec(spec, spec.draft).setup
-
-
 async def scene_load_cycle(demo: Demo) -> None:
     stack, pace, low, high = demo.stack, demo.pace, demo.low_load, demo.high_load
     body = await demo.resource(DENSE)
@@ -549,7 +537,7 @@ async def scene_load_cycle(demo: Demo) -> None:
     )
     line = lambda: load_line(demo)  # noqa: E731
     await demo.hold(pace.low_hold_s, line)
-    pods_before = sorted(pod.name for pod in serving_engines(demo, DENSE))
+    pods_before = sorted(pod.name for pod in serving_engines(demo.stack, DENSE))
 
     demo.say(f"--- offered load rises to {high.batch:.0f} requests per pod")
     stack.set_load(DENSE, high)
@@ -574,7 +562,7 @@ async def scene_load_cycle(demo: Demo) -> None:
         f"--- every engine drafts again (K {engine_k(demo, DENSE)}) {demo.on_after_s:.1f} s after the load fell"
     )
     await demo.hold(pace.settle_hold_s, line)
-    restarted = sorted(pod.name for pod in serving_engines(demo, DENSE)) != pods_before
+    restarted = sorted(pod.name for pod in serving_engines(demo.stack, DENSE)) != pods_before
     demo.summarize(
         f"offered batch {low.batch:.0f} -> {high.batch:.0f} -> {low.batch:.0f} per pod (break-even {break_even})"
     )
@@ -733,20 +721,9 @@ async def scene_retraining(demo: Demo) -> None:
     ):
         demo.say(f"  {key}={env.get(key, '')}")
     version = env["SPECOPS_OUTPUT_VERSION"]
-    demo.say("--- the trainer finishes and publishes its draft (this demo plays the Job controller)")
-    result = {"draftVersion": version, "checkpointUri": f"pvc://models/llama-70b-draft/{version}"}
-    await stack.kube.patch(
-        "batch/v1",
-        "Job",
-        stack.namespace,
-        created["metadata"]["name"],
-        {"metadata": {"annotations": {"specops.dev/result": json.dumps(result)}}},
-    )
-    stack.cluster.patch_status(
-        "jobs",
-        created["metadata"]["name"],
-        {"conditions": [{"type": "Complete", "status": "True"}], "succeeded": 1},
-        namespace=stack.namespace,
+    demo.say(
+        f"--- the local stack's Job controller runs it for {TRAIN_S:g} s; the trainer publishes draft "
+        f"{version} in the Job's specops.dev/result annotation"
     )
     await demo.watch(
         f"retrained draft {version} promoted", lambda: promoted(demo, version), lambda: canary_line(demo), 120
@@ -786,94 +763,17 @@ SCENES: list[Scene] = [
 # ---------------------------------------------------------------- running it
 
 
-class Recorder:
-    """Samples the dense resource every SAMPLE_INTERVAL_S for the timeline, and feeds the live view."""
-
-    def __init__(self, demo: Demo) -> None:
-        self.demo = demo
-        self.prometheus = httpx.AsyncClient(base_url=demo.stack.prometheus.url, timeout=2.0)
-        queries = PROFILES[demo.backend].queries(5.0)
-        self.queries = {"p50": queries[Q_TPOT_P50], "p99": queries[Q_TPOT_P99]}
-        self.seen_events: set[str] = set()
-        self.last_decision: str | None = None
-        self._break_even: dict[tuple[str, float], int | None] = {}
-
-    async def close(self) -> None:
-        await self.prometheus.aclose()
-
-    async def run(self) -> None:
-        while True:
-            # a missed sample leaves a gap in the picture, nothing else
-            with contextlib.suppress(httpx.HTTPError, ValueError, KeyError):
-                await self.sample()
-            await asyncio.sleep(SAMPLE_INTERVAL_S)
-
-    async def tpot_ms(self) -> dict[str, float | None]:
-        found: dict[str, float | None] = {"p50": None, "p99": None}
-        for key, query in self.queries.items():
-            response = await self.prometheus.get("/api/v1/query", params={"query": query})
-            for series in response.json().get("data", {}).get("result", []):
-                labels = series["metric"]
-                if labels.get("specops_deployment") == DENSE and labels.get("variant") == "stable":
-                    value = float(series["value"][1])
-                    found[key] = value * 1e3 if value == value else None  # NaN: no tokens in the window
-        return found
-
-    def break_even(self, body: dict[str, Any], alpha: float | None) -> int | None:
-        if alpha is None:
-            return None
-        key = (body["metadata"].get("resourceVersion", ""), round(alpha, 2))
-        if key not in self._break_even:
-            setup = model_setup(body)
-            self._break_even[key] = perf.best_length_break_even_batch(setup, round(alpha, 2), 8)
-        return self._break_even[key]
-
-    async def sample(self) -> None:
-        demo, stack = self.demo, self.demo.stack
-        bodies = [b for b in [await demo.resource(name) for _, name in EXAMPLES] if b]
-        demo.shown.bodies = bodies
-        body = next((b for b in bodies if b["metadata"]["name"] == DENSE), None)
-        if body is None:
-            return
-        t = demo.elapsed()
-        status = body.get("status") or {}
-        speculation, observed = status.get("speculation") or {}, status.get("observed") or {}
-        pods = stack.pods(DENSE, "stable")
-        engines = serving_engines(demo, DENSE)
-        alpha = observed.get("alpha")
-        tpot = await self.tpot_ms()
-        revision = speculation.get("revision") or {}
-        seen = f"{revision.get('digest')}: {speculation.get('schedule')}"
-        if revision.get("digest") and (not demo.revisions or demo.revisions[-1] != seen):
-            demo.revisions.append(seen)
-        demo.timeline.samples.append(
-            Sample(
-                t=t,
-                offered_batch=pods[0].load_point.batch if pods else None,
-                observed_batch=observed.get("batch"),
-                break_even_batch=self.break_even(body, alpha),
-                alpha=alpha,
-                k=sum(p.k for p in engines) / len(engines) if engines else None,
-                schedule_k=speculation.get("draftLength"),
-                tpot_p50_ms=tpot["p50"],
-                tpot_p99_ms=tpot["p99"],
-                canary_weight=float((status.get("canary") or {}).get("weight") or 0),
-            )
-        )
-        if slo := (body.get("spec") or {}).get("slo", {}).get("perTokenLatencyP99"):
-            demo.timeline.slo_p99_ms = parse_duration(slo) * 1e3
-        decision = speculation.get("lastDecisionTime")
-        if decision and decision != self.last_decision and speculation.get("reason"):
-            self.last_decision = decision
-            demo.timeline.markers.append(Marker(t, speculation["reason"], speculation.get("message") or ""))
-        for event in await stack.kube.list("v1", "Event", stack.namespace):
-            uid = event["metadata"].get("uid", "")
-            involved = event.get("involvedObject") or {}
-            if uid in self.seen_events or involved.get("name") != DENSE:
-                continue
-            self.seen_events.add(uid)
-            if event.get("reason") != (demo.timeline.markers[-1].reason if demo.timeline.markers else None):
-                demo.timeline.markers.append(Marker(t, event.get("reason", ""), event.get("message", "")))
+def recorded(demo: Demo, recorder: TimelineRecorder) -> None:
+    """After each sample: the live view's resources, and the dense resource's revisions in order."""
+    demo.shown.bodies = [
+        b for b in recorder.bodies if b["metadata"]["name"] in {name for _, name in EXAMPLES}
+    ]
+    body = next((b for b in recorder.bodies if b["metadata"]["name"] == DENSE), None)
+    speculation = ((body or {}).get("status") or {}).get("speculation") or {}
+    revision = speculation.get("revision") or {}
+    seen = f"{revision.get('digest')}: {speculation.get('schedule')}"
+    if revision.get("digest") and (not demo.revisions or demo.revisions[-1] != seen):
+        demo.revisions.append(seen)
 
 
 def picture_paths(picture: Path) -> tuple[Path, Path, Path]:
@@ -960,7 +860,9 @@ async def run_demo(
         )
         failure: str | None = None
         pace = pace or (FAST if fast else Pace())
-        async with local_stack(workdir, load=LOW, drafts=DRAFTS, restart_s=pace.restart_s) as stack:
+        async with local_stack(
+            workdir, load=LOW, drafts=DRAFTS, restart_s=pace.restart_s, train_s=TRAIN_S
+        ) as stack:
             display = cleanup.enter_context(Display(out, live))
             demo = Demo(
                 stack=stack,
@@ -971,8 +873,11 @@ async def run_demo(
                 display=display,
             )
             demo.say(f"API server {stack.cluster.url}, Prometheus {stack.prometheus.url}")
-            recorder = Recorder(demo)
-            recording = asyncio.get_running_loop().create_task(recorder.run(), name="demo recorder")
+            recorder = TimelineRecorder(stack, names=[DENSE], started=started)
+            recorder.timelines[DENSE] = demo.timeline
+            recording = asyncio.get_running_loop().create_task(
+                recorder.run(lambda sampled: recorded(demo, sampled)), name="demo recorder"
+            )
             task = asyncio.current_task()
             assert task is not None
             with interrupt_cancels(task, lambda: demo.say("\nInterrupted: stopping everything...")):

@@ -787,6 +787,12 @@ class FidelityEmulator(kmock.KubernetesEmulator):
             {"name": name, "group": res.group, "kind": res.plural},
         )
 
+    def _require_namespace(self, namespace: str) -> None:
+        """A create in a namespace that does not exist is refused, as the API server's
+        NamespaceLifecycle admission refuses it (404, ``namespaces "x" not found``)."""
+        if NAMESPACES in self.resources and self._find(NAMESPACES, None, namespace) is None:
+            raise self._not_found(NAMESPACES, namespace)
+
     def _store(self, res: kmock.resource, obj: Body, event: str, previous: Body | None) -> Body:
         """Write a new version with the next resourceVersion and publish it to watchers."""
         self._revision += 1
@@ -957,6 +963,7 @@ class FidelityEmulator(kmock.KubernetesEmulator):
                     "the namespace of the provided object does not match the namespace sent on the request",
                 )
             meta["namespace"] = namespace or body_namespace or "default"
+            self._require_namespace(meta["namespace"])
         else:
             meta.pop("namespace", None)
         if not meta.get("name"):

@@ -9,7 +9,8 @@
   protobuf first and is answered 406; it uses v3).
 - Tables: ``Accept: application/json;as=Table;v=v1;g=meta.k8s.io`` on a get or list answers a
   ``meta.k8s.io/v1`` Table with the CRD's additionalPrinterColumns evaluated (dates as ages),
-  and for built-ins the columns kubectl users know for pods, deployments and jobs (Name + Age otherwise).
+  and for built-ins the columns kubectl users know for pods, deployments, jobs and events (Name + Age
+  otherwise).
 """
 
 from __future__ import annotations
@@ -313,7 +314,37 @@ def _completions(obj: Body) -> str:
     return f"{(obj.get('status') or {}).get('succeeded', 0)}/{(obj.get('spec') or {}).get('completions', 1)}"
 
 
+def _event_first_seen(obj: Body) -> str | None:
+    return obj.get("firstTimestamp") or obj.get("eventTime")
+
+
+def _event_last_seen(obj: Body) -> str | None:
+    series = obj.get("series") or {}
+    return series.get("lastObservedTime") or obj.get("lastTimestamp") or _event_first_seen(obj)
+
+
+def _event_object(obj: Body) -> str:
+    involved = obj.get("involvedObject") or {}
+    kind = str(involved.get("kind") or "").lower()
+    return f"{kind}/{involved['name']}" if involved.get("name") else kind
+
+
+def _event_source(obj: Body) -> str:
+    source = obj.get("source") or {}
+    component = source.get("component") or obj.get("reportingComponent") or ""
+    instance = source.get("host") or obj.get("reportingInstance") or ""
+    if not component:
+        return "<unknown>"
+    return f"{component}, {instance}" if instance else component
+
+
+def _event_count(obj: Body) -> int:
+    series = obj.get("series") or {}
+    return int(series.get("count") or obj.get("count") or 1)
+
+
 # The columns kubectl shows for the built-ins the local stack runs (computed where the server computes).
+# A list holding a column of format "name" places the name itself (Events: last, wide only).
 BUILTIN_COLUMNS: dict[str, list[Body]] = {
     "pods": [
         {"name": "Ready", "type": "string", "compute": _ready_pods},
@@ -333,6 +364,18 @@ BUILTIN_COLUMNS: dict[str, list[Body]] = {
         {"name": "Completions", "type": "string", "compute": _completions},
         AGE_COLUMN,
     ],
+    "events": [
+        {"name": "Last Seen", "type": "date", "compute": _event_last_seen},
+        {"name": "Type", "type": "string", "jsonPath": ".type"},
+        {"name": "Reason", "type": "string", "jsonPath": ".reason"},
+        {"name": "Object", "type": "string", "compute": _event_object},
+        {"name": "Subobject", "type": "string", "jsonPath": ".involvedObject.fieldPath", "priority": 1},
+        {"name": "Source", "type": "string", "compute": _event_source, "priority": 1},
+        {"name": "Message", "type": "string", "compute": lambda obj: str(obj.get("message") or "").strip()},
+        {"name": "First Seen", "type": "date", "compute": _event_first_seen, "priority": 1},
+        {"name": "Count", "type": "integer", "compute": _event_count, "priority": 1},
+        {**NAME_COLUMN, "priority": 1},
+    ],
 }
 
 
@@ -345,7 +388,8 @@ def table(
 ) -> Body:
     """A meta.k8s.io/v1 Table as the API server renders one for a CRD (or Name + Age without columns)."""
     shown = list(printer_columns) if printer_columns else [AGE_COLUMN]
-    definitions = [NAME_COLUMN] + [
+    named = any(c.get("format") == "name" for c in shown)
+    definitions = ([] if named else [NAME_COLUMN]) + [
         {
             "name": c["name"],
             "type": "string" if c["type"] == "date" else c["type"],
@@ -357,8 +401,11 @@ def table(
     ]
     rows = []
     for obj in objects:
-        cells: list[Any] = [obj["metadata"]["name"]]
+        cells: list[Any] = [] if named else [obj["metadata"]["name"]]
         for column in shown:
+            if column.get("format") == "name":
+                cells.append(obj["metadata"]["name"])
+                continue
             compute = column.get("compute")
             value = compute(obj) if compute is not None else columns.evaluate(str(column["jsonPath"]), obj)
             if column["type"] == "date":

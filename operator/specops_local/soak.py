@@ -46,7 +46,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import random
 import re
@@ -69,6 +68,7 @@ from specops.domain.retraining.naming import LABEL_ROUND
 from specops_local.serving import DRAFT_VERSION_LABEL, DraftBehaviour, PodSlot
 from specops_local.sim import LoadPoint
 from specops_local.stack import RESTART_S, LocalStack, fast_resource, local_stack, log_to_file
+from specops_local.training import publish_result
 from specops_local.upstream_crds import upstream_crds
 
 log = logging.getLogger(__name__)
@@ -791,16 +791,7 @@ class Soak:
                 version = env.get("SPECOPS_OUTPUT_VERSION", "")
                 self.drafts[version] = DraftBehaviour(alpha=round(self.schedule.uniform(0.75, 0.92), 2))
                 result = {"draftVersion": version, "checkpointUri": f"pvc://models/soak/{version}"}
-                cluster, job_name = self.stack.cluster, job["metadata"]["name"]
-                res = cluster.resource("jobs")
-                patch = {"metadata": {"annotations": {"specops.dev/result": json.dumps(result)}}}
-                cluster.emulator.patch_object(res, self.stack.namespace, job_name, patch)
-                cluster.patch_status(
-                    "jobs",
-                    job_name,
-                    {"conditions": [{"type": "Complete", "status": "True"}], "succeeded": 1},
-                    namespace=self.stack.namespace,
-                )
+                publish_result(self.stack.cluster, job, result)
                 if env.get("SPECOPS_TARGET_VERSION") == target:
                     record.detail = version
                     self.canaries["started"] += 1

@@ -17,7 +17,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
+import dataclasses
 import logging
+import math
 import os
 import signal
 import threading
@@ -38,6 +40,7 @@ from specops_local.kopf_runner import OperatorRun, run_kopf
 from specops_local.prometheus import PrometheusProcess, run_prometheus
 from specops_local.serving import DraftBehaviour, ServingController
 from specops_local.sim import LoadPoint, SimEngine
+from specops_local.training import TrainingController
 
 ROOT = Path(__file__).resolve().parents[2]
 CRD_PATH = ROOT / "crds" / "specops.dev_speculativedeployments.yaml"
@@ -46,6 +49,12 @@ RESTART_S = 2.0
 """Seconds from a simulated engine's start to ready in the local stack (a real one takes minutes)."""
 ENGINE_DEADLINE_S = 5.0
 """How long one call to a (local, simulated) engine may take."""
+LOAD_ANNOTATION = "local.specops.dev/batch"
+"""On a SpeculativeDeployment: the requests each of its simulated pods serves at once (what
+``specops local load NAME --batch N`` sets; the stack follows it within LOAD_POLL_S)."""
+LOAD_POLL_S = 0.5
+
+log = logging.getLogger(__name__)
 
 
 def operator_environment(
@@ -121,6 +130,12 @@ class LocalStack:
     decision_interval_s: float
     loads: dict[str, LoadPoint] = field(default_factory=dict)
     """Load per SpeculativeDeployment set by set_load (new pods of a rollout start with it)."""
+    training: TrainingController | None = None
+    """Plays the Job controller for training rounds (when the stack was started with one)."""
+    base_load: LoadPoint = field(default_factory=lambda: LoadPoint(batch=8, alpha=0.8))
+    """The load every pod starts with until set_load (or the load annotation) moves its resource's."""
+    refused_loads: dict[str, str] = field(default_factory=dict)
+    """Load annotations that are not a batch, by resource (each is logged once)."""
 
     @property
     def namespace(self) -> str:
@@ -146,6 +161,44 @@ class LocalStack:
         for pod in self.pods(owner):
             pod.set_load(load)
             pod.advance(0.001)
+
+    def follow_load_annotations(self) -> None:
+        """Move each resource's load to its LOAD_ANNOTATION, where one is set and differs."""
+        for body in self.cluster.objects("speculativedeployments"):
+            name = body["metadata"]["name"]
+            raw = (body["metadata"].get("annotations") or {}).get(LOAD_ANNOTATION)
+            if raw is None:
+                continue
+            batch = load_batch(raw)
+            if batch is None:
+                if self.refused_loads.get(name) != raw:
+                    self.refused_loads[name] = raw
+                    log.warning("%s: %s=%r is not a batch (a number >= 0)", name, LOAD_ANNOTATION, raw)
+                continue
+            before = self.loads.get(name, self.base_load)
+            if before.batch != batch or name not in self.loads:
+                self.set_load(name, dataclasses.replace(before, batch=batch))
+                log.info(
+                    "%s: offered batch per pod %g -> %g (%s)", name, before.batch, batch, LOAD_ANNOTATION
+                )
+
+    async def follow_loads(self) -> None:
+        """follow_load_annotations every LOAD_POLL_S, until cancelled."""
+        while True:
+            try:
+                self.follow_load_annotations()
+            except Exception:  # keep following; a broken read shows as a load that does not move
+                log.exception("following %s failed", LOAD_ANNOTATION)
+            await asyncio.sleep(LOAD_POLL_S)
+
+
+def load_batch(text: str) -> float | None:
+    """The batch a load annotation asks for, or None when it is not a finite number >= 0."""
+    try:
+        batch = float(text)
+    except ValueError:
+        return None
+    return batch if math.isfinite(batch) and batch >= 0 else None
 
 
 def fast_resource(
@@ -188,11 +241,15 @@ async def local_stack(
     drafts: dict[str, DraftBehaviour] | None = None,
     extra_crds: Sequence[Mapping[str, Any]] = (),
     restart_s: float = RESTART_S,
+    train_s: float | None = None,
 ) -> AsyncIterator[LocalStack]:
     """Start everything, yield the handles, stop everything in reverse order (also on errors).
 
     ``restart_s``: every simulated engine's start-to-ready time (each revision change restarts
-    the pods one by one, so this sets how long a rollout takes)."""
+    the pods one by one, so this sets how long a rollout takes). ``train_s``: with a value, a
+    training controller runs every training round to completion that long after it starts
+    (`specops_local.training`); without, training Jobs wait for whoever plays their controller.
+    Each resource's LOAD_ANNOTATION moves its pods' load."""
     workdir.mkdir(parents=True, exist_ok=True)  # noqa: ASYNC240 (once, before anything runs)
     scrape_interval_s = parse_duration(scrape_interval)
     decision_interval_s = parse_duration(decision_interval)
@@ -225,12 +282,17 @@ async def local_stack(
         exits.enter_context(
             environment(operator_environment(cluster.kubeconfig_path, scrape_interval_s, decision_interval_s))
         )
+        training = None
+        if train_s is not None:
+            training = await exits.enter_async_context(
+                TrainingController(cluster, serving.drafts, train_s=train_s)
+            )
         kube = KubeClient(load_connection_settings(str(cluster.kubeconfig_path)))
         exits.push_async_callback(kube.close)
         operator = OperatorHandle()
         exits.push_async_callback(operator.stop)
         await operator.start()
-        yield LocalStack(
+        stack = LocalStack(
             workdir=workdir,
             cluster=cluster,
             prometheus=prometheus,
@@ -240,7 +302,12 @@ async def local_stack(
             scrape_interval_s=scrape_interval_s,
             decision_interval_s=decision_interval_s,
             loads=loads,
+            training=training,
+            base_load=load,
         )
+        following = asyncio.get_running_loop().create_task(stack.follow_loads(), name="load annotations")
+        exits.callback(following.cancel)
+        yield stack
 
 
 @contextlib.contextmanager
@@ -279,18 +346,47 @@ def interrupt_cancels(
                     loop.remove_signal_handler(signum)
 
 
+OPERATOR_LOGGERS = ("kopf", "specops")
+"""The operator's own loggers (Kopf's and the production code's): what operator.log holds."""
+API_SERVER_LOGGERS = ("aiohttp", "kmock", "specops_local.emulator")
+"""The emulated API server's loggers (its access log among them): what api-server.log holds."""
+API_SERVER_LOG = "api-server.log"
+STACK_LOG = "local-stack.log"
+"""Everything else the local stack logs (the simulated engines and controllers, Prometheus)."""
+
+
+def _under(name: str, prefixes: Sequence[str]) -> bool:
+    return any(name == prefix or name.startswith(prefix + ".") for prefix in prefixes)
+
+
 @contextlib.contextmanager
 def log_to_file(path: Path) -> Iterator[None]:
-    """Send every log record (Kopf's and the operator's) to a file, so a terminal shows only the report."""
+    """Send every log record to files, so a terminal shows only the report: the operator's to
+    ``path``, the emulated API server's (its access log) to api-server.log beside it, the rest of
+    the local stack's to local-stack.log."""
     root = logging.getLogger()
-    handler = logging.FileHandler(path)
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    formatter = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
+    routes: list[tuple[Path, Callable[[logging.LogRecord], bool]]] = [
+        (path, lambda record: _under(record.name, OPERATOR_LOGGERS)),
+        (path.with_name(API_SERVER_LOG), lambda record: _under(record.name, API_SERVER_LOGGERS)),
+        (
+            path.with_name(STACK_LOG),
+            lambda record: not _under(record.name, (*OPERATOR_LOGGERS, *API_SERVER_LOGGERS)),
+        ),
+    ]
+    handlers = []
+    for target, accepts in routes:
+        handler = logging.FileHandler(target)
+        handler.setFormatter(formatter)
+        handler.addFilter(accepts)
+        handlers.append(handler)
+        root.addHandler(handler)
     level = root.level
-    root.addHandler(handler)
     root.setLevel(logging.INFO)
     try:
         yield
     finally:
-        root.removeHandler(handler)
+        for handler in handlers:
+            root.removeHandler(handler)
+            handler.close()
         root.setLevel(level)
-        handler.close()

@@ -9,10 +9,13 @@ from typing import Any
 
 import httpx
 import pytest
+import yaml
 
+from specops.api.crd import build_crd
 from specops_local.admission import AdmissionError, CrdAdmission, FieldCause
 from specops_local.cluster import WIDGET_CRD, EmulatedCluster, emulated_cluster
 
+EXAMPLE = Path(__file__).resolve().parents[2] / "docs" / "examples" / "dense-70b-7b.yaml"
 WIDGETS = "/apis/test.specops.dev/v1/namespaces/default/widgets"
 MERGE = {"Content-Type": "application/merge-patch+json"}
 
@@ -229,3 +232,27 @@ def test_optional_old_self_rules_also_run_on_create() -> None:
     assert [cause.describe() for cause in unlucky.value.causes] == [
         "spec.replicas: Forbidden: three is unlucky"
     ]
+
+
+@pytest.mark.parametrize(
+    ("missing", "field"),
+    [
+        (("target",), "spec.target"),
+        (("draft",), "spec.draft"),
+        (("target", "uri"), "spec.target.uri"),
+        (("target", "parameters"), "spec.target.parameters"),
+    ],
+)
+def test_a_missing_field_is_one_error_not_one_per_rule_that_reads_it(
+    missing: tuple[str, ...], field: str
+) -> None:
+    body = yaml.safe_load(EXAMPLE.read_text())
+    parent = body["spec"]
+    for key in missing[:-1]:
+        parent = parent[key]
+    del parent[missing[-1]]
+
+    with pytest.raises(AdmissionError) as refused:
+        CrdAdmission(build_crd())("CREATE", body, None)
+
+    assert [cause.describe() for cause in refused.value.causes] == [f"{field}: Required value"]

@@ -255,3 +255,55 @@ async def test_get_shows_the_usual_columns_of_pods_and_deployments(kubectl: Kube
     assert row[:4] == ["serving-0", "1/1", "Running", "0"] and row[5] == "127.0.0.1"
     deployments = await kubectl("get", "deployments", "--no-headers")
     assert deployments.out.split()[:4] == ["serving", "1/2", "2", "1"]
+
+
+async def test_get_events_shows_last_seen_type_reason_object_and_message(kubectl: Kubectl) -> None:
+    kubectl.cluster.create(
+        "events",
+        {
+            "metadata": {"name": "llama-70b-chat.1"},
+            "involvedObject": {
+                "kind": "SpeculativeDeployment",
+                "name": "llama-70b-chat",
+                "namespace": "default",
+            },
+            "type": "Normal",
+            "reason": "RevisionProposed",
+            "message": "K=4 to batch 24 pays 1.6x ",
+            "source": {"component": "specops"},
+            "firstTimestamp": "2026-01-01T00:00:00Z",
+            "lastTimestamp": "2026-01-01T00:00:00Z",
+            "count": 3,
+        },
+    )
+
+    events = await kubectl("get", "events")
+    assert events.code == 0, events.err
+    assert events.out.splitlines()[0].split() == ["LAST", "SEEN", "TYPE", "REASON", "OBJECT", "MESSAGE"]
+    [row] = table(events.out)
+    assert (row["TYPE"], row["REASON"], row["OBJECT"], row["MESSAGE"]) == (
+        "Normal",
+        "RevisionProposed",
+        "speculativedeployment/llama-70b-chat",
+        "K=4 to batch 24 pays 1.6x",
+    )
+    wide = await kubectl("get", "events", "-o", "wide")
+    assert wide.out.splitlines()[0].split() == [
+        *("LAST", "SEEN", "TYPE", "REASON", "OBJECT", "SUBOBJECT", "SOURCE", "MESSAGE"),
+        *("FIRST", "SEEN", "COUNT", "NAME"),
+    ]
+    assert wide.out.splitlines()[1].split()[-2:] == ["3", "llama-70b-chat.1"]
+    assert "specops" in table(wide.out)[0]["SOURCE"]
+
+
+async def test_a_create_in_a_missing_namespace_is_refused_as_not_found(kubectl: Kubectl) -> None:
+    body = yaml.safe_load(example())
+    body["metadata"]["namespace"] = "inference"
+    refused = await kubectl("apply", "-f", "-", stdin=yaml.safe_dump(body))
+    assert refused.code == 1
+    assert "Error from server (NotFound)" in refused.err and 'namespaces "inference" not found' in refused.err
+
+    assert (await kubectl("create", "namespace", "inference")).code == 0
+    created = await kubectl("apply", "-f", "-", stdin=yaml.safe_dump(body))
+    assert created.code == 0, created.err
+    assert kubectl.cluster.get("sdep", "llama-70b-chat", namespace="inference") is not None

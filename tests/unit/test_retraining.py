@@ -751,6 +751,13 @@ def test_documented_templates_render(path: Path) -> None:
         assert container["image"]
 
 
+def test_every_example_resource_has_its_own_name() -> None:
+    """Applied together (kubectl apply -f docs/examples/ -R), no example replaces another."""
+    paths = [*RETRAINING_EXAMPLES.parent.glob("*.yaml"), *RETRAINING_EXAMPLES.glob("*.yaml")]
+    names = [yaml.safe_load(path.read_text())["metadata"]["name"] for path in paths]
+    assert len(paths) >= 6 and len(set(names)) == len(names), sorted(names)
+
+
 def test_documented_templates_cover_each_kind() -> None:
     kinds = {example(p.name).spec.retraining.template["kind"] for p in RETRAINING_EXAMPLES.glob("*.yaml")}  # type: ignore[index]
     assert {"Job", "JobSet", "TrainJob"} <= kinds

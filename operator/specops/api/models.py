@@ -114,6 +114,19 @@ CheckpointUri = Annotated[
 ]
 
 
+def when_present(rule: str, *paths: str) -> str:
+    """``rule`` checked only when every field on ``paths`` is set: a missing required field is
+    reported once, by its own "Required value", not again by each rule that reads it."""
+    guards: list[str] = []
+    for path in paths:
+        parts = path.split(".")
+        for end in range(2, len(parts) + 1):
+            guard = f"!has({'.'.join(parts[:end])})"
+            if guard not in guards:
+                guards.append(guard)
+    return " || ".join([*guards, f"({rule})"])
+
+
 def parameters_cel(path: str) -> str:
     """CEL that reads a parameter count ("70B", "1.5B", "500M", "70e9") as a number."""
     scaled = " : ".join(
@@ -970,22 +983,30 @@ class SpeculativeDeploymentSpec(ApiModel):
     model_config = ApiModel.model_config | ConfigDict(
         json_schema_extra=cel_rules(
             (
-                "self.target.uri.startsWith('pvc://') && (!has(self.draft.uri) || self.draft.uri.startsWith('pvc://'))"
-                " || has(self.serving.checkpointFetcherImage)",
+                when_present(
+                    "self.target.uri.startsWith('pvc://') && (!has(self.draft.uri) || "
+                    "self.draft.uri.startsWith('pvc://')) || has(self.serving.checkpointFetcherImage)",
+                    "self.target.uri",
+                    "self.draft",
+                    "self.serving",
+                ),
                 "serving.checkpointFetcherImage is required when a checkpoint uri is not pvc://",
                 ".serving.checkpointFetcherImage",
             ),
             (
-                "!has(self.draft.parameters) || "
-                + parameters_cel("self.draft.parameters")
-                + " < "
-                + parameters_cel("self.target.parameters"),
+                when_present(
+                    parameters_cel("self.draft.parameters")
+                    + " < "
+                    + parameters_cel("self.target.parameters"),
+                    "self.draft.parameters",
+                    "self.target.parameters",
+                ),
                 "draft.parameters must be smaller than target.parameters: a draft as large as the target "
                 "can never pay",
                 ".draft.parameters",
             ),
             (
-                "!has(self.draft.uri) || self.draft.uri != self.target.uri",
+                when_present("self.draft.uri != self.target.uri", "self.draft.uri", "self.target.uri"),
                 "draft.uri names the target's own checkpoint",
                 ".draft.uri",
             ),
