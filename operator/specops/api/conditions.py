@@ -75,6 +75,7 @@ class Reason:
     CANARY_STARTED = "CanaryStarted"
     CANARY_PROGRESSING = "CanaryProgressing"
     CANARY_STEP_STARTED = "CanaryStepStarted"
+    CANARY_WEIGHT_ROUNDED = "CanaryWeightRounded"
     CANARY_PROMOTING = "CanaryPromoting"
     CANARY_PROMOTED = "CanaryPromoted"
     CANARY_ROLLED_BACK = "CanaryRolledBack"
