@@ -44,7 +44,7 @@ def test_a_recorded_canary_reads_as_typed_values() -> None:
     assert canary.last_analysis is not None and canary.last_analysis.verdict == "Error"
     # raw samples are no longer kept: a canary recorded with them resumes its step from an empty window
     assert raw["canary"]["samples"]["canary"] and canary.window.canary.samples == 0
-    assert "samples" not in json.dumps(status.to_wire()["canary"])
+    assert "samples" not in status.to_wire()["canary"]
     assert status.baseline.per_token_latency_p50 == pytest.approx(0.045)
     assert status.draft.version == raw["draft"]["version"]
 
