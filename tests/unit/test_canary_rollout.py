@@ -758,3 +758,58 @@ def test_a_spec_edit_overrides_a_promote_annotation_and_clears_it() -> None:
     step = edited(mid_canary("Progressing"), V3_DRAFT, action="promote")
     assert step.status.canary is None and step.status.draft.version == "v3"
     assert step.actions == (SetWeight(0), DeleteCanary(), ClearAction())
+
+
+# ---------------------------------------------------------------- after a rollback: retry, and saying so
+
+V4_KEY = "v4@pvc://engines/d/v4"
+
+
+def rolled_back() -> SpeculativeDeploymentStatus:
+    """spec.draft names v4, whose canary rolled back; v3 serves."""
+    status = rollout.step(inputs(serving(canary=canary_status()), action="abort")).status
+    assert status.rejected_draft == V4_KEY and status.canary is None
+    return status
+
+
+def test_after_a_rollback_a_condition_says_the_spec_draft_is_not_the_one_serving() -> None:
+    status = rolled_back()
+    update = rollout.spec_draft_condition(SPEC, status)
+    assert (update.type, update.status, update.reason) == ("DraftRejected", "True", "SpecDraftRejected")
+    assert "spec.draft names draft v4, which a canary rolled back (CanaryAborted); draft v3 serves" in update.message
+    # a canary in progress, or the spec's draft serving, is not a rejection
+    running = rollout.spec_draft_condition(SPEC, serving(canary=canary_status()))
+    assert (running.status, running.reason) == ("False", "SpecDraftPending")
+    assert "draft v3 serves until a canary promotes it" in running.message
+    promoted = serving(draft=DraftStatus(model=V4.model, version="v4", parameters="7B", uri=V4.uri))
+    assert rollout.spec_draft_condition(SPEC, promoted).reason == "SpecDraftServing"
+
+
+def test_retry_runs_the_rejected_drafts_canary_again_and_clears_the_annotation() -> None:
+    status = rolled_back()
+    # without the annotation a rejected draft is not tried again
+    assert rollout.step(inputs(status)).status.canary is None
+    retried = rollout.step(inputs(status, action="retry"))
+    canary = retried.status.canary
+    assert canary is not None and (canary.phase, canary.draft.version, canary.source) == (
+        "LosslessCheck",
+        "v4",
+        "Spec",
+    )
+    assert retried.status.rejected_draft is None
+    assert retried.actions == (ApplyCanary(SPEC.draft, receives_traffic=False), ClearAction())
+    assert "started again by specops.dev/canary-action: retry" in retried.events[0].message
+    # with nothing rejected (a canary running) the tick goes on as usual and only the annotation goes
+    running = serving(canary=canary_status())
+    plain = rollout.step(inputs(running, now=T0 + timedelta(seconds=10), stable_sample=GOOD, canary_sample=GOOD))
+    again = rollout.step(
+        inputs(running, now=T0 + timedelta(seconds=10), stable_sample=GOOD, canary_sample=GOOD, action="retry")
+    )
+    assert again.status == plain.status and again.actions == (*plain.actions, ClearAction())
+
+
+def test_a_promotion_records_the_draft_it_replaced_for_undo() -> None:
+    replaced = serving().draft
+    status = serving(canary=canary_status(phase="Promoting", weight=100, replaces=replaced))
+    done = rollout.step(inputs(status, stable_rolled_out=True))
+    assert done.status.previous_draft == replaced

@@ -442,6 +442,11 @@ class SpeculativeDeploymentStatus(ApiModel):
         description="The in-cluster URL clients call (the shared Service on the engine's API port).",
     )
     draft: DraftStatus = Field(default_factory=DraftStatus, description="Draft serving the stable variant.")
+    previous_draft: DraftStatus | None = Field(
+        default=None,
+        description="The draft that served before status.draft, recorded when a canary promoted it "
+        "(`kubectl specops undo` sets spec.draft back to it).",
+    )
     observed_spec_draft: str | None = Field(
         default=None,
         description="The spec.draft (version@uri) the operator last acted on; a change starts a canary.",

@@ -102,7 +102,7 @@ class CanaryInputs:
     candidate: DraftSpec | None = None
     """A trained draft waiting for its canary."""
     paused: bool = False
-    action: Literal["promote", "abort"] | None = None
+    action: Literal["promote", "abort", "retry"] | None = None
     lossless: LosslessOutcome | None = None
     """None while the canary pods are not ready to answer. With no canary and a stable draft whose
     check is pending (a resource's first draft), the outcome on a stable pod of that draft."""
@@ -183,6 +183,8 @@ def step(inputs: CanaryInputs) -> CanaryStep:
     """Advance the canary of one resource by at most one step."""
     status = inputs.status
     canary = status.canary
+    if inputs.action == "retry":
+        return _retry(inputs)
     if canary is None:
         if status.draft.lossless_check == "Pending":
             return _first_draft_check(inputs)
@@ -205,6 +207,61 @@ def step(inputs: CanaryInputs) -> CanaryStep:
     if canary.phase == "Progressing":
         return _progress(inputs, canary)
     return _finish_promotion(inputs, canary)
+
+
+def _retry(inputs: CanaryInputs) -> CanaryStep:
+    """specops.dev/canary-action: retry. When spec.draft names the draft a canary rolled back and no
+    canary runs, its canary starts again (the rejection is forgotten); otherwise the tick goes on as
+    without the annotation. Either way the annotation is removed once acted on."""
+    status, spec = inputs.status, inputs.spec
+    plain = replace(inputs, action=None)
+    if spec_draft_rejected(spec, status) and status.draft.lossless_check != "Pending":
+        started = _start(
+            replace(plain, status=status.model_copy(update={"rejected_draft": None})),
+            spec.draft,
+            "Spec",
+            "started again by specops.dev/canary-action: retry",
+        )
+    else:
+        started = step(plain)
+    return replace(started, actions=(*started.actions, ClearAction()))
+
+
+def spec_draft_rejected(spec: SpeculativeDeploymentSpec, status: SpeculativeDeploymentStatus) -> bool:
+    """spec.draft names the draft a canary rolled back, and another draft serves (no canary runs)."""
+    spec_key = drafts.draft_key(spec.draft)
+    return (
+        status.canary is None
+        and status.rejected_draft == spec_key
+        and spec_key != drafts.draft_key(drafts.stable_draft(spec.draft, status))
+    )
+
+
+def spec_draft_condition(spec: SpeculativeDeploymentSpec, status: SpeculativeDeploymentStatus) -> ConditionUpdate:
+    """DraftRejected: True while spec.draft names a draft a canary rolled back, so another draft serves."""
+    wanted = spec.draft.version
+    serving = drafts.stable_draft(spec.draft, status).version
+    if spec_draft_rejected(spec, status):
+        last = status.last_canary
+        why = f" ({last.reason})" if last is not None and last.draft == wanted and last.reason else ""
+        return ConditionUpdate(
+            cond.DRAFT_REJECTED,
+            "True",
+            Reason.SPEC_DRAFT_REJECTED,
+            f"spec.draft names draft {wanted}, which a canary rolled back{why}; draft {serving} serves. "
+            f"`kubectl specops retry` runs its canary again, `kubectl specops undo` sets spec.draft back "
+            f"to {serving}",
+        )
+    if drafts.draft_key(spec.draft) == drafts.draft_key(drafts.stable_draft(spec.draft, status)):
+        return ConditionUpdate(
+            cond.DRAFT_REJECTED, "False", Reason.SPEC_DRAFT_SERVING, f"draft {wanted} (spec.draft) serves"
+        )
+    return ConditionUpdate(
+        cond.DRAFT_REJECTED,
+        "False",
+        Reason.SPEC_DRAFT_PENDING,
+        f"spec.draft names draft {wanted}; draft {serving} serves until a canary promotes it",
+    )
 
 
 def superseded(spec: SpeculativeDeploymentSpec, status: SpeculativeDeploymentStatus) -> bool:
@@ -296,6 +353,11 @@ def _maybe_start(inputs: CanaryInputs) -> CanaryStep:
         draft, source = inputs.candidate, "Retraining"
     else:
         return CanaryStep(status)
+    return _start(inputs, draft, source)
+
+
+def _start(inputs: CanaryInputs, draft: DraftSpec, source: DraftSource, why: str = "started") -> CanaryStep:
+    status, spec_key = inputs.status, drafts.draft_key(inputs.spec.draft)
     if status.draft.lossless_check == "Failed":
         return _replace_failed_draft(inputs, draft, source)
     canary = CanaryStatus(
@@ -306,7 +368,7 @@ def _maybe_start(inputs: CanaryInputs) -> CanaryStep:
         traffic_routing=inputs.routing,
     )
     changes: dict[str, object] = {"observed_spec_draft": spec_key} if source == "Spec" else {}
-    message = f"canary of draft {draft.version} ({source.lower()}) started: lossless check before any traffic"
+    message = f"canary of draft {draft.version} ({source.lower()}) {why}: lossless check before any traffic"
     return CanaryStep(
         _with(status, canary, **changes),
         actions=(ApplyCanary(draft, receives_traffic=False),),
@@ -628,8 +690,9 @@ def _finish_promotion(inputs: CanaryInputs, canary: CanaryStatus) -> CanaryStep:
         # Rendering the stable variant again is idempotent; it also repairs a lost write.
         return CanaryStep(_with(inputs.status, canary), actions=(RolloutStable(draft),))
     message = f"draft {draft.version} promoted: {canary.promotion_evidence or ''}".strip()
+    previous = canary.replaces if canary.replaces is not None else inputs.status.previous_draft
     return CanaryStep(
-        _with(inputs.status, None),
+        _with(inputs.status, None, previous_draft=previous),
         actions=(SetWeight(0), DeleteCanary()),
         updates=(ConditionUpdate(cond.CANARY_ROLLOUT, "False", Reason.CANARY_PROMOTED, message),),
         events=(EventRecord("Normal", Reason.CANARY_PROMOTED, message),),
