@@ -26,7 +26,7 @@ from specops.cli import (
     version,
 )
 from specops.cli_output import console, write_json
-from specops.operations import CANARY_ANNOTATIONS, Cluster, OperationError, current_namespace
+from specops.operations import CANARY_OPERATIONS, Cluster, OperationError, current_namespace
 from specops.plan import plan_command
 from specops.views import IN_PROGRESS, condition_level, health, list_table, resource_view, summary
 
@@ -298,7 +298,7 @@ def settled(body: dict[str, Any]) -> tuple[str, str, int | None]:
 
 
 main.add_command(plan_command)
-for _action in CANARY_ANNOTATIONS:
+for _action in CANARY_OPERATIONS:
     main.add_command(gate_command(_action))
 
 

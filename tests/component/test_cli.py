@@ -587,3 +587,70 @@ async def test_resume_without_a_canary_fails_like_the_other_gates(cluster: Emula
     for gate in ("resume", "pause", "promote"):
         result = await invoke(kubectl_plugin.main, gate, NAME)
         assert result.exit_code == 1 and f"{NAMESPACE}/{NAME} has no canary in progress" in result.output
+
+
+# ---------------------------------------------------------------- retry and undo
+
+V3 = {
+    "model": "llama-3.1-8b-draft",
+    "version": "v3",
+    "method": "draftModel",
+    "kind": "standalone",
+    "parameters": "7B",
+    "uri": "pvc://models/llama-70b-draft/v3",
+}
+V4 = {**V3, "version": "v4", "uri": "pvc://models/llama-70b-draft/v4"}
+
+
+def set_spec_draft(cluster: EmulatedCluster, draft: dict[str, Any]) -> None:
+    cluster.emulator.patch_object(cluster.resource("sdep"), NAMESPACE, NAME, {"spec": {"draft": draft}})
+
+
+def spec_draft(cluster: EmulatedCluster) -> dict[str, Any]:
+    stored = cluster.get("sdep", NAME, namespace=NAMESPACE)
+    assert stored is not None
+    return dict(stored["spec"]["draft"])
+
+
+async def test_retry_and_undo_after_a_rollback(cluster: EmulatedCluster) -> None:
+    # Given spec.draft names v4, whose canary rolled back, while v3 serves
+    set_spec_draft(cluster, V4)
+    rolled_back = {
+        "canary": None,
+        "draft": V3,
+        "rejectedDraft": "v4@pvc://models/llama-70b-draft/v4",
+        "lastCanary": {"draft": "v4", "result": "RolledBack", "reason": "CanaryFailureLimitExceeded"},
+    }
+    cluster.patch_status("sdep", NAME, rolled_back, namespace=NAMESPACE)
+    # retry asks the operator to run v4's canary again
+    retried = await invoke(kubectl_plugin.main, "retry", NAME)
+    assert retried.exit_code == 0, retried.output
+    assert retried.output.strip() == f"speculativedeployment {NAMESPACE}/{NAME}: canary retry requested"
+    stored = cluster.get("sdep", NAME, namespace=NAMESPACE)
+    assert stored is not None and stored["metadata"]["annotations"]["specops.dev/canary-action"] == "retry"
+    # undo sets spec.draft back to the serving draft, every field of it
+    undone = await invoke(specops, "canary", "undo", NAME)
+    assert undone.exit_code == 0, undone.output
+    assert "spec.draft set back to draft v3, the one serving" in undone.output
+    assert spec_draft(cluster) == V3
+    # now nothing is rejected: retry says so in one line; undo has no earlier draft to go to
+    refused = await invoke(kubectl_plugin.main, "retry", NAME)
+    assert refused.exit_code == 1
+    assert one_line_error(refused) == (
+        f"error: {NAMESPACE}/{NAME} has no rolled-back draft to retry: spec.draft names draft v3, "
+        "which no canary rejected"
+    )
+    nothing = await invoke(kubectl_plugin.main, "undo", NAME)
+    assert nothing.exit_code == 1 and "no previous draft recorded" in one_line_error(nothing)
+
+
+async def test_undo_after_a_promotion_goes_back_to_the_draft_that_served_before(cluster: EmulatedCluster) -> None:
+    # Given v4 promoted (spec and status name it), v3 served before; a canary still runs: refused
+    set_spec_draft(cluster, V4)
+    busy = await invoke(kubectl_plugin.main, "undo", NAME)
+    assert busy.exit_code == 1 and "has a canary of draft v4 in progress: abort it first" in one_line_error(busy)
+    cluster.patch_status("sdep", NAME, {"canary": None, "draft": V4, "previousDraft": V3}, namespace=NAMESPACE)
+    undone = await invoke(kubectl_plugin.main, "undo", NAME)
+    assert undone.exit_code == 0, undone.output
+    assert "draft v3, which served before v4 (its canary starts)" in undone.output
+    assert spec_draft(cluster) == V3
