@@ -18,6 +18,7 @@ import yaml
 from specops.adapters.kube import ConnectionSettings, KubeApiError, KubeClient, load_connection_settings
 from specops.api.models import API_VERSION, KIND, SpeculativeDeployment
 from specops.domain import canary_rollout, drafts
+from specops.domain.names import LABEL_DEPLOYMENT, label_value
 
 SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 
@@ -173,6 +174,23 @@ class Cluster:
             raise self.error(error) from error
         return sorted(bodies, key=lambda b: (b["metadata"].get("namespace", ""), b["metadata"]["name"]))
 
+    async def children(self, namespace: str, name: str) -> list[dict[str, Any]]:
+        """The resource's Deployments and pods (by its specops.dev/deployment label), Deployments
+        first; empty when they cannot be read (the view shows the resource anyway)."""
+        labels = {LABEL_DEPLOYMENT: label_value(name)}
+        try:
+            deployments = await self.kube.list("apps/v1", "Deployment", namespace, labels)
+            pods = await self.kube.list("v1", "Pod", namespace, labels)
+        except KubeApiError:
+            return []
+        return [
+            *(
+                {**d, "kind": "Deployment"}
+                for d in sorted(deployments, key=lambda d: str(d["metadata"]["name"]))
+            ),
+            *({**p, "kind": "Pod"} for p in sorted(pods, key=lambda p: str(p["metadata"]["name"]))),
+        ]
+
     async def events(self, namespace: str, name: str) -> list[dict[str, Any]]:
         """Events about one SpeculativeDeployment, oldest first (empty when Events cannot be read)."""
         return (await self.events_versioned(namespace, name))[0]
@@ -315,7 +333,9 @@ def _typed(body: dict[str, Any]) -> SpeculativeDeployment:
     try:
         return SpeculativeDeployment.model_validate(body)
     except ValueError as error:
-        raise OperationError(f"{meta.get('namespace')}/{meta['name']} does not load: {_first_line(error)}") from None
+        raise OperationError(
+            f"{meta.get('namespace')}/{meta['name']} does not load: {_first_line(error)}"
+        ) from None
 
 
 def event_selector(name: str) -> str:

@@ -147,12 +147,18 @@ def test_a_passed_lossless_check_enters_the_first_step_at_the_weight_the_router_
         "Passed",
     )
     assert step.actions == (ApplyCanary(SPEC.draft, receives_traffic=True), SetWeight(10))
-    assert [e.reason for e in step.events] == ["LosslessCheckPassed", "CanaryStepStarted", "CanaryWeightRounded"]
+    assert [e.reason for e in step.events] == [
+        "LosslessCheckPassed",
+        "CanaryStepStarted",
+        "CanaryWeightRounded",
+    ]
     warning = step.events[-1]
     assert warning.type == "Warning"
     assert "asks 10% of traffic" in warning.message and "gives 33% with 2 stable replicas" in warning.message
     # once per step: the ticks of the step's bake say nothing more
-    later = rollout.step(inputs(step.status, now=T0 + timedelta(seconds=15), stable_sample=GOOD, canary_sample=GOOD))
+    later = rollout.step(
+        inputs(step.status, now=T0 + timedelta(seconds=15), stable_sample=GOOD, canary_sample=GOOD)
+    )
     assert later.events == ()
 
 
@@ -291,7 +297,9 @@ def test_a_long_step_keeps_status_a_few_kb_and_its_medians_in_view() -> None:
         stable = Sample(alpha=rng.uniform(0.6, 0.9), tpot_p99_s=rng.uniform(0.02, 0.05), tpot_p50_s=0.01)
         canary = Sample(alpha=rng.uniform(0.6, 0.9), tpot_p99_s=rng.uniform(0.02, 0.05), tpot_p50_s=0.011)
         status = rollout.step(
-            inputs(status, now=T0 + timedelta(seconds=tick * 0.01), stable_sample=stable, canary_sample=canary)
+            inputs(
+                status, now=T0 + timedelta(seconds=tick * 0.01), stable_sample=stable, canary_sample=canary
+            )
         ).status
     # Then the whole status document stays under 4 KB, with every reading counted
     size = len(json.dumps(status.to_wire()))
@@ -592,7 +600,9 @@ def test_a_new_draft_takes_the_place_of_a_first_draft_that_failed_and_is_checked
 
 
 def test_a_promoted_canary_records_its_draft_as_checked() -> None:
-    last_step = canary_status(step=1, window=canary_window.replay(stable=samples(0.8, 12), canary=samples(0.8, 12)))
+    last_step = canary_status(
+        step=1, window=canary_window.replay(stable=samples(0.8, 12), canary=samples(0.8, 12))
+    )
     status = serving(canary=last_step)
     step = rollout.step(inputs(status, now=T0 + timedelta(minutes=2), stable_sample=GOOD, canary_sample=GOOD))
     assert step.status.canary is not None and step.status.canary.phase == "Promoting"
@@ -776,7 +786,10 @@ def test_after_a_rollback_a_condition_says_the_spec_draft_is_not_the_one_serving
     status = rolled_back()
     update = rollout.spec_draft_condition(SPEC, status)
     assert (update.type, update.status, update.reason) == ("DraftRejected", "True", "SpecDraftRejected")
-    assert "spec.draft names draft v4, which a canary rolled back (CanaryAborted); draft v3 serves" in update.message
+    assert (
+        "spec.draft names draft v4, which a canary rolled back (CanaryAborted); draft v3 serves"
+        in update.message
+    )
     # a canary in progress, or the spec's draft serving, is not a rejection
     running = rollout.spec_draft_condition(SPEC, serving(canary=canary_status()))
     assert (running.status, running.reason) == ("False", "SpecDraftPending")
@@ -801,9 +814,13 @@ def test_retry_runs_the_rejected_drafts_canary_again_and_clears_the_annotation()
     assert "started again by specops.dev/canary-action: retry" in retried.events[0].message
     # with nothing rejected (a canary running) the tick goes on as usual and only the annotation goes
     running = serving(canary=canary_status())
-    plain = rollout.step(inputs(running, now=T0 + timedelta(seconds=10), stable_sample=GOOD, canary_sample=GOOD))
+    plain = rollout.step(
+        inputs(running, now=T0 + timedelta(seconds=10), stable_sample=GOOD, canary_sample=GOOD)
+    )
     again = rollout.step(
-        inputs(running, now=T0 + timedelta(seconds=10), stable_sample=GOOD, canary_sample=GOOD, action="retry")
+        inputs(
+            running, now=T0 + timedelta(seconds=10), stable_sample=GOOD, canary_sample=GOOD, action="retry"
+        )
     )
     assert again.status == plain.status and again.actions == (*plain.actions, ClearAction())
 

@@ -279,8 +279,12 @@ class CanaryVariantWindow(ApiModel):
         description="Acceptance readings as `value*count` bins, ascending (`*1` left out), at most 32 "
         "bins (the two closest merge past that): what the Mann-Whitney test runs on.",
     )
-    p99_bins: str = Field(default="", max_length=1024, description="TPOT p99 readings (seconds), as alphaBins.")
-    p50_bins: str = Field(default="", max_length=1024, description="TPOT p50 readings (seconds), as alphaBins.")
+    p99_bins: str = Field(
+        default="", max_length=1024, description="TPOT p99 readings (seconds), as alphaBins."
+    )
+    p50_bins: str = Field(
+        default="", max_length=1024, description="TPOT p50 readings (seconds), as alphaBins."
+    )
 
 
 class CanaryWindow(ApiModel):
@@ -442,6 +446,11 @@ class SpeculativeDeploymentStatus(ApiModel):
         description="The in-cluster URL clients call (the shared Service on the engine's API port).",
     )
     draft: DraftStatus = Field(default_factory=DraftStatus, description="Draft serving the stable variant.")
+    spec_draft: str | None = Field(
+        default=None,
+        description="spec.draft's version and where it stands: `v4` (it serves), `v4 canary` (its canary "
+        "runs), `v4 rejected` (a canary rolled it back; status.draft serves) or `v4 pending`.",
+    )
     previous_draft: DraftStatus | None = Field(
         default=None,
         description="The draft that served before status.draft, recorded when a canary promoted it "

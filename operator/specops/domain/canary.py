@@ -421,7 +421,11 @@ def _finding(verdict: Verdict, e: Evidence) -> str:
     if e.cause == CAUSE_ACCEPTANCE_DROPPED:
         return f"{lower}, by {effect}, beyond the {tolerance} tolerance"
     if e.cause == CAUSE_ACCEPTANCE_WITHIN_TOLERANCE:
-        drop = f"; {lower}, by {effect}, inside the tolerance" if e.p_value is not None and e.p_value < level else ""
+        drop = (
+            f"; {lower}, by {effect}, inside the tolerance"
+            if e.p_value is not None and e.p_value < level
+            else ""
+        )
         return f"{within}{drop}"
     if e.cause == CAUSE_ACCEPTANCE_NOT_WORSE:
         return f"{lower}, median {effect} within the {tolerance} tolerance"

@@ -237,7 +237,9 @@ def spec_draft_rejected(spec: SpeculativeDeploymentSpec, status: SpeculativeDepl
     )
 
 
-def spec_draft_condition(spec: SpeculativeDeploymentSpec, status: SpeculativeDeploymentStatus) -> ConditionUpdate:
+def spec_draft_condition(
+    spec: SpeculativeDeploymentSpec, status: SpeculativeDeploymentStatus
+) -> ConditionUpdate:
     """DraftRejected: True while spec.draft names a draft a canary rolled back, so another draft serves."""
     wanted = spec.draft.version
     serving = drafts.stable_draft(spec.draft, status).version
@@ -252,7 +254,7 @@ def spec_draft_condition(spec: SpeculativeDeploymentSpec, status: SpeculativeDep
             f"`kubectl specops retry` runs its canary again, `kubectl specops undo` sets spec.draft back "
             f"to {serving}",
         )
-    if drafts.draft_key(spec.draft) == drafts.draft_key(drafts.stable_draft(spec.draft, status)):
+    if _spec_draft_serves(spec, status):
         return ConditionUpdate(
             cond.DRAFT_REJECTED, "False", Reason.SPEC_DRAFT_SERVING, f"draft {wanted} (spec.draft) serves"
         )
@@ -262,6 +264,23 @@ def spec_draft_condition(spec: SpeculativeDeploymentSpec, status: SpeculativeDep
         Reason.SPEC_DRAFT_PENDING,
         f"spec.draft names draft {wanted}; draft {serving} serves until a canary promotes it",
     )
+
+
+def _spec_draft_serves(spec: SpeculativeDeploymentSpec, status: SpeculativeDeploymentStatus) -> bool:
+    return drafts.draft_key(spec.draft) == drafts.draft_key(drafts.stable_draft(spec.draft, status))
+
+
+def spec_draft_text(spec: SpeculativeDeploymentSpec, status: SpeculativeDeploymentStatus) -> str:
+    """status.specDraft: spec.draft's version and where it stands (the SpecDraft printer column)."""
+    version = spec.draft.version
+    if spec_draft_rejected(spec, status):
+        return f"{version} rejected"
+    if _spec_draft_serves(spec, status):
+        return version
+    canary = status.canary
+    if canary is not None and canary.source == "Spec" and not superseded(spec, status):
+        return f"{version} canary"
+    return f"{version} pending"
 
 
 def superseded(spec: SpeculativeDeploymentSpec, status: SpeculativeDeploymentStatus) -> bool:
@@ -518,7 +537,9 @@ def _enter_step(inputs: CanaryInputs, canary: CanaryStatus, index: int) -> Canar
         step_started_at=inputs.now,
         window=CanaryWindow(),
     )
-    canary = replace_canary(canary, judge_at=_judge_at(inputs, canary), next_weight=_next_weight(inputs, index))
+    canary = replace_canary(
+        canary, judge_at=_judge_at(inputs, canary), next_weight=_next_weight(inputs, index)
+    )
     text = f"step {index + 1}/{len(steps)}: canary weight {achieved}% ({canary.traffic_routing})"
     events = [EventRecord("Normal", Reason.CANARY_STEP_STARTED, text)]
     if achieved != weight:

@@ -147,9 +147,12 @@ class CanaryService:
         except ActionFailed as failure:
             update = ConditionUpdate(cond.CANARY_ROLLOUT, "True", Reason.TRAFFIC_SPLIT_FAILED, str(failure))
             return CanaryResult(status=status, updates=[update])
+        stepped = result.status.model_copy(
+            update={"spec_draft": rollout.spec_draft_text(resource.spec, result.status)}
+        )
         return CanaryResult(
-            status=result.status,
-            updates=[*result.updates, rollout.spec_draft_condition(resource.spec, result.status)],
+            status=stepped,
+            updates=[*result.updates, rollout.spec_draft_condition(resource.spec, stepped)],
             events=[*repaired, *result.events],
             after_write=result.after_write,
             finished=result.finished,
