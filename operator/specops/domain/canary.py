@@ -419,16 +419,12 @@ def _finding(verdict: Verdict, e: Evidence) -> str:
             f"{e.min_samples} needed on each side"
         )
     if e.cause == CAUSE_ACCEPTANCE_DROPPED:
-        return f"{lower}, by {effect}, beyond the {tolerance} tolerance"
+        return f"{lower}, by {effect}, beyond the {tolerance} tolerance; {within}"
     if e.cause == CAUSE_ACCEPTANCE_WITHIN_TOLERANCE:
-        drop = (
-            f"; {lower}, by {effect}, inside the tolerance"
-            if e.p_value is not None and e.p_value < level
-            else ""
-        )
-        return f"{within}{drop}"
+        significant = e.p_value is not None and e.p_value < level
+        return f"{within}; {lower}" + (f", by {effect}, inside the tolerance" if significant else "")
     if e.cause == CAUSE_ACCEPTANCE_NOT_WORSE:
-        return f"{lower}, median {effect} within the {tolerance} tolerance"
+        return f"{lower}, median {effect} within the {tolerance} tolerance; {within}"
     if verdict is Verdict.INCONCLUSIVE:
         return f"{lower}; {within}"
     return ""
