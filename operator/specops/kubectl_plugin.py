@@ -145,21 +145,21 @@ async def _watch(
         body, events = await anext(updates)
         children = await cluster.children(namespace, name)
 
-        def view() -> Any:
+        def view(body: dict[str, Any], events: list[Any], children: list[dict[str, Any]]) -> Any:
             return resource_view(body, events, all_conditions=all_conditions, children=children)
 
         if not out.is_terminal:
             # Not a terminal: print the view again whenever it changes (like kubectl get -w).
-            out.print(view())
+            out.print(view(body, events, children))
             out.print()
             out.file.flush()
             async for body, events in updates:
                 children = await cluster.children(namespace, name)
-                out.print(view())
+                out.print(view(body, events, children))
                 out.print()
                 out.file.flush()
             return
-        with Live(view(), console=out) as live:
+        with Live(view(body, events, children), console=out) as live:
             next_update = asyncio.ensure_future(anext(updates))
             try:
                 while True:
@@ -168,7 +168,7 @@ async def _watch(
                         body, events = next_update.result()
                         children = await cluster.children(namespace, name)
                         next_update = asyncio.ensure_future(anext(updates))
-                    live.update(view())
+                    live.update(view(body, events, children))
             finally:
                 next_update.cancel()
                 await updates.aclose()

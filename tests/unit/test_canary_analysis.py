@@ -406,7 +406,10 @@ def test_a_small_significant_drop_inside_the_tolerance_passes_and_says_so() -> N
     # Then the words say what each test found, in agreement with the p-values beside them
     summary = evidence.summary
     assert "any drop shown to be within the 2% tolerance (p=" in summary
-    assert "canary acceptance significantly lower than stable (p=" in summary and "inside the tolerance" in summary
+    assert (
+        "canary acceptance significantly lower than stable (p=" in summary
+        and "inside the tolerance" in summary
+    )
     assert "a test holds" not in summary
     assert said_p_values_hold(summary) == 2
 
@@ -427,7 +430,11 @@ def test_every_verdicts_words_agree_with_its_p_values(seed: int) -> None:
     assert evidence.summary.startswith(f"{verdict.value} ({evidence.cause}): ")
     # both tests are reported with their levels once there are enough samples to run them
     assert shown == (0 if evidence.cause == CAUSE_NOT_ENOUGH_SAMPLES else 2)
-    if verdict is Verdict.PASS and evidence.p_value is not None and evidence.p_value < 1 - evidence.confidence:
+    if (
+        verdict is Verdict.PASS
+        and evidence.p_value is not None
+        and evidence.p_value < 1 - evidence.confidence
+    ):
         assert "significantly lower" in evidence.summary and "inside the tolerance" in evidence.summary
     if verdict is Verdict.FAIL:
         assert "significantly lower" in evidence.summary and "beyond the" in evidence.summary

@@ -999,7 +999,9 @@ async def test_after_a_rollback_retraining_speaks_of_and_trains_from_the_serving
     data["spec"]["draft"].update(version="v4", uri="pvc://models/llama-70b-draft/v4")
     rejected = SpeculativeDeployment.model_validate(data)
     status = SpeculativeDeploymentStatus(
-        draft=DraftStatus(model="llama-3.1-8b-draft", version="v3", parameters="7B", uri="pvc://models/llama-70b-draft/v3"),
+        draft=DraftStatus(
+            model="llama-3.1-8b-draft", version="v3", parameters="7B", uri="pvc://models/llama-70b-draft/v3"
+        ),
         rejected_draft="v4@pvc://models/llama-70b-draft/v4",
         retraining=RetrainingStatus(draft_target_version="2026-09-01"),
     )
@@ -1010,5 +1012,7 @@ async def test_after_a_rollback_retraining_speaks_of_and_trains_from_the_serving
     assert stale.message.startswith("draft v3 was trained for target version 2026-09-01")
     [job] = kube.created
     assert env_of(_pod_templates(job)[0]["spec"]["containers"][0])["SPECOPS_DRAFT_VERSION"] == "v3"
-    assert result.retraining.active is not None and result.retraining.active.output_version.startswith("v3-rt1")
+    assert result.retraining.active is not None and result.retraining.active.output_version.startswith(
+        "v3-rt1"
+    )
     assert "v4" not in json.dumps(job)

@@ -45,7 +45,9 @@ def trained_to_draft(spec_draft: DraftSpec, trained: rt.TrainedDraft) -> DraftSp
     )
 
 
-def serving_spec(spec: SpeculativeDeploymentSpec, status: SpeculativeDeploymentStatus) -> SpeculativeDeploymentSpec:
+def serving_spec(
+    spec: SpeculativeDeploymentSpec, status: SpeculativeDeploymentStatus
+) -> SpeculativeDeploymentSpec:
     """The spec with the draft that serves in place of spec.draft (the same spec when they agree)."""
     serving = drafts.stable_draft(spec.draft, status)
     return spec if serving == spec.draft else spec.model_copy(update={"draft": serving})
