@@ -14,6 +14,7 @@ import click
 from specops.operations import (
     CANARY_ANNOTATIONS,
     CANARY_GATE_HELP,
+    CANARY_OPERATIONS,
     current_namespace,
     set_canary_gate,
 )
@@ -275,7 +276,7 @@ def gate_command(action: str) -> click.Command:
     return command
 
 
-for _action in CANARY_ANNOTATIONS:
+for _action in CANARY_OPERATIONS:
     canary.add_command(gate_command(_action))
 
 

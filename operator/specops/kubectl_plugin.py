@@ -26,7 +26,7 @@ from specops.cli import (
     version,
 )
 from specops.cli_output import console, write_json
-from specops.operations import CANARY_ANNOTATIONS, Cluster, OperationError, current_namespace
+from specops.operations import CANARY_OPERATIONS, Cluster, OperationError, current_namespace
 from specops.plan import plan_command
 from specops.views import IN_PROGRESS, condition_level, health, list_table, resource_view, summary
 
@@ -44,11 +44,12 @@ def fail(error: OperationError) -> None:
 
 async def _snapshot(
     kubeconfig: str | None, context: str | None, namespace: str, name: str
-) -> tuple[dict[str, Any], list[Any]]:
+) -> tuple[dict[str, Any], list[Any], list[dict[str, Any]]]:
     async with Cluster(kubeconfig, context) as cluster:
         body = await cluster.get(namespace, name)
         events = await cluster.events(namespace, name)
-    return body, events
+        children = await cluster.children(namespace, name)
+    return body, events, children
 
 
 OUTPUTS = click.Choice(["json", "yaml", "wide"])
@@ -116,7 +117,7 @@ def get(
             fail(error)
         return
     try:
-        body, events = asyncio.run(_snapshot(kubeconfig, context, namespace, name))
+        body, events, children = asyncio.run(_snapshot(kubeconfig, context, namespace, name))
     except OperationError as error:
         fail(error)
     if emit(record(body), output):
@@ -124,7 +125,7 @@ def get(
     if output == "wide":
         out.print(list_table([body], wide=True))
     else:
-        out.print(resource_view(body, events, all_conditions=all_conditions))
+        out.print(resource_view(body, events, all_conditions=all_conditions, children=children))
     write_json(summary(body), json_path)
 
 
@@ -137,29 +138,37 @@ async def _watch(
     all_conditions: bool,
     out: Any,
 ) -> None:
-    """The view again at every change of the resource or its Events (two watches, no polling)."""
+    """The view again at every change of the resource or its Events (two watches, no polling; the
+    serving objects are read again at each change)."""
     async with Cluster(kubeconfig, context) as cluster:
         updates = cluster.follow(namespace, name)
         body, events = await anext(updates)
+        children = await cluster.children(namespace, name)
+
+        def view(body: dict[str, Any], events: list[Any], children: list[dict[str, Any]]) -> Any:
+            return resource_view(body, events, all_conditions=all_conditions, children=children)
+
         if not out.is_terminal:
             # Not a terminal: print the view again whenever it changes (like kubectl get -w).
-            out.print(resource_view(body, events, all_conditions=all_conditions))
+            out.print(view(body, events, children))
             out.print()
             out.file.flush()
             async for body, events in updates:
-                out.print(resource_view(body, events, all_conditions=all_conditions))
+                children = await cluster.children(namespace, name)
+                out.print(view(body, events, children))
                 out.print()
                 out.file.flush()
             return
-        with Live(resource_view(body, events, all_conditions=all_conditions), console=out) as live:
+        with Live(view(body, events, children), console=out) as live:
             next_update = asyncio.ensure_future(anext(updates))
             try:
                 while True:
                     done, _ = await asyncio.wait({next_update}, timeout=interval)
                     if done:
                         body, events = next_update.result()
+                        children = await cluster.children(namespace, name)
                         next_update = asyncio.ensure_future(anext(updates))
-                    live.update(resource_view(body, events, all_conditions=all_conditions))
+                    live.update(view(body, events, children))
             finally:
                 next_update.cancel()
                 await updates.aclose()
@@ -298,7 +307,7 @@ def settled(body: dict[str, Any]) -> tuple[str, str, int | None]:
 
 
 main.add_command(plan_command)
-for _action in CANARY_ANNOTATIONS:
+for _action in CANARY_OPERATIONS:
     main.add_command(gate_command(_action))
 
 

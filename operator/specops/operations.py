@@ -16,7 +16,9 @@ import kubernetes
 import yaml
 
 from specops.adapters.kube import ConnectionSettings, KubeApiError, KubeClient, load_connection_settings
-from specops.api.models import API_VERSION, KIND
+from specops.api.models import API_VERSION, KIND, SpeculativeDeployment
+from specops.domain import canary_rollout, drafts
+from specops.domain.names import LABEL_DEPLOYMENT, label_value
 
 SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 
@@ -25,13 +27,19 @@ CANARY_ANNOTATIONS: dict[str, dict[str, str | None]] = {
     "resume": {"specops.dev/canary-paused": None},
     "promote": {"specops.dev/canary-action": "promote", "specops.dev/canary-paused": None},
     "abort": {"specops.dev/canary-action": "abort", "specops.dev/canary-paused": None},
+    "retry": {"specops.dev/canary-action": "retry", "specops.dev/canary-paused": None},
 }
 CANARY_GATE_HELP = {
     "pause": "hold the canary at its current step (judgement stops until resumed)",
     "resume": "resume a paused canary",
     "promote": "promote the canary draft now, skipping the remaining steps",
     "abort": "roll the canary back now and keep the stable draft",
+    "retry": "run the canary of the draft a canary rolled back (spec.draft still names it) again",
+    "undo": "set spec.draft back to the previous draft: the one serving after a rollback, else the one "
+    "that served before the last promotion (which then runs its own canary)",
 }
+CANARY_OPERATIONS = (*CANARY_ANNOTATIONS, "undo")
+DRAFT_FIELDS = ("model", "version", "method", "kind", "parameters", "uri")
 
 
 class OperationError(Exception):
@@ -166,6 +174,23 @@ class Cluster:
             raise self.error(error) from error
         return sorted(bodies, key=lambda b: (b["metadata"].get("namespace", ""), b["metadata"]["name"]))
 
+    async def children(self, namespace: str, name: str) -> list[dict[str, Any]]:
+        """The resource's Deployments and pods (by its specops.dev/deployment label), Deployments
+        first; empty when they cannot be read (the view shows the resource anyway)."""
+        labels = {LABEL_DEPLOYMENT: label_value(name)}
+        try:
+            deployments = await self.kube.list("apps/v1", "Deployment", namespace, labels)
+            pods = await self.kube.list("v1", "Pod", namespace, labels)
+        except KubeApiError:
+            return []
+        return [
+            *(
+                {**d, "kind": "Deployment"}
+                for d in sorted(deployments, key=lambda d: str(d["metadata"]["name"]))
+            ),
+            *({**p, "kind": "Pod"} for p in sorted(pods, key=lambda p: str(p["metadata"]["name"]))),
+        ]
+
     async def events(self, namespace: str, name: str) -> list[dict[str, Any]]:
         """Events about one SpeculativeDeployment, oldest first (empty when Events cannot be read)."""
         return (await self.events_versioned(namespace, name))[0]
@@ -247,15 +272,70 @@ class Cluster:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
 
-    async def set_canary_gate(self, action: str, namespace: str, name: str) -> None:
+    async def set_canary_gate(self, action: str, namespace: str, name: str) -> str:
+        """Set one gate (or undo); the outcome in one line, or OperationError when it does not apply."""
         body = await self.get(namespace, name)
-        if not (body.get("status") or {}).get("canary"):
+        if action == "undo":
+            return await self._undo(body)
+        status = body.get("status") or {}
+        if action == "retry":
+            resource = _typed(body)
+            if not canary_rollout.spec_draft_rejected(resource.spec, resource.status):
+                raise OperationError(
+                    f"{namespace}/{name} has no rolled-back draft to retry: spec.draft names draft "
+                    f"{resource.spec.draft.version}, which no canary rejected"
+                    + (" (a canary is in progress)" if resource.status.canary else "")
+                )
+        elif not status.get("canary"):
             raise OperationError(f"{namespace}/{name} has no canary in progress")
-        patch = {"metadata": {"annotations": CANARY_ANNOTATIONS[action]}}
+        await self._patch(namespace, name, {"metadata": {"annotations": CANARY_ANNOTATIONS[action]}})
+        return f"speculativedeployment {namespace}/{name}: canary {action} requested"
+
+    async def _undo(self, body: dict[str, Any]) -> str:
+        """spec.draft back to the serving draft (it names another one: a rolled-back or pending draft),
+        else to the draft that served before the last promotion."""
+        namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
+        resource = _typed(body)
+        spec, status = resource.spec, resource.status
+        if status.canary is not None:
+            raise OperationError(
+                f"{namespace}/{name} has a canary of draft {status.canary.draft.version} in progress: "
+                "abort it first (kubectl specops abort)"
+            )
+        serving = drafts.stable_draft(spec.draft, status)
+        if drafts.draft_key(spec.draft) != drafts.draft_key(serving):
+            target, said = serving, f"draft {serving.version}, the one serving"
+        elif status.previous_draft is not None and status.previous_draft.version:
+            target = drafts.draft_from_status(status.previous_draft, spec.draft)
+            said = f"draft {target.version}, which served before {serving.version} (its canary starts)"
+        else:
+            raise OperationError(
+                f"{namespace}/{name}: no previous draft recorded (draft {serving.version} has served since "
+                "it was created or since before the operator recorded promotions)"
+            )
+        draft = target.model_dump(by_alias=True, mode="json")
+        patch = {
+            "metadata": {"resourceVersion": body["metadata"].get("resourceVersion")},
+            "spec": {"draft": {field: draft.get(field) for field in DRAFT_FIELDS}},
+        }
+        await self._patch(namespace, name, patch)
+        return f"speculativedeployment {namespace}/{name}: spec.draft set back to {said}"
+
+    async def _patch(self, namespace: str, name: str, patch: dict[str, Any]) -> None:
         try:
             await self.kube.patch(API_VERSION, KIND, namespace, name, patch)
         except KubeApiError as error:
             raise self.error(error) from error
+
+
+def _typed(body: dict[str, Any]) -> SpeculativeDeployment:
+    meta = body["metadata"]
+    try:
+        return SpeculativeDeployment.model_validate(body)
+    except ValueError as error:
+        raise OperationError(
+            f"{meta.get('namespace')}/{meta['name']} does not load: {_first_line(error)}"
+        ) from None
 
 
 def event_selector(name: str) -> str:
@@ -270,14 +350,14 @@ def _event_order(event: dict[str, Any]) -> tuple[str, int]:
 async def set_canary_gate(
     action: str, name: str, namespace: str, kubeconfig: str | None = None, context: str | None = None
 ) -> int:
-    """Set one manual canary gate; prints the outcome, returns the exit status (0 done, 1 error)."""
+    """Set one manual canary gate (or undo); prints the outcome, returns the exit status (0 done, 1 error)."""
     import sys
 
     try:
         async with Cluster(kubeconfig, context) as cluster:
-            await cluster.set_canary_gate(action, namespace, name)
+            said = await cluster.set_canary_gate(action, namespace, name)
     except OperationError as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
-    print(f"speculativedeployment {namespace}/{name}: canary {action} requested")
+    print(said)
     return 0

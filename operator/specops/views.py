@@ -21,9 +21,11 @@ from rich.tree import Tree
 from specops.api import columns
 from specops.api.conditions import find_condition
 from specops.api.crd import PRINTER_COLUMNS
-from specops.api.status import SpeculativeDeploymentStatus
+from specops.api.status import CanaryStatus, CanaryVariantWindow, SpeculativeDeploymentStatus
 from specops.api.units import format_duration, parse_duration
-from specops.domain import perf
+from specops.domain import canary_window, perf
+from specops.domain.engine_pod import LABEL_REVISION
+from specops.domain.names import LABEL_VARIANT
 from specops.plan import PlanInputs, inputs_from_spec, read_spec
 
 RECENT_EVENTS = 6
@@ -83,8 +85,40 @@ def shown_break_even(body: Mapping[str, Any], status: SpeculativeDeploymentStatu
     return break_even_batch(body, status.observed.alpha or status.speculation.smoothed_alpha), "roofline"
 
 
-def summary(body: Mapping[str, Any]) -> dict[str, Any]:
+def _variant(window: CanaryVariantWindow) -> dict[str, Any]:
+    return {
+        "alpha": window.alpha,
+        "p99": None if window.p99 is None else format_duration(window.p99),
+        "samples": canary_window.usable(window),
+        "failedReads": window.failed,
+    }
+
+
+def _canary_summary(canary: CanaryStatus, spec: Mapping[str, Any], now: datetime) -> dict[str, Any]:
+    analysis = canary.last_analysis
+    return {
+        "phase": canary.phase,
+        "draft": canary.draft.version,
+        "step": canary.step,
+        "steps": [s.get("weight") for s in (spec.get("canary") or {}).get("steps") or []],
+        "weight": canary.weight,
+        "requestedWeight": canary.requested_weight,
+        "paused": canary.paused,
+        "verdict": analysis.verdict if analysis else None,
+        "lastAnalysis": analysis.summary if analysis else None,
+        "trafficRouting": canary.traffic_routing,
+        "stable": _variant(canary.window.stable) if canary.phase == "Progressing" else None,
+        "canary": _variant(canary.window.canary) if canary.phase == "Progressing" else None,
+        "judgedInSeconds": None
+        if canary.judge_at is None or canary.phase != "Progressing"
+        else max(0, round((canary.judge_at - now).total_seconds())),
+        "nextWeight": canary.next_weight if canary.phase == "Progressing" else None,
+    }
+
+
+def summary(body: Mapping[str, Any], now: datetime | None = None) -> dict[str, Any]:
     """The numbers the view shows, as JSON (`--json`): one flat record per resource."""
+    now = now or datetime.now(UTC)
     status = _status(body)
     spec = body.get("spec") or {}
     speculation, observed, canary, retraining = (
@@ -119,6 +153,7 @@ def summary(body: Mapping[str, Any]) -> dict[str, Any]:
         },
         "endpoint": status.endpoint,
         "draft": status.draft.version,
+        "specDraft": ((spec.get("draft") or {}).get("version")),
         "alpha": alpha,
         "batch": observed.batch,
         "breakEvenBatch": break_even,
@@ -129,18 +164,7 @@ def summary(body: Mapping[str, Any]) -> dict[str, Any]:
         "measuredSpeedup": speculation.measured_speedup,
         "reason": speculation.reason,
         "message": speculation.message,
-        "canary": None
-        if canary is None
-        else {
-            "phase": canary.phase,
-            "draft": canary.draft.version,
-            "step": canary.step,
-            "steps": [s.get("weight") for s in (spec.get("canary") or {}).get("steps") or []],
-            "weight": canary.weight,
-            "paused": canary.paused,
-            "verdict": canary.last_analysis.verdict if canary.last_analysis else None,
-            "trafficRouting": canary.traffic_routing,
-        },
+        "canary": None if canary is None else _canary_summary(canary, spec, now),
         "retraining": {
             "rounds": retraining.rounds,
             "active": retraining.active.job_name if retraining.active else None,
@@ -175,6 +199,7 @@ _POLARITY: dict[str, dict[str, str]] = {
     "SpeculationApplied": {"True": OK, "False": BAD},
     "CanaryRollout": {"True": IN_PROGRESS, "False": OK},
     "DraftStale": {"True": ADVICE, "False": OK},
+    "DraftRejected": {"True": BAD, "False": OK},
     "CalibrationProfile": {"True": OK, "False": ADVICE},
     "Retraining": {"True": IN_PROGRESS, "False": OK},
 }
@@ -193,7 +218,7 @@ _BY_REASON: dict[tuple[str, str], str] = {
     ("Retraining", "InvalidTemplate"): BAD,
     ("Retraining", "RetrainingBackoff"): ADVICE,
 }
-ROLLED_BACK = frozenset({"CanaryRolledBack", "CanaryAborted", "NotLossless"})
+ROLLED_BACK = frozenset({"CanaryRolledBack", "CanaryAborted", "NotLossless", "SpecDraftRejected"})
 
 
 def condition_level(kind: str, status: str | None, reason: str | None) -> str:
@@ -220,7 +245,9 @@ def health(info: Mapping[str, Any]) -> tuple[str, str]:
         return f"{condition['type']}={condition['status']} {condition['reason'] or ''}{message}"
 
     for condition in conditions:
-        rolled_back = condition["type"] == "CanaryRollout" and condition["reason"] in ROLLED_BACK
+        rolled_back = (
+            condition["type"] in ("CanaryRollout", "DraftRejected") and condition["reason"] in ROLLED_BACK
+        )
         if rolled_back and info["canary"] is None:
             return "RolledBack", said(condition)
     bad = [c for level, c in leveled if level == BAD]
@@ -268,11 +295,13 @@ def resource_view(
     now: datetime | None = None,
     *,
     all_conditions: bool = False,
+    children: Sequence[Mapping[str, Any]] = (),
 ) -> RenderableType:
     """One SpeculativeDeployment: a health headline, a tree, its recent Events below. The tree lists
-    only abnormal conditions unless `all_conditions`."""
+    only abnormal conditions unless `all_conditions`, and the serving objects in `children`
+    (Deployments and pods) with their state."""
     now = now or datetime.now(UTC)
-    info = summary(body)
+    info = summary(body, now)
     word, why = health(info)
     headline = Text.assemble((word, HEALTH_STYLE[word]), f"  {why}")
     tree = Tree(
@@ -332,10 +361,16 @@ def resource_view(
             f"canary {canary['draft']} {canary['phase']}{' (paused)' if canary['paused'] else ''}"
             f"  weight {canary['weight']}%  requested steps {steps or '-'}"
         )
+        requested = canary["requestedWeight"]
+        asked = (
+            f" ({requested}% requested)" if requested is not None and requested != canary["weight"] else ""
+        )
         node.add(
-            f"stable {100 - int(canary['weight'] or 0)}%  canary {int(canary['weight'] or 0)}%"
+            f"stable {100 - int(canary['weight'] or 0)}%  canary {int(canary['weight'] or 0)}%{asked}"
             f"  routing {canary['trafficRouting'] or '-'}  last analysis {canary['verdict'] or '-'}"
         )
+        for line in canary_lines(canary):
+            node.add(line)
     retraining = info["retraining"]
     if retraining is not None and (retraining["rounds"] or retraining["active"]):
         node = tree.add(
@@ -345,6 +380,10 @@ def resource_view(
         )
         if retraining["lastMessage"]:
             node.add(str(retraining["lastMessage"]))
+    if info["specDraft"] and info["draft"] and info["specDraft"] != info["draft"] and canary is None:
+        tree.add(Text(f"spec.draft names {info['specDraft']}; draft {info['draft']} serves", style="yellow"))
+    if children:
+        add_children(tree, children)
     shown = [
         (level, c)
         for c in info["conditions"]
@@ -380,6 +419,93 @@ def resource_view(
             str(event.get("message", "")),
         )
     return Group(headline, tree, Text(), table)
+
+
+def canary_lines(canary: Mapping[str, Any]) -> list[str]:
+    """The step under way: both variants' acceptance and p99 with their sample counts, the time left,
+    what comes next; then the last analysis in words."""
+    lines = []
+    stable, tested = canary["stable"], canary["canary"]
+    if stable is not None and tested is not None:
+
+        def said(variant: Mapping[str, Any]) -> str:
+            failed = f", {variant['failedReads']} failed reads" if variant["failedReads"] else ""
+            return f"{_number(variant['alpha'], '{:.3f}')} (n={variant['samples']}{failed})"
+
+        lines.append(f"acceptance canary {said(tested)} vs stable {said(stable)}")
+        lines.append(f"p99 canary {tested['p99'] or '-'} vs stable {stable['p99'] or '-'}")
+    left, following = canary["judgedInSeconds"], canary["nextWeight"]
+    if left is not None:
+        then = "promotion" if following is None or following >= 100 else f"step to {following}%"
+        when = f"in {_span(left)}" if left > 0 else "at the next tick with enough samples"
+        lines.append(
+            f"step {int(canary['step']) + 1}/{len(canary['steps'] or [])} judged {when}; on a pass: {then}"
+        )
+    if canary["lastAnalysis"]:
+        lines.append(f"last analysis: {canary['lastAnalysis']}")
+    return lines
+
+
+def _span(seconds: float) -> str:
+    """A time left as kubectl writes ages: 42s, 3m12s, 2h5m."""
+    whole = int(seconds)
+    if whole < 120:
+        return f"{whole}s"
+    if whole < 3600:
+        return f"{whole // 60}m{whole % 60}s"
+    return f"{whole // 3600}h{whole % 3600 // 60}m"
+
+
+def _pod_state(pod: Mapping[str, Any]) -> tuple[str, bool | None]:
+    """A pod's state as kubectl's STATUS column says it (a waiting reason wins), and whether it is ready."""
+    status = pod.get("status") or {}
+    statuses = status.get("containerStatuses") or []
+    for container in statuses:
+        waiting = (container.get("state") or {}).get("waiting")
+        if waiting and waiting.get("reason"):
+            return str(waiting["reason"]), False
+    if pod["metadata"].get("deletionTimestamp"):
+        return "Terminating", None
+    ready = bool(statuses) and all(c.get("ready") for c in statuses)
+    return str(status.get("phase") or "Pending"), ready
+
+
+def add_children(tree: Tree, children: Sequence[Mapping[str, Any]]) -> None:
+    """Deployments, each with its pods (matched by the variant label): ready counts, state, restarts."""
+    node = tree.add("serving objects")
+    deployments = [c for c in children if c.get("kind") == "Deployment"]
+    pods = [c for c in children if c.get("kind") == "Pod"]
+    for deployment in deployments:
+        labels = deployment["metadata"].get("labels") or {}
+        variant = labels.get(LABEL_VARIANT)
+        status = deployment.get("status") or {}
+        wanted = (deployment.get("spec") or {}).get("replicas")
+        ready = int(status.get("readyReplicas") or 0)
+        full = wanted is not None and ready >= int(wanted)
+        branch = node.add(
+            Text.assemble(
+                f"Deployment {deployment['metadata']['name']} ({variant or '-'})  ready ",
+                _styled(full, f"{ready}/{wanted if wanted is not None else '-'}"),
+                f"  updated {int(status.get('updatedReplicas') or 0)}",
+            )
+        )
+        for pod in pods:
+            if (pod["metadata"].get("labels") or {}).get(LABEL_VARIANT) != variant:
+                continue
+            state, pod_ready = _pod_state(pod)
+            restarts = sum(
+                int(c.get("restartCount") or 0)
+                for c in (pod.get("status") or {}).get("containerStatuses") or []
+            )
+            revision = (pod["metadata"].get("labels") or {}).get(LABEL_REVISION)
+            branch.add(
+                Text.assemble(
+                    f"pod {pod['metadata']['name']}  ",
+                    _styled(pod_ready, state),
+                    f"  ready {'yes' if pod_ready else 'no'}  restarts {restarts}",
+                    f"  revision {revision}" if revision else "",
+                )
+            )
 
 
 def list_table(

@@ -13,6 +13,7 @@ import os
 import re
 import shutil
 import sys
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -587,3 +588,183 @@ async def test_resume_without_a_canary_fails_like_the_other_gates(cluster: Emula
     for gate in ("resume", "pause", "promote"):
         result = await invoke(kubectl_plugin.main, gate, NAME)
         assert result.exit_code == 1 and f"{NAMESPACE}/{NAME} has no canary in progress" in result.output
+
+
+# ---------------------------------------------------------------- retry and undo
+
+V3 = {
+    "model": "llama-3.1-8b-draft",
+    "version": "v3",
+    "method": "draftModel",
+    "kind": "standalone",
+    "parameters": "7B",
+    "uri": "pvc://models/llama-70b-draft/v3",
+}
+V4 = {**V3, "version": "v4", "uri": "pvc://models/llama-70b-draft/v4"}
+
+
+def set_spec_draft(cluster: EmulatedCluster, draft: dict[str, Any]) -> None:
+    cluster.emulator.patch_object(cluster.resource("sdep"), NAMESPACE, NAME, {"spec": {"draft": draft}})
+
+
+def spec_draft(cluster: EmulatedCluster) -> dict[str, Any]:
+    stored = cluster.get("sdep", NAME, namespace=NAMESPACE)
+    assert stored is not None
+    return dict(stored["spec"]["draft"])
+
+
+async def test_retry_and_undo_after_a_rollback(cluster: EmulatedCluster) -> None:
+    # Given spec.draft names v4, whose canary rolled back, while v3 serves
+    set_spec_draft(cluster, V4)
+    rolled_back = {
+        "canary": None,
+        "draft": V3,
+        "rejectedDraft": "v4@pvc://models/llama-70b-draft/v4",
+        "lastCanary": {"draft": "v4", "result": "RolledBack", "reason": "CanaryFailureLimitExceeded"},
+    }
+    cluster.patch_status("sdep", NAME, rolled_back, namespace=NAMESPACE)
+    # retry asks the operator to run v4's canary again
+    retried = await invoke(kubectl_plugin.main, "retry", NAME)
+    assert retried.exit_code == 0, retried.output
+    assert retried.output.strip() == f"speculativedeployment {NAMESPACE}/{NAME}: canary retry requested"
+    stored = cluster.get("sdep", NAME, namespace=NAMESPACE)
+    assert stored is not None and stored["metadata"]["annotations"]["specops.dev/canary-action"] == "retry"
+    # undo sets spec.draft back to the serving draft, every field of it
+    undone = await invoke(specops, "canary", "undo", NAME)
+    assert undone.exit_code == 0, undone.output
+    assert "spec.draft set back to draft v3, the one serving" in undone.output
+    assert spec_draft(cluster) == V3
+    # now nothing is rejected: retry says so in one line; undo has no earlier draft to go to
+    refused = await invoke(kubectl_plugin.main, "retry", NAME)
+    assert refused.exit_code == 1
+    assert one_line_error(refused) == (
+        f"error: {NAMESPACE}/{NAME} has no rolled-back draft to retry: spec.draft names draft v3, "
+        "which no canary rejected"
+    )
+    nothing = await invoke(kubectl_plugin.main, "undo", NAME)
+    assert nothing.exit_code == 1 and "no previous draft recorded" in one_line_error(nothing)
+
+
+async def test_undo_after_a_promotion_goes_back_to_the_draft_that_served_before(
+    cluster: EmulatedCluster,
+) -> None:
+    # Given v4 promoted (spec and status name it), v3 served before; a canary still runs: refused
+    set_spec_draft(cluster, V4)
+    busy = await invoke(kubectl_plugin.main, "undo", NAME)
+    assert busy.exit_code == 1 and "has a canary of draft v4 in progress: abort it first" in one_line_error(
+        busy
+    )
+    cluster.patch_status(
+        "sdep", NAME, {"canary": None, "draft": V4, "previousDraft": V3}, namespace=NAMESPACE
+    )
+    undone = await invoke(kubectl_plugin.main, "undo", NAME)
+    assert undone.exit_code == 0, undone.output
+    assert "draft v3, which served before v4 (its canary starts)" in undone.output
+    assert spec_draft(cluster) == V3
+
+
+# ---------------------------------------------------------------- a canary you can watch, and what serves
+
+
+def child_labels(variant: str, revision: str) -> dict[str, str]:
+    return {"specops.dev/deployment": NAME, "specops.dev/variant": variant, "specops.dev/revision": revision}
+
+
+async def test_get_shows_the_step_under_way_and_the_serving_objects(cluster: EmulatedCluster) -> None:
+    # Given a canary step at 33 % (50 % asked), both variants measured, judged in about two minutes
+    judge_at = (datetime.now(UTC) + timedelta(seconds=125)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    window = {
+        "stable": {
+            "samples": 14,
+            "alpha": 0.82,
+            "p99": "30.8ms",
+            "alphaBins": "0.82*14",
+            "p99Bins": "0.0308*14",
+        },
+        "canary": {"samples": 15, "failed": 1, "alpha": 0.812, "p99": "31.2ms", "alphaBins": "0.812*14"},
+    }
+    canary = {**STATUS["canary"], "weight": 33, "requestedWeight": 50, "window": window, "judgeAt": judge_at}
+    canary["nextWeight"] = 100
+    cluster.patch_status("sdep", NAME, {"canary": canary}, namespace=NAMESPACE)
+    # and its serving objects: a stable Deployment with a pod crash-looping, a canary Deployment ready
+    for variant, revision, ready in (("stable", "bdaf1c784d", 1), ("canary", "9e21c0aa7f", 1)):
+        name = f"{NAME}-{variant}"
+        cluster.create(
+            "deployments",
+            {
+                "metadata": {"name": name, "labels": child_labels(variant, revision)},
+                "spec": {"replicas": 2 if variant == "stable" else 1},
+            },
+            namespace=NAMESPACE,
+        )
+        cluster.patch_status(
+            "deployments", name, {"readyReplicas": ready, "updatedReplicas": ready}, namespace=NAMESPACE
+        )
+    pods = (
+        ("stable", "bdaf1c784d", "a", {"ready": True, "restartCount": 0, "state": {"running": {}}}),
+        (
+            "stable",
+            "bdaf1c784d",
+            "b",
+            {"ready": False, "restartCount": 4, "state": {"waiting": {"reason": "CrashLoopBackOff"}}},
+        ),
+        ("canary", "9e21c0aa7f", "c", {"ready": True, "restartCount": 0, "state": {"running": {}}}),
+    )
+    for variant, revision, suffix, container in pods:
+        name = f"{NAME}-{variant}-{suffix}"
+        cluster.create(
+            "pods",
+            {
+                "metadata": {"name": name, "labels": child_labels(variant, revision)},
+                "spec": {"containers": [{"name": "engine"}]},
+            },
+            namespace=NAMESPACE,
+        )
+        cluster.patch_status(
+            "pods",
+            name,
+            {"phase": "Running", "containerStatuses": [{"name": "engine", **container}]},
+            namespace=NAMESPACE,
+        )
+
+    got = await invoke(kubectl_plugin.main, "get", NAME)
+    assert got.exit_code == 0, got.output
+    for shown in (
+        "stable 67%  canary 33% (50% requested)",
+        "acceptance canary 0.812 (n=14, 1 failed reads) vs stable 0.820 (n=14)",
+        "p99 canary 31.2ms vs stable 30.8ms",
+        "step 2/3 judged in 2m",
+        "on a pass: promotion",
+        f"Deployment {NAME}-stable (stable)  ready 1/2",
+        f"pod {NAME}-stable-b  CrashLoopBackOff  ready no  restarts 4  revision bdaf1c784d",
+        f"Deployment {NAME}-canary (canary)  ready 1/1",
+        f"pod {NAME}-canary-c  Running  ready yes  restarts 0  revision 9e21c0aa7f",
+    ):
+        assert shown in got.output, shown
+    record = json.loads((await invoke(kubectl_plugin.main, "get", NAME, "-o", "json")).stdout)["canary"]
+    assert (record["canary"]["samples"], record["stable"]["alpha"], record["nextWeight"]) == (14, 0.82, 100)
+    assert 100 <= record["judgedInSeconds"] <= 125
+
+
+async def test_after_a_rollback_the_view_and_the_columns_say_the_spec_draft_does_not_serve(
+    cluster: EmulatedCluster,
+) -> None:
+    set_spec_draft(cluster, V4)
+    rejected = condition(
+        "DraftRejected",
+        "True",
+        "SpecDraftRejected",
+        "spec.draft names draft v4, which a canary rolled back; draft v3 serves",
+    )
+    cluster.patch_status(
+        "sdep",
+        NAME,
+        {"canary": None, "draft": V3, "specDraft": "v4 rejected", "conditions": [*HEALTHY, rejected]},
+        namespace=NAMESPACE,
+    )
+    got = await invoke(kubectl_plugin.main, "get", NAME)
+    assert got.output.splitlines()[0].startswith("RolledBack")
+    assert "spec.draft names v4; draft v3 serves" in got.output
+    listed = await invoke(kubectl_plugin.main, "list")
+    [row] = table(listed.stdout)
+    assert (row["DRAFT"], row["SPECDRAFT"]) == ("v3", "v4 rejected")

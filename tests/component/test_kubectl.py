@@ -158,6 +158,7 @@ async def test_get_shows_the_printer_columns(kubectl: Kubectl) -> None:
             "phase": "Canary",
             "speculation": {"state": "on", "schedule": SCHEDULE, "measuredSpeedup": 2.5},
             "draft": {"version": "v3"},
+            "specDraft": "v4 canary",
             "observed": {"alpha": 0.81, "perTokenLatencyP99": "4.99ms"},
             "canary": {"phase": "Progressing", "weight": 25},
             "conditions": [
@@ -180,18 +181,20 @@ async def test_get_shows_the_printer_columns(kubectl: Kubectl) -> None:
         "SPECULATION",
         "SCHEDULE",
         "DRAFT",
+        "SPECDRAFT",
         "ACCEPT",
         "P99",
         "WEIGHT",
         "AGE",
     ]
-    assert list(row.values())[:9] == [
+    assert list(row.values())[:10] == [
         "llama-70b-chat",
         "Canary",
         "True",
         "on",
         SCHEDULE,  # the whole schedule the engines apply, readable in one cell
         "v3",
+        "v4 canary",  # the spec's draft, under canary while v3 serves
         "0.81",
         "4.99ms",
         "25",

@@ -10,7 +10,9 @@ API weights, analyses, and promotes or rolls back.
 from __future__ import annotations
 
 import asyncio
+import json
 import re
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -339,6 +341,22 @@ async def test_manual_gates_pause_then_promote_now(
         )
 
     await eventually(progressing, timeout_s=40, what="canary progressing")
+
+    # While the step bakes, status shows both variants' readings, when the step is judged and what
+    # comes next, and stays small
+    async def measured() -> dict[str, Any] | None:
+        live = await resource(kube, NAME)
+        window = ((live or {}).get("status", {}).get("canary") or {}).get("window") or {}
+        counts = [(window.get(v) or {}).get("samples", 0) for v in ("stable", "canary")]
+        return live if min(counts) >= 2 else None
+
+    live = await eventually(measured, timeout_s=60, what="both variants measured in the step")
+    canary = live["status"]["canary"]
+    assert canary["nextWeight"] == 100
+    assert datetime.fromisoformat(canary["judgeAt"]) > datetime.now(UTC) + timedelta(minutes=50)
+    for variant in ("stable", "canary"):
+        assert canary["window"][variant]["alpha"] > 0 and canary["window"][variant]["p99"].endswith("ms")
+    assert len(json.dumps(canary)) < 3072  # summaries, no raw samples
 
     # When an operator pauses the canary from the CLI, then status says so and nothing moves
     assert await set_canary_gate("pause", NAME, NAMESPACE) == 0

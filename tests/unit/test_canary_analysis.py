@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import re
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 
@@ -380,3 +381,60 @@ def test_against_plain_stable_pods_a_canary_is_judged_on_its_latency() -> None:
     assert "0.6" in evidence.summary and "plain stable pods" in evidence.summary
     verdict, evidence = analyse(slower, plain, confidence=0.95, slo_p99_s=None)
     assert verdict.value == "Fail" and evidence.cause == "SlowerThanPlain"
+
+
+# ---------------------------------------------------------------- the verdict in words
+
+P_SAID = re.compile(r"p=([0-9.e+-]+) (<|>=) ([0-9.e+-]+)")
+
+
+def said_p_values_hold(summary: str) -> int:
+    """Every 'p=X < L' / 'p=X >= L' in a summary is true of its numbers; how many there are."""
+    found = P_SAID.findall(summary)
+    for value, sign, level in found:
+        assert (float(value) < float(level)) == (sign == "<"), summary
+    return len(found)
+
+
+def test_a_small_significant_drop_inside_the_tolerance_passes_and_says_so() -> None:
+    # Given a canary 1 % below stable, measured tightly: significantly lower, but within the 2 % tolerance
+    verdict, evidence = analyse(
+        window(0.792, n=30, spread=0.002), window(0.80, n=30, spread=0.002), confidence=0.95, slo_p99_s=None
+    )
+    assert verdict is Verdict.PASS and evidence.cause == CAUSE_ACCEPTANCE_WITHIN_TOLERANCE
+    assert evidence.p_value is not None and evidence.p_value < 0.05
+    # Then the words say what each test found, in agreement with the p-values beside them
+    summary = evidence.summary
+    assert "any drop shown to be within the 2% tolerance (p=" in summary
+    assert (
+        "canary acceptance significantly lower than stable (p=" in summary
+        and "inside the tolerance" in summary
+    )
+    assert "a test holds" not in summary
+    assert said_p_values_hold(summary) == 2
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_every_verdicts_words_agree_with_its_p_values(seed: int) -> None:
+    rng = random.Random(seed)
+    stable_alpha = rng.uniform(0.5, 0.9)
+    canary_alpha = stable_alpha * rng.uniform(0.9, 1.05)
+    n = rng.choice([3, 8, 20, 40])
+    verdict, evidence = analyse(
+        window(canary_alpha, n=n, spread=rng.uniform(0.001, 0.05)),
+        window(stable_alpha, n=n, spread=rng.uniform(0.001, 0.05)),
+        confidence=rng.choice([0.9, 0.95, 0.99]),
+        slo_p99_s=None,
+    )
+    shown = said_p_values_hold(evidence.summary)
+    assert evidence.summary.startswith(f"{verdict.value} ({evidence.cause}): ")
+    # both tests are reported with their levels once there are enough samples to run them
+    assert shown == (0 if evidence.cause == CAUSE_NOT_ENOUGH_SAMPLES else 2)
+    if (
+        verdict is Verdict.PASS
+        and evidence.p_value is not None
+        and evidence.p_value < 1 - evidence.confidence
+    ):
+        assert "significantly lower" in evidence.summary and "inside the tolerance" in evidence.summary
+    if verdict is Verdict.FAIL:
+        assert "significantly lower" in evidence.summary and "beyond the" in evidence.summary

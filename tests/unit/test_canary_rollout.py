@@ -3,6 +3,8 @@ state and actions (table-style, like Argo Rollouts' canary reconcile tests)."""
 
 from __future__ import annotations
 
+import json
+import random
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -13,14 +15,14 @@ import yaml
 
 from specops.api.models import DraftSpec, SpeculativeDeployment
 from specops.api.status import (
-    CanarySample,
-    CanarySamples,
     CanaryStatus,
+    CanaryWindow,
     DraftStatus,
     SpeculativeDeploymentStatus,
 )
 from specops.api.units import parse_duration
 from specops.domain import canary_rollout as rollout
+from specops.domain import canary_window
 from specops.domain.canary import Sample
 from specops.domain.canary_rollout import (
     ApplyCanary,
@@ -83,8 +85,8 @@ def inputs(status: SpeculativeDeploymentStatus, **changes: Any) -> CanaryInputs:
     return replace(CanaryInputs(spec=SPEC, status=status, now=T0), **changes)
 
 
-def samples(alpha: float, n: int) -> list[CanarySample]:
-    return [CanarySample(ok=True, alpha=alpha, p99=0.02, p50=0.01, tps=100.0) for _ in range(n)]
+def samples(alpha: float, n: int) -> list[Sample]:
+    return [Sample(alpha=alpha, tpot_p99_s=0.02, tpot_p50_s=0.01, tokens_per_s=100.0) for _ in range(n)]
 
 
 # ---------------------------------------------------------------- start
@@ -145,7 +147,19 @@ def test_a_passed_lossless_check_enters_the_first_step_at_the_weight_the_router_
         "Passed",
     )
     assert step.actions == (ApplyCanary(SPEC.draft, receives_traffic=True), SetWeight(10))
-    assert [e.reason for e in step.events] == ["LosslessCheckPassed", "CanaryStepStarted"]
+    assert [e.reason for e in step.events] == [
+        "LosslessCheckPassed",
+        "CanaryStepStarted",
+        "CanaryWeightRounded",
+    ]
+    warning = step.events[-1]
+    assert warning.type == "Warning"
+    assert "asks 10% of traffic" in warning.message and "gives 33% with 2 stable replicas" in warning.message
+    # once per step: the ticks of the step's bake say nothing more
+    later = rollout.step(
+        inputs(step.status, now=T0 + timedelta(seconds=15), stable_sample=GOOD, canary_sample=GOOD)
+    )
+    assert later.events == ()
 
 
 def test_a_draft_that_changes_greedy_output_is_rolled_back_before_any_traffic() -> None:
@@ -180,24 +194,26 @@ def test_within_the_pause_a_step_only_collects_samples() -> None:
         inputs(status, now=T0 + timedelta(seconds=30), stable_sample=sample, canary_sample=sample)
     )
     assert step.status.canary is not None
-    assert len(step.status.canary.samples.stable) == 1 and len(step.status.canary.samples.canary) == 1
+    window = step.status.canary.window
+    assert (window.stable.samples, window.canary.samples) == (1, 1)
+    assert (window.canary.alpha, window.canary.p99) == (0.8, 0.02)
     assert step.actions == () and step.events == ()
 
 
 def test_a_step_that_passes_moves_to_the_next_weight() -> None:
     status = serving(
-        canary=canary_status(samples=CanarySamples(stable=samples(0.8, 12), canary=samples(0.8, 12)))
+        canary=canary_status(window=canary_window.replay(stable=samples(0.8, 12), canary=samples(0.8, 12)))
     )
     sample = Sample(alpha=0.8, tpot_p99_s=0.02, tokens_per_s=100.0, tpot_p50_s=0.01)
     now = T0 + timedelta(minutes=2)
     step = rollout.step(inputs(status, now=now, stable_sample=sample, canary_sample=sample))
     canary = step.status.canary
     assert canary is not None
-    assert (canary.step, canary.weight, canary.step_started_at, canary.samples) == (
+    assert (canary.step, canary.weight, canary.step_started_at, canary.window) == (
         1,
         50,
         now,
-        CanarySamples(),
+        CanaryWindow(),
     )
     assert canary.last_analysis is not None and canary.last_analysis.verdict == "Pass"
     assert step.actions == (SetWeight(50),)
@@ -206,7 +222,7 @@ def test_a_step_that_passes_moves_to_the_next_weight() -> None:
 
 def test_passing_the_last_step_promotes_the_draft_and_rolls_stable_after_the_write() -> None:
     canary = canary_status(
-        step=1, weight=50, samples=CanarySamples(stable=samples(0.8, 12), canary=samples(0.8, 12))
+        step=1, weight=50, window=canary_window.replay(stable=samples(0.8, 12), canary=samples(0.8, 12))
     )
     sample = Sample(alpha=0.8, tpot_p99_s=0.02, tokens_per_s=100.0, tpot_p50_s=0.01)
     step = rollout.step(
@@ -223,12 +239,12 @@ def test_passing_the_last_step_promotes_the_draft_and_rolls_stable_after_the_wri
 
 def test_a_worse_canary_holds_then_is_rolled_back_past_the_failure_limit() -> None:
     limit = SPEC.canary.analysis.failure_limit
-    worse = CanarySamples(stable=samples(0.8, 30), canary=samples(0.5, 30))
+    worse = canary_window.replay(stable=samples(0.8, 30), canary=samples(0.5, 30))
     sample = Sample(alpha=0.5, tpot_p99_s=0.02, tokens_per_s=100.0, tpot_p50_s=0.01)
     now = T0 + timedelta(minutes=2)
 
     def judged(failures: int) -> rollout.CanaryStep:
-        canary = canary_status(samples=worse).model_copy(
+        canary = canary_status(window=worse).model_copy(
             update={"counters": canary_status().counters.model_copy(update={"failures": failures})}
         )
         return rollout.step(
@@ -242,7 +258,7 @@ def test_a_worse_canary_holds_then_is_rolled_back_past_the_failure_limit() -> No
 
     held = judged(limit - 1)
     assert held.status.canary is not None and held.status.canary.counters.failures == limit
-    assert held.status.canary.samples == CanarySamples() and held.status.canary.step_started_at == now
+    assert held.status.canary.window == CanaryWindow() and held.status.canary.step_started_at == now
     assert held.actions == () and [e.reason for e in held.events] == ["CanaryAnalysisFailed"]
     ended = judged(limit)
     assert ended.status.canary is None and ended.finished == "RolledBack"
@@ -254,10 +270,10 @@ def test_a_worse_canary_holds_then_is_rolled_back_past_the_failure_limit() -> No
 
 
 def test_a_metrics_outage_pauses_judgement_without_advancing_or_rolling_back() -> None:
-    broken = [CanarySample(ok=False) for _ in range(12)]
+    broken = [Sample(ok=False) for _ in range(12)]
     status = serving(
         canary=canary_status(
-            samples=CanarySamples(stable=samples(0.8, 6) + broken, canary=samples(0.8, 6) + broken)
+            window=canary_window.replay(stable=samples(0.8, 6) + broken, canary=samples(0.8, 6) + broken)
         )
     )
     step = rollout.step(
@@ -273,16 +289,35 @@ def test_a_metrics_outage_pauses_judgement_without_advancing_or_rolling_back() -
     assert [u.reason for u in step.updates] == ["CanaryMetricsUnavailable"]
 
 
-def test_samples_kept_in_status_are_bounded() -> None:
-    full = CanarySamples(stable=samples(0.8, rollout.MAX_SAMPLES), canary=samples(0.8, rollout.MAX_SAMPLES))
-    status = serving(canary=canary_status(samples=full))
-    sample = Sample(alpha=0.7, tpot_p99_s=0.02, tokens_per_s=100.0, tpot_p50_s=0.01)
-    step = rollout.step(
-        inputs(status, now=T0 + timedelta(seconds=10), stable_sample=sample, canary_sample=sample)
-    )
-    kept = step.status.canary.samples if step.status.canary else None
-    assert kept is not None and len(kept.stable) == rollout.MAX_SAMPLES and kept.trimmed == 1
-    assert kept.stable[-1].alpha == 0.7
+def test_a_long_step_keeps_status_a_few_kb_and_its_medians_in_view() -> None:
+    # Given a step whose bake runs 2,000 intervals of noisy readings (no two alike)
+    rng = random.Random(7)
+    status = serving(canary=canary_status())
+    for tick in range(2000):
+        stable, canary = (
+            Sample(
+                alpha=rng.uniform(0.6, 0.9),
+                tpot_p99_s=rng.uniform(0.02, 0.05),
+                tpot_p50_s=rng.uniform(0.009, 0.012),
+            )
+            for _ in range(2)
+        )
+        status = rollout.step(
+            inputs(
+                status, now=T0 + timedelta(seconds=tick * 0.01), stable_sample=stable, canary_sample=canary
+            )
+        ).status
+    # Then the canary's block stays under 3 KB (every histogram full), with every reading counted
+    wire = status.to_wire()
+    assert len(json.dumps(wire["canary"])) < 3072, len(json.dumps(wire["canary"]))
+    assert status.canary is not None
+    window = status.canary.window
+    assert (window.stable.samples, window.canary.samples) == (2000, 2000)
+    assert canary_window.usable(window.canary) == 2000
+    assert len(canary_window.parse_bins(window.canary.alpha_bins)) == canary_window.MAX_BINS
+    # and the medians shown are those of the readings (to the bins' resolution)
+    assert window.canary.alpha == pytest.approx(0.75, abs=0.02)
+    assert window.canary.p99 == pytest.approx(0.035, abs=0.003)
 
 
 # ---------------------------------------------------------------- promotion and manual gates
@@ -330,15 +365,18 @@ def test_a_canary_whose_objects_are_gone_is_rendered_again_instead_of_waiting_fo
     assert step.actions == (ApplyCanary(SPEC.draft, receives_traffic=True), SetWeight(10))
     # the bake goes on; the new pods warm up before their next sample
     assert progressing.canary is not None
-    assert step.status.canary == progressing.canary.model_copy(update={"traffic_started_at": T0})
+    bake_ends = T0 + timedelta(minutes=1)  # the step's pause from the new pods' start (no warm-up here)
+    assert step.status.canary == progressing.canary.model_copy(
+        update={"traffic_started_at": T0, "judge_at": bake_ends}
+    )
 
 
 def test_judgement_resumes_at_once_after_a_metrics_outage() -> None:
     # Given a step that baked 12 healthy ticks, then a 30-tick outage of both variants, then recovery
-    outage = [CanarySample(ok=False) for _ in range(30)]
+    outage = [Sample(ok=False) for _ in range(30)]
     status = serving(
         canary=canary_status(
-            samples=CanarySamples(
+            window=canary_window.replay(
                 stable=samples(0.8, 12) + outage + samples(0.8, 1),
                 canary=samples(0.8, 12) + outage + samples(0.8, 1),
             )
@@ -355,10 +393,10 @@ def test_judgement_resumes_at_once_after_a_metrics_outage() -> None:
 
 
 def test_ticks_at_which_only_the_canary_was_missing_still_count_against_it() -> None:
-    missing = [CanarySample(ok=False) for _ in range(20)]
+    missing = [Sample(ok=False) for _ in range(20)]
     status = serving(
         canary=canary_status(
-            samples=CanarySamples(stable=samples(0.8, 32), canary=samples(0.8, 12) + missing)
+            window=canary_window.replay(stable=samples(0.8, 32), canary=samples(0.8, 12) + missing)
         )
     )
     sample = Sample(alpha=0.8, tpot_p99_s=0.02, tokens_per_s=100.0, tpot_p50_s=0.01)
@@ -406,9 +444,9 @@ def test_a_canary_takes_no_samples_until_its_pods_served_traffic_for_a_full_rate
         )
     )
     # Then only the tick after a full window is a sample, of both variants
-    assert young.status.canary is not None and young.status.canary.samples == CanarySamples()
+    assert young.status.canary is not None and young.status.canary.window == CanaryWindow()
     assert warm.status.canary is not None
-    assert (len(warm.status.canary.samples.canary), len(warm.status.canary.samples.stable)) == (1, 1)
+    assert (warm.status.canary.window.canary.samples, warm.status.canary.window.stable.samples) == (1, 1)
 
 
 def test_the_first_steps_bake_counts_from_the_end_of_the_warm_up() -> None:
@@ -416,7 +454,7 @@ def test_the_first_steps_bake_counts_from_the_end_of_the_warm_up() -> None:
     status = serving(
         canary=canary_status(
             traffic_started_at=T0,
-            samples=CanarySamples(stable=samples(0.8, 29), canary=samples(0.8, 29)),
+            window=canary_window.replay(stable=samples(0.8, 29), canary=samples(0.8, 29)),
         )
     )
     # When the pause has passed since the step began, but not since the warm-up ended
@@ -450,7 +488,7 @@ def test_judgement_resumes_within_two_intervals_after_a_long_outage() -> None:
         canary=canary_status(
             traffic_started_at=T0 - timedelta(minutes=5),
             step_started_at=T0 - timedelta(minutes=3),
-            samples=CanarySamples(stable=samples(0.8, 12), canary=samples(0.8, 12)),
+            window=canary_window.replay(stable=samples(0.8, 12), canary=samples(0.8, 12)),
         )
     )
     now = T0
@@ -568,7 +606,9 @@ def test_a_new_draft_takes_the_place_of_a_first_draft_that_failed_and_is_checked
 
 
 def test_a_promoted_canary_records_its_draft_as_checked() -> None:
-    last_step = canary_status(step=1, samples=CanarySamples(stable=samples(0.8, 12), canary=samples(0.8, 12)))
+    last_step = canary_status(
+        step=1, window=canary_window.replay(stable=samples(0.8, 12), canary=samples(0.8, 12))
+    )
     status = serving(canary=last_step)
     step = rollout.step(inputs(status, now=T0 + timedelta(minutes=2), stable_sample=GOOD, canary_sample=GOOD))
     assert step.status.canary is not None and step.status.canary.phase == "Promoting"
@@ -612,7 +652,7 @@ def mid_canary(phase: str) -> SpeculativeDeploymentStatus:
         return serving(observed_spec_draft=V4_KEY, canary=canary_status())
     # Promoting: the last step passed; status.draft names v4, the stable pods have not rolled yet
     last = canary_status(
-        step=1, weight=50, samples=CanarySamples(stable=samples(0.8, 12), canary=samples(0.8, 12))
+        step=1, weight=50, window=canary_window.replay(stable=samples(0.8, 12), canary=samples(0.8, 12))
     )
     promoting = rollout.step(
         inputs(
@@ -734,3 +774,65 @@ def test_a_spec_edit_overrides_a_promote_annotation_and_clears_it() -> None:
     step = edited(mid_canary("Progressing"), V3_DRAFT, action="promote")
     assert step.status.canary is None and step.status.draft.version == "v3"
     assert step.actions == (SetWeight(0), DeleteCanary(), ClearAction())
+
+
+# ---------------------------------------------------------------- after a rollback: retry, and saying so
+
+V4_KEY = "v4@pvc://engines/d/v4"
+
+
+def rolled_back() -> SpeculativeDeploymentStatus:
+    """spec.draft names v4, whose canary rolled back; v3 serves."""
+    status = rollout.step(inputs(serving(canary=canary_status()), action="abort")).status
+    assert status.rejected_draft == V4_KEY and status.canary is None
+    return status
+
+
+def test_after_a_rollback_a_condition_says_the_spec_draft_is_not_the_one_serving() -> None:
+    status = rolled_back()
+    update = rollout.spec_draft_condition(SPEC, status)
+    assert (update.type, update.status, update.reason) == ("DraftRejected", "True", "SpecDraftRejected")
+    assert (
+        "spec.draft names draft v4, which a canary rolled back (CanaryAborted); draft v3 serves"
+        in update.message
+    )
+    # a canary in progress, or the spec's draft serving, is not a rejection
+    running = rollout.spec_draft_condition(SPEC, serving(canary=canary_status()))
+    assert (running.status, running.reason) == ("False", "SpecDraftPending")
+    assert "draft v3 serves until a canary promotes it" in running.message
+    promoted = serving(draft=DraftStatus(model=V4.model, version="v4", parameters="7B", uri=V4.uri))
+    assert rollout.spec_draft_condition(SPEC, promoted).reason == "SpecDraftServing"
+
+
+def test_retry_runs_the_rejected_drafts_canary_again_and_clears_the_annotation() -> None:
+    status = rolled_back()
+    # without the annotation a rejected draft is not tried again
+    assert rollout.step(inputs(status)).status.canary is None
+    retried = rollout.step(inputs(status, action="retry"))
+    canary = retried.status.canary
+    assert canary is not None and (canary.phase, canary.draft.version, canary.source) == (
+        "LosslessCheck",
+        "v4",
+        "Spec",
+    )
+    assert retried.status.rejected_draft is None
+    assert retried.actions == (ApplyCanary(SPEC.draft, receives_traffic=False), ClearAction())
+    assert "started again by specops.dev/canary-action: retry" in retried.events[0].message
+    # with nothing rejected (a canary running) the tick goes on as usual and only the annotation goes
+    running = serving(canary=canary_status())
+    plain = rollout.step(
+        inputs(running, now=T0 + timedelta(seconds=10), stable_sample=GOOD, canary_sample=GOOD)
+    )
+    again = rollout.step(
+        inputs(
+            running, now=T0 + timedelta(seconds=10), stable_sample=GOOD, canary_sample=GOOD, action="retry"
+        )
+    )
+    assert again.status == plain.status and again.actions == (*plain.actions, ClearAction())
+
+
+def test_a_promotion_records_the_draft_it_replaced_for_undo() -> None:
+    replaced = serving().draft
+    status = serving(canary=canary_status(phase="Promoting", weight=100, replaces=replaced))
+    done = rollout.step(inputs(status, stable_rolled_out=True))
+    assert done.status.previous_draft == replaced

@@ -981,3 +981,45 @@ def test_a_result_the_trainer_mangled_is_reported_without_its_secrets() -> None:
     assert isinstance(outcome, Failed)
     assert "is not a pvc://" in outcome.message and "trainer:***@store.local" in outcome.message
     assert "hunter2-pw" not in outcome.message
+
+
+# ---------------------------------------------------------------- after a rollback: the serving draft
+
+
+class RecordingKube:
+    """Records what the retraining service creates (the only call a round's start makes)."""
+
+    def __init__(self) -> None:
+        self.created: list[dict[str, Any]] = []
+
+    async def create(self, manifest: dict[str, Any]) -> dict[str, Any]:
+        self.created.append(manifest)
+        return manifest
+
+
+async def test_after_a_rollback_retraining_speaks_of_and_trains_from_the_serving_draft() -> None:
+    from specops.api.status import DraftStatus, SpeculativeDeploymentStatus
+    from specops.services.retraining import RetrainingService
+
+    # Given spec.draft names v4, which a canary rolled back, while v3 serves; the target moved on
+    data = body()
+    data["spec"]["draft"].update(version="v4", uri="pvc://models/llama-70b-draft/v4")
+    rejected = SpeculativeDeployment.model_validate(data)
+    status = SpeculativeDeploymentStatus(
+        draft=DraftStatus(
+            model="llama-3.1-8b-draft", version="v3", parameters="7B", uri="pvc://models/llama-70b-draft/v3"
+        ),
+        rejected_draft="v4@pvc://models/llama-70b-draft/v4",
+        retraining=RetrainingStatus(draft_target_version="2026-09-01"),
+    )
+    kube = RecordingKube()
+    result = await RetrainingService(kube).tick(rejected, status, NOW)  # type: ignore[arg-type]
+    # Then DraftStale, the round's output and its Job name draft v3, never the rejected v4
+    [stale] = [u for u in result.updates if u.type == "DraftStale"]
+    assert stale.message.startswith("draft v3 was trained for target version 2026-09-01")
+    [job] = kube.created
+    assert env_of(_pod_templates(job)[0]["spec"]["containers"][0])["SPECOPS_DRAFT_VERSION"] == "v3"
+    assert result.retraining.active is not None and result.retraining.active.output_version.startswith(
+        "v3-rt1"
+    )
+    assert "v4" not in json.dumps(job)

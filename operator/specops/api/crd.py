@@ -52,6 +52,13 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
         "description": "Draft in service",
     },
     {
+        "name": "SpecDraft",
+        "type": "string",
+        "jsonPath": ".status.specDraft",
+        "description": "spec.draft's version: alone when it serves, else with canary, rejected (a canary "
+        "rolled it back) or pending",
+    },
+    {
         "name": "Accept",
         "type": "number",
         "jsonPath": ".status.observed.alpha",

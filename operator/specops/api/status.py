@@ -263,23 +263,38 @@ class DraftStatus(ApiModel):
 # ---------------------------------------------------------------- canary
 
 
-class CanarySample(ApiModel):
-    """One tick's measurement of one variant (kept short: a step keeps up to a few hundred)."""
+class CanaryVariantWindow(ApiModel):
+    """One variant's readings in the current step, summarised: no raw samples, a few hundred bytes."""
 
-    ok: bool = Field(default=False, description="Whether the variant was measured at this tick.")
-    alpha: float | None = Field(default=None, description="Per-token acceptance alpha.")
-    p99: float | None = Field(default=None, description="TPOT p99 in seconds.")
-    p50: float | None = Field(default=None, description="TPOT p50 in seconds.")
-    tps: float | None = Field(default=None, description="Output tokens per second.")
+    samples: int = Field(
+        default=0, description="Readings counted in this step (from the variant's first good read on)."
+    )
+    failed: int = Field(default=0, description="Of those, reads that failed.")
+    last_ok: bool = Field(default=True, description="Whether the latest read succeeded.")
+    alpha: float | None = Field(default=None, description="Median per-token acceptance alpha of the step.")
+    p99: DurationText | None = Field(default=None, description="Median of the per-interval TPOT p99.")
+    alpha_bins: str = Field(
+        default="",
+        max_length=1024,
+        description="Acceptance readings as `value*count` bins, ascending (`*1` left out), at most 32 "
+        "bins (the two closest merge past that): what the Mann-Whitney test runs on.",
+    )
+    p99_bins: str = Field(
+        default="", max_length=1024, description="TPOT p99 readings (seconds), as alphaBins."
+    )
+    p50_bins: str = Field(
+        default="", max_length=1024, description="TPOT p50 readings (seconds), as alphaBins."
+    )
 
 
-class CanarySamples(ApiModel):
-    stable: list[CanarySample] = Field(default_factory=list, description="The stable variant's samples.")
-    canary: list[CanarySample] = Field(default_factory=list, description="The canary variant's samples.")
-    trimmed: int = Field(
-        default=0,
-        description="Older samples of this step dropped per variant to keep status bounded "
-        "(the analysis window is the samples kept).",
+class CanaryWindow(ApiModel):
+    """The step's evidence so far, per variant (bounded: status never holds raw samples)."""
+
+    stable: CanaryVariantWindow = Field(
+        default_factory=CanaryVariantWindow, description="The stable variant's readings."
+    )
+    canary: CanaryVariantWindow = Field(
+        default_factory=CanaryVariantWindow, description="The canary variant's readings."
     )
 
 
@@ -300,7 +315,14 @@ class CanaryAnalysisStatus(ApiModel):
     verdict: Literal["Pass", "Fail", "Inconclusive", "Error"] = Field(description="Outcome of the analysis.")
     reason: str = Field(default="", description="What the outcome led to (UpperCamelCase).")
     p_value: float | None = Field(
-        default=None, description="Mann-Whitney p-value that the canary's acceptance is lower than stable's."
+        default=None,
+        description="One-sided Mann-Whitney p-value of 'canary acceptance is lower than stable' (against "
+        "plain stable pods: of 'canary per-token latency is higher').",
+    )
+    p_within_tolerance: float | None = Field(
+        default=None,
+        description="One-sided p-value of 'canary acceptance is above stable's less the tolerance' "
+        "(the non-inferiority test).",
     )
     canary_alpha: float | None = Field(default=None, description="Median alpha of the canary window.")
     stable_alpha: float | None = Field(default=None, description="Median alpha of the stable window.")
@@ -333,7 +355,17 @@ class CanaryStatus(ApiModel):
     counters: CanaryCounters = Field(default_factory=CanaryCounters, description="Analysis outcomes counted.")
     lossless_attempts: int = Field(default=0, description="Tries of the golden prompts that could not run.")
     lossless_check: Literal["Passed"] | None = Field(default=None, description="Passed once the gate passed.")
-    samples: CanarySamples = Field(default_factory=CanarySamples, description="This step's samples.")
+    window: CanaryWindow = Field(
+        default_factory=CanaryWindow, description="This step's readings of both variants, summarised."
+    )
+    judge_at: Timestamp | None = Field(
+        default=None,
+        description="When this step is judged: its bake's end (later while the window is still too thin, "
+        "or after a hold).",
+    )
+    next_weight: int | None = Field(
+        default=None, description="Canary weight of the next step once this one passes (100: promotion)."
+    )
     last_analysis: CanaryAnalysisStatus | None = Field(default=None, description="The latest analysis.")
     paused: bool = Field(default=False, description="Held by the specops.dev/canary-paused annotation.")
     promotion_evidence: str | None = Field(default=None, description="Why it is being promoted.")
@@ -414,6 +446,16 @@ class SpeculativeDeploymentStatus(ApiModel):
         description="The in-cluster URL clients call (the shared Service on the engine's API port).",
     )
     draft: DraftStatus = Field(default_factory=DraftStatus, description="Draft serving the stable variant.")
+    spec_draft: str | None = Field(
+        default=None,
+        description="spec.draft's version and where it stands: `v4` (it serves), `v4 canary` (its canary "
+        "runs), `v4 rejected` (a canary rolled it back; status.draft serves) or `v4 pending`.",
+    )
+    previous_draft: DraftStatus | None = Field(
+        default=None,
+        description="The draft that served before status.draft, recorded when a canary promoted it "
+        "(`kubectl specops undo` sets spec.draft back to it).",
+    )
     observed_spec_draft: str | None = Field(
         default=None,
         description="The spec.draft (version@uri) the operator last acted on; a change starts a canary.",

@@ -133,6 +133,34 @@ def sample_from_measurement(measurement: Measurement) -> Sample:
 
 
 @dataclass(frozen=True)
+class Window:
+    """What the analysis reads of one variant's window: each metric's usable readings and the failed reads.
+
+    `Window.of(samples)` builds it from per-interval samples; a canary step keeps it summarised
+    in status instead (domain.canary_window), so status never holds raw samples.
+    """
+
+    alphas: Sequence[float] = ()
+    p99s: Sequence[float] = ()
+    p50s: Sequence[float] = ()
+    ok: int = 0  # readings that succeeded
+    errors: int = 0  # readings that failed
+    last_ok: bool = True  # whether the latest reading succeeded (True for an empty window)
+
+    @classmethod
+    def of(cls, samples: Sequence[Sample]) -> Window:
+        good = [s for s in samples if s.ok]
+        return cls(
+            alphas=[s.alpha for s in good if s.alpha is not None and math.isfinite(s.alpha)],
+            p99s=[s.tpot_p99_s for s in good if s.tpot_p99_s is not None],
+            p50s=[s.tpot_p50_s for s in good if s.tpot_p50_s is not None],
+            ok=len(good),
+            errors=len(samples) - len(good),
+            last_ok=samples[-1].ok if samples else True,
+        )
+
+
+@dataclass(frozen=True)
 class Evidence:
     """The numbers behind a verdict; `summary` is the one line that goes to status and Events."""
 
@@ -154,6 +182,9 @@ class Evidence:
     confidence: float
     tolerance: float
     summary: str
+    min_samples: int = DEFAULT_MIN_SAMPLES
+    stable_breach_fraction: float | None = None  # share of stable p99 readings above the SLO
+    latency_ratio: float | None = None  # canary median p50 / plain stable median p50 (plain stable only)
 
 
 @dataclass(frozen=True)
@@ -222,22 +253,43 @@ def analyse(
     max_error_fraction: float = DEFAULT_MAX_ERROR_FRACTION,
 ) -> tuple[Verdict, Evidence]:
     """Judge one window of canary samples against the stable samples of the same window."""
+    return analyse_windows(
+        Window.of(canary),
+        Window.of(stable),
+        confidence=confidence,
+        slo_p99_s=slo_p99_s,
+        min_samples=min_samples,
+        tolerance=tolerance,
+        baseline_p50_s=baseline_p50_s,
+        max_error_fraction=max_error_fraction,
+    )
+
+
+def analyse_windows(
+    canary: Window,
+    stable: Window,
+    *,
+    confidence: float,
+    slo_p99_s: float | None,
+    min_samples: int = DEFAULT_MIN_SAMPLES,
+    tolerance: float = DEFAULT_TOLERANCE,
+    baseline_p50_s: float | None = None,
+    max_error_fraction: float = DEFAULT_MAX_ERROR_FRACTION,
+) -> tuple[Verdict, Evidence]:
+    """`analyse` on windows already reduced to each metric's readings."""
     if not 0.0 < confidence < 1.0:
         raise ValueError("confidence must be between 0 and 1")
     if not 0.0 <= tolerance < 1.0:
         raise ValueError("tolerance must be in [0, 1)")
     level = 1.0 - confidence
-    canary_alpha = _alphas(canary)
-    stable_alpha = _alphas(stable)
+    canary_alpha, stable_alpha = list(canary.alphas), list(stable.alphas)
     canary_med = statistics.median(canary_alpha) if canary_alpha else None
     stable_med = statistics.median(stable_alpha) if stable_alpha else None
     effect = canary_med / stable_med - 1.0 if canary_med is not None and stable_med else None
-    canary_p99 = [s.tpot_p99_s for s in canary if s.ok and s.tpot_p99_s is not None]
-    stable_p99 = [s.tpot_p99_s for s in stable if s.ok and s.tpot_p99_s is not None]
+    canary_p99, stable_p99 = list(canary.p99s), list(stable.p99s)
     canary_p99_med = statistics.median(canary_p99) if canary_p99 else None
     stable_p99_med = statistics.median(stable_p99) if stable_p99 else None
-    canary_p50 = [s.tpot_p50_s for s in canary if s.ok and s.tpot_p50_s is not None]
-    canary_p50_med = statistics.median(canary_p50) if canary_p50 else None
+    canary_p50_med = statistics.median(canary.p50s) if canary.p50s else None
     enough = len(canary_alpha) >= min_samples and len(stable_alpha) >= min_samples
     p_worse = mann_whitney_p(canary_alpha, stable_alpha, "less") if enough else None
     p_non_inferior = (
@@ -251,8 +303,8 @@ def analyse(
             cause=cause,
             canary_samples=len(canary_alpha),
             stable_samples=len(stable_alpha),
-            canary_errors=_errors(canary),
-            stable_errors=_errors(stable),
+            canary_errors=canary.errors,
+            stable_errors=stable.errors,
             canary_alpha=canary_med,
             stable_alpha=stable_med,
             p_value=p_worse,
@@ -266,6 +318,8 @@ def analyse(
             confidence=confidence,
             tolerance=tolerance,
             summary="",
+            min_samples=min_samples,
+            stable_breach_fraction=_breach_fraction(stable_p99, slo_p99_s),
         )
         return verdict, replace(found, summary=_summary(verdict, found))
 
@@ -276,24 +330,23 @@ def analyse(
         shared = len(stable_p99) >= min_samples and _majority_above(stable_p99, slo_p99_s)
         if canary_breaches and not shared:
             return evidence(Verdict.FAIL, CAUSE_LATENCY_ABOVE_SLO)
-    stable_ok = [st for st in stable if st.ok]
-    if not stable_alpha and len(stable_ok) >= min_samples and len(canary_alpha) >= min_samples:
+    if not stable_alpha and stable.ok >= min_samples and len(canary_alpha) >= min_samples:
         # the stable pods run plain: no acceptance to compare, so the canary is judged on what
         # matters against plain decoding, its per-token latency in the same window
-        canary_lat = [st.tpot_p50_s for st in canary if st.ok and st.tpot_p50_s is not None]
-        stable_lat = [st.tpot_p50_s for st in stable_ok if st.tpot_p50_s is not None]
+        canary_lat, stable_lat = list(canary.p50s), list(stable.p50s)
         if len(canary_lat) >= min_samples and len(stable_lat) >= min_samples:
             p_slower = mann_whitney_p(canary_lat, stable_lat, "greater")
+            slower = p_slower < level
             verdict, found = evidence(
-                Verdict.FAIL if p_slower < level else Verdict.PASS,
-                CAUSE_SLOWER_THAN_PLAIN if p_slower < level else CAUSE_NOT_SLOWER_THAN_PLAIN,
+                Verdict.FAIL if slower else Verdict.PASS,
+                CAUSE_SLOWER_THAN_PLAIN if slower else CAUSE_NOT_SLOWER_THAN_PLAIN,
             )
-            ratio = statistics.median(canary_lat) / statistics.median(stable_lat)
-            summary = (
-                f"{found.summary}; per-token latency {ratio:.2f}x the plain stable pods', test "
-                f"'canary is slower' p={p_slower:.3g} (holds when p < {level:.3g})"
+            found = replace(
+                found,
+                p_value=p_slower,
+                latency_ratio=statistics.median(canary_lat) / statistics.median(stable_lat),
             )
-            return verdict, replace(found, p_value=p_slower, summary=summary)
+            return verdict, replace(found, summary=_summary(verdict, found))
     if not enough or p_worse is None or p_non_inferior is None:
         return evidence(Verdict.INCONCLUSIVE, CAUSE_NOT_ENOUGH_SAMPLES)
     if p_worse < level and effect is not None and effect < -tolerance:
@@ -305,19 +358,9 @@ def analyse(
     return evidence(Verdict.INCONCLUSIVE, CAUSE_ACCEPTANCE_UNCLEAR)
 
 
-def _alphas(samples: Sequence[Sample]) -> list[float]:
-    return [s.alpha for s in samples if s.ok and s.alpha is not None and math.isfinite(s.alpha)]
-
-
-def _errors(samples: Sequence[Sample]) -> int:
-    return sum(1 for s in samples if not s.ok)
-
-
-def _outage(samples: Sequence[Sample], max_error_fraction: float) -> bool:
+def _outage(window: Window, max_error_fraction: float) -> bool:
     """The latest read failed, or too much of the window is missing to stand for it."""
-    if not samples:
-        return False
-    return not samples[-1].ok or _errors(samples) > max_error_fraction * len(samples)
+    return not window.last_ok or window.errors > max_error_fraction * (window.ok + window.errors)
 
 
 def _majority_above(values: Sequence[float], limit: float) -> bool:
@@ -330,19 +373,69 @@ def _breach_fraction(values: Sequence[float], limit: float | None) -> float | No
     return sum(1 for v in values if v > limit) / len(values)
 
 
+def _p(value: float, level: float) -> str:
+    """A p-value beside the level it is compared with, the comparison written out."""
+    return f"p={value:.3g} {'<' if value < level else '>='} {level:.3g}"
+
+
+def _finding(verdict: Verdict, e: Evidence) -> str:
+    """What was tested and what it found, in words that agree with the p-values beside them."""
+    level = 1.0 - e.confidence
+    tolerance = f"{e.tolerance:.0%}"
+    lower = (
+        None
+        if e.p_value is None
+        else (
+            f"canary acceptance significantly lower than stable ({_p(e.p_value, level)})"
+            if e.p_value < level
+            else f"no significant drop in acceptance ({_p(e.p_value, level)})"
+        )
+    )
+    within = (
+        None
+        if e.p_non_inferior is None
+        else (
+            f"any drop shown to be within the {tolerance} tolerance ({_p(e.p_non_inferior, level)})"
+            if e.p_non_inferior < level
+            else f"staying within the {tolerance} tolerance not shown ({_p(e.p_non_inferior, level)})"
+        )
+    )
+    effect = "" if e.effect is None else f"{e.effect:+.1%}"
+    if e.cause == CAUSE_METRICS_UNAVAILABLE:
+        return (
+            f"metrics unavailable (failed reads canary {e.canary_errors}, stable {e.stable_errors}, "
+            "or the latest read failed): nothing judged"
+        )
+    if e.cause == CAUSE_LATENCY_ABOVE_SLO and e.p99_breach_fraction is not None:
+        stable = "" if e.stable_breach_fraction is None else f", stable in {e.stable_breach_fraction:.0%}"
+        return f"canary p99 above the SLO in {e.p99_breach_fraction:.0%} of its readings{stable}"
+    if e.cause in (CAUSE_SLOWER_THAN_PLAIN, CAUSE_NOT_SLOWER_THAN_PLAIN) and e.p_value is not None:
+        ratio = "" if e.latency_ratio is None else f"{e.latency_ratio:.2f}x the plain stable pods', "
+        found = "significantly slower" if e.p_value < level else "not shown to be slower"
+        return f"per-token latency {ratio}{found} ({_p(e.p_value, level)})"
+    if e.cause == CAUSE_NOT_ENOUGH_SAMPLES:
+        return (
+            f"too few samples to test: canary {e.canary_samples}, stable {e.stable_samples}, "
+            f"{e.min_samples} needed on each side"
+        )
+    if e.cause == CAUSE_ACCEPTANCE_DROPPED:
+        return f"{lower}, by {effect}, beyond the {tolerance} tolerance; {within}"
+    if e.cause == CAUSE_ACCEPTANCE_WITHIN_TOLERANCE:
+        significant = e.p_value is not None and e.p_value < level
+        return f"{within}; {lower}" + (f", by {effect}, inside the tolerance" if significant else "")
+    if e.cause == CAUSE_ACCEPTANCE_NOT_WORSE:
+        return f"{lower}, median {effect} within the {tolerance} tolerance; {within}"
+    if verdict is Verdict.INCONCLUSIVE:
+        return f"{lower}; {within}"
+    return ""
+
+
 def _summary(verdict: Verdict, e: Evidence) -> str:
     """One line with the numbers: what an operator reads in `kubectl describe` and the Event."""
-    parts = [f"{verdict.value} ({e.cause})"]
+    finding = _finding(verdict, e)
+    parts = [f"{verdict.value} ({e.cause})" + (f": {finding}" if finding else "")]
     if e.canary_alpha is not None and e.stable_alpha is not None:
-        alpha = f"alpha canary {e.canary_alpha:.3f} vs stable {e.stable_alpha:.3f}"
-        if e.effect is not None:
-            alpha += f" ({e.effect:+.1%})"
-        parts.append(alpha)
-    if e.p_value is not None and e.p_non_inferior is not None:
-        parts.append(
-            f"test 'canary is worse' p={e.p_value:.3g}, test 'canary within {e.tolerance:.0%}' "
-            f"p={e.p_non_inferior:.3g} (a test holds when p < {1.0 - e.confidence:.3g})"
-        )
+        parts.append(f"alpha canary {e.canary_alpha:.3f} vs stable {e.stable_alpha:.3f}")
     parts.append(f"samples {e.canary_samples}/{e.stable_samples}")
     if e.canary_errors or e.stable_errors:
         parts.append(f"failed reads {e.canary_errors}/{e.stable_errors}")

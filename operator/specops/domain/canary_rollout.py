@@ -41,20 +41,17 @@ from specops.api.models import DraftSpec, SpeculativeDeploymentSpec
 from specops.api.status import (
     CanaryAnalysisStatus,
     CanaryCounters,
-    CanarySample,
-    CanarySamples,
     CanaryStatus,
+    CanaryWindow,
     DraftSource,
     LastCanaryStatus,
     SpeculativeDeploymentStatus,
 )
 from specops.api.units import parse_duration
 from specops.domain import canary as judgement
-from specops.domain import drafts
+from specops.domain import canary_window, drafts
 from specops.domain.lifecycle import EventRecord
 
-MAX_SAMPLES = 120
-"""Samples kept per variant and step: the analysis window (2 h at 1 min, 30 min at 15 s)."""
 MIN_SAMPLES = judgement.DEFAULT_MIN_SAMPLES
 MAX_BAKE_FACTOR = 4.0
 """A step whose window is still too thin after max(factor x pause, extension) is judged anyway."""
@@ -105,7 +102,7 @@ class CanaryInputs:
     candidate: DraftSpec | None = None
     """A trained draft waiting for its canary."""
     paused: bool = False
-    action: Literal["promote", "abort"] | None = None
+    action: Literal["promote", "abort", "retry"] | None = None
     lossless: LosslessOutcome | None = None
     """None while the canary pods are not ready to answer. With no canary and a stable draft whose
     check is pending (a resource's first draft), the outcome on a stable pod of that draft."""
@@ -179,26 +176,6 @@ def _draft(canary: CanaryStatus, spec: SpeculativeDeploymentSpec) -> DraftSpec:
     return drafts.draft_from_status(canary.draft, spec.draft)
 
 
-def _sample_of(sample: judgement.Sample) -> CanarySample:
-    return CanarySample(
-        ok=sample.ok,
-        alpha=sample.alpha,
-        p99=sample.tpot_p99_s,
-        p50=sample.tpot_p50_s,
-        tps=sample.tokens_per_s,
-    )
-
-
-def _judgement_sample(sample: CanarySample) -> judgement.Sample:
-    return judgement.Sample(
-        alpha=sample.alpha,
-        tpot_p99_s=sample.p99,
-        tpot_p50_s=sample.p50,
-        tokens_per_s=sample.tps,
-        ok=sample.ok,
-    )
-
-
 # ---------------------------------------------------------------- the step
 
 
@@ -206,6 +183,8 @@ def step(inputs: CanaryInputs) -> CanaryStep:
     """Advance the canary of one resource by at most one step."""
     status = inputs.status
     canary = status.canary
+    if inputs.action == "retry":
+        return _retry(inputs)
     if canary is None:
         if status.draft.lossless_check == "Pending":
             return _first_draft_check(inputs)
@@ -228,6 +207,80 @@ def step(inputs: CanaryInputs) -> CanaryStep:
     if canary.phase == "Progressing":
         return _progress(inputs, canary)
     return _finish_promotion(inputs, canary)
+
+
+def _retry(inputs: CanaryInputs) -> CanaryStep:
+    """specops.dev/canary-action: retry. When spec.draft names the draft a canary rolled back and no
+    canary runs, its canary starts again (the rejection is forgotten); otherwise the tick goes on as
+    without the annotation. Either way the annotation is removed once acted on."""
+    status, spec = inputs.status, inputs.spec
+    plain = replace(inputs, action=None)
+    if spec_draft_rejected(spec, status) and status.draft.lossless_check != "Pending":
+        started = _start(
+            replace(plain, status=status.model_copy(update={"rejected_draft": None})),
+            spec.draft,
+            "Spec",
+            "started again by specops.dev/canary-action: retry",
+        )
+    else:
+        started = step(plain)
+    return replace(started, actions=(*started.actions, ClearAction()))
+
+
+def spec_draft_rejected(spec: SpeculativeDeploymentSpec, status: SpeculativeDeploymentStatus) -> bool:
+    """spec.draft names the draft a canary rolled back, and another draft serves (no canary runs)."""
+    spec_key = drafts.draft_key(spec.draft)
+    return (
+        status.canary is None
+        and status.rejected_draft == spec_key
+        and spec_key != drafts.draft_key(drafts.stable_draft(spec.draft, status))
+    )
+
+
+def spec_draft_condition(
+    spec: SpeculativeDeploymentSpec, status: SpeculativeDeploymentStatus
+) -> ConditionUpdate:
+    """DraftRejected: True while spec.draft names a draft a canary rolled back, so another draft serves."""
+    wanted = spec.draft.version
+    serving = drafts.stable_draft(spec.draft, status).version
+    if spec_draft_rejected(spec, status):
+        last = status.last_canary
+        why = f" ({last.reason})" if last is not None and last.draft == wanted and last.reason else ""
+        return ConditionUpdate(
+            cond.DRAFT_REJECTED,
+            "True",
+            Reason.SPEC_DRAFT_REJECTED,
+            f"spec.draft names draft {wanted}, which a canary rolled back{why}; draft {serving} serves. "
+            f"`kubectl specops retry` runs its canary again, `kubectl specops undo` sets spec.draft back "
+            f"to {serving}",
+        )
+    if _spec_draft_serves(spec, status):
+        return ConditionUpdate(
+            cond.DRAFT_REJECTED, "False", Reason.SPEC_DRAFT_SERVING, f"draft {wanted} (spec.draft) serves"
+        )
+    return ConditionUpdate(
+        cond.DRAFT_REJECTED,
+        "False",
+        Reason.SPEC_DRAFT_PENDING,
+        f"spec.draft names draft {wanted}; draft {serving} serves until a canary promotes it",
+    )
+
+
+def _spec_draft_serves(spec: SpeculativeDeploymentSpec, status: SpeculativeDeploymentStatus) -> bool:
+    return drafts.draft_key(spec.draft) == drafts.draft_key(drafts.stable_draft(spec.draft, status))
+
+
+def spec_draft_text(spec: SpeculativeDeploymentSpec, status: SpeculativeDeploymentStatus) -> str:
+    """status.specDraft: spec.draft's version and where it stands (the SpecDraft printer column)."""
+    version = spec.draft.version
+    if spec_draft_rejected(spec, status):
+        return f"{version} rejected"
+    if _spec_draft_serves(spec, status):
+        return version
+    canary = status.canary
+    if canary is not None and canary.source == "Spec" and not superseded(spec, status):
+        return f"{version} canary"
+    return f"{version} pending"
 
 
 def superseded(spec: SpeculativeDeploymentSpec, status: SpeculativeDeploymentStatus) -> bool:
@@ -319,6 +372,11 @@ def _maybe_start(inputs: CanaryInputs) -> CanaryStep:
         draft, source = inputs.candidate, "Retraining"
     else:
         return CanaryStep(status)
+    return _start(inputs, draft, source)
+
+
+def _start(inputs: CanaryInputs, draft: DraftSpec, source: DraftSource, why: str = "started") -> CanaryStep:
+    status, spec_key = inputs.status, drafts.draft_key(inputs.spec.draft)
     if status.draft.lossless_check == "Failed":
         return _replace_failed_draft(inputs, draft, source)
     canary = CanaryStatus(
@@ -329,7 +387,7 @@ def _maybe_start(inputs: CanaryInputs) -> CanaryStep:
         traffic_routing=inputs.routing,
     )
     changes: dict[str, object] = {"observed_spec_draft": spec_key} if source == "Spec" else {}
-    message = f"canary of draft {draft.version} ({source.lower()}) started: lossless check before any traffic"
+    message = f"canary of draft {draft.version} ({source.lower()}) {why}: lossless check before any traffic"
     return CanaryStep(
         _with(status, canary, **changes),
         actions=(ApplyCanary(draft, receives_traffic=False),),
@@ -477,31 +535,56 @@ def _enter_step(inputs: CanaryInputs, canary: CanaryStatus, index: int) -> Canar
         weight=achieved,
         requested_weight=weight,
         step_started_at=inputs.now,
-        samples=CanarySamples(),
+        window=CanaryWindow(),
+    )
+    canary = replace_canary(
+        canary, judge_at=_judge_at(inputs, canary), next_weight=_next_weight(inputs, index)
     )
     text = f"step {index + 1}/{len(steps)}: canary weight {achieved}% ({canary.traffic_routing})"
+    events = [EventRecord("Normal", Reason.CANARY_STEP_STARTED, text)]
+    if achieved != weight:
+        replicas = inputs.spec.serving.replicas
+        text += f", {weight}% requested"
+        events.append(
+            EventRecord(
+                "Warning",
+                Reason.CANARY_WEIGHT_ROUNDED,
+                f"step {index + 1}/{len(steps)} asks {weight}% of traffic for the canary; "
+                f"{canary.traffic_routing} gives {achieved}% with {replicas} stable "
+                f"{'replica' if replicas == 1 else 'replicas'} (a canary pod takes its share of "
+                "requests); Gateway API routing (spec.canary.trafficRouting.gatewayAPI) or more "
+                "replicas give finer weights",
+            )
+        )
     return CanaryStep(
         _with(inputs.status, canary),
         actions=(SetWeight(weight),),
         updates=(ConditionUpdate(cond.CANARY_ROLLOUT, "True", Reason.CANARY_PROGRESSING, text),),
-        events=(EventRecord("Normal", Reason.CANARY_STEP_STARTED, text),),
+        events=tuple(events),
     )
+
+
+def _next_weight(inputs: CanaryInputs, index: int) -> int:
+    """The next step's weight once step `index` passes; 100 when passing it promotes."""
+    steps = inputs.spec.canary.steps
+    return 100 if index + 1 >= len(steps) else min(100, steps[index + 1].weight)
+
+
+def _judge_at(inputs: CanaryInputs, canary: CanaryStatus) -> datetime | None:
+    """When the step's bake ends: its pause after the step started (or after the warm-up, if later)."""
+    if canary.step < 0 or canary.step_started_at is None:
+        return None
+    pause_s = parse_duration(inputs.spec.canary.steps[canary.step].pause)
+    started = canary.step_started_at
+    warmed_at = _warmed_at(canary, inputs)
+    if warmed_at is not None:
+        started = max(started, warmed_at)
+    return started + timedelta(seconds=pause_s)
 
 
 def _sampled(canary: CanaryStatus, inputs: CanaryInputs) -> CanaryStatus:
-    samples = canary.samples
-    stable, canary_list = list(samples.stable), list(samples.canary)
-    if inputs.stable_sample is not None:
-        stable.append(_sample_of(inputs.stable_sample))
-    if inputs.canary_sample is not None:
-        canary_list.append(_sample_of(inputs.canary_sample))
-    trimmed = max(len(stable), len(canary_list)) - MAX_SAMPLES
-    kept = CanarySamples(
-        stable=stable[-MAX_SAMPLES:],
-        canary=canary_list[-MAX_SAMPLES:],
-        trimmed=samples.trimmed + max(0, trimmed),
-    )
-    return replace_canary(canary, samples=kept)
+    window = canary_window.record(canary.window, inputs.stable_sample, inputs.canary_sample)
+    return replace_canary(canary, window=window)
 
 
 def _progress(inputs: CanaryInputs, canary: CanaryStatus) -> CanaryStep:
@@ -512,38 +595,44 @@ def _progress(inputs: CanaryInputs, canary: CanaryStatus) -> CanaryStep:
         weight = canary.requested_weight if canary.requested_weight is not None else canary.weight
         # New pods: their warm-up starts again (what the old pods of this draft measured still counts).
         canary = replace_canary(canary, traffic_started_at=now)
+        canary = replace_canary(canary, judge_at=_judge_at(inputs, canary))
         return CanaryStep(
             _with(inputs.status, canary),
             actions=(ApplyCanary(draft, receives_traffic=True), SetWeight(weight)),
         )
+    index = max(0, canary.step)
+    if canary.next_weight is None:  # a canary written before these fields existed
+        canary = replace_canary(canary, next_weight=_next_weight(inputs, index))
     warmed_at = _warmed_at(canary, inputs)
     if warmed_at is not None and now < warmed_at:
-        return CanaryStep(_with(inputs.status, canary))  # warming up: no sample yet
+        return CanaryStep(_with(inputs.status, replace_canary(canary, judge_at=_judge_at(inputs, canary))))
     canary = _sampled(canary, inputs)
-    index = max(0, canary.step)
     pause_s = parse_duration(spec.canary.steps[index].pause)
     bake_started = canary.step_started_at or now
     if warmed_at is not None:
         bake_started = max(bake_started, warmed_at)
     elapsed_s = (now - bake_started).total_seconds()
+    canary = replace_canary(canary, judge_at=bake_started + timedelta(seconds=pause_s))
     if elapsed_s < pause_s:
         return CanaryStep(_with(inputs.status, canary))
-    stable_kept, canary_kept = _without_shared_outages(canary.samples)
-    canary_window = _warmed_up([_judgement_sample(s) for s in canary_kept])
-    stable_window = _warmed_up([_judgement_sample(s) for s in stable_kept])
-    healthy_now = bool(canary_window and canary_window[-1].ok and stable_window and stable_window[-1].ok)
+    canary_window_, stable_window = canary.window.canary, canary.window.stable
+    healthy_now = bool(
+        canary_window_.samples and canary_window_.last_ok and stable_window.samples and stable_window.last_ok
+    )
+    bake_limit_s = max(MAX_BAKE_FACTOR * pause_s, MIN_BAKE_EXTENSION_S)
     if (
         healthy_now
-        and min(_usable(canary_window), _usable(stable_window)) < MIN_SAMPLES
-        and elapsed_s < max(MAX_BAKE_FACTOR * pause_s, MIN_BAKE_EXTENSION_S)
+        and min(canary_window.usable(canary_window_), canary_window.usable(stable_window)) < MIN_SAMPLES
+        and elapsed_s < bake_limit_s
     ):
         # New canary pods are scraped a few intervals late: bake on rather than judge thin evidence.
-        return CanaryStep(_with(inputs.status, canary))
+        extended = bake_started + timedelta(seconds=bake_limit_s)
+        return CanaryStep(_with(inputs.status, replace_canary(canary, judge_at=extended)))
 
     slo = parse_duration(spec.slo.per_token_latency_p99) if spec.slo.per_token_latency_p99 else None
-    verdict, evidence = judgement.analyse(
-        canary_window,
-        stable_window,
+    verdict, evidence = judgement.analyse_windows(
+        canary_window.analysis_window(canary_window_),
+        canary_window.analysis_window(stable_window),
         confidence=spec.canary.analysis.confidence,
         slo_p99_s=slo,
         baseline_p50_s=inputs.status.baseline.per_token_latency_p50,
@@ -565,6 +654,7 @@ def _progress(inputs: CanaryInputs, canary: CanaryStatus) -> CanaryStep:
             verdict=verdict.value,
             reason=reason,
             p_value=None if evidence.p_value is None else round(evidence.p_value, 4),
+            p_within_tolerance=None if evidence.p_non_inferior is None else round(evidence.p_non_inferior, 4),
             canary_alpha=evidence.canary_alpha,
             stable_alpha=evidence.stable_alpha,
             summary=evidence.summary,
@@ -582,7 +672,8 @@ def _progress(inputs: CanaryInputs, canary: CanaryStatus) -> CanaryStep:
         return replace(entered, events=(EventRecord("Normal", reason, evidence.summary), *entered.events))
     update = ConditionUpdate(cond.CANARY_ROLLOUT, "True", reason, evidence.summary)
     if action == "hold":
-        canary = replace_canary(canary, step_started_at=now, samples=CanarySamples())
+        canary = replace_canary(canary, step_started_at=now, window=CanaryWindow())
+        canary = replace_canary(canary, judge_at=now + timedelta(seconds=pause_s))
         return CanaryStep(
             _with(inputs.status, canary),
             updates=(update,),
@@ -620,8 +711,9 @@ def _finish_promotion(inputs: CanaryInputs, canary: CanaryStatus) -> CanaryStep:
         # Rendering the stable variant again is idempotent; it also repairs a lost write.
         return CanaryStep(_with(inputs.status, canary), actions=(RolloutStable(draft),))
     message = f"draft {draft.version} promoted: {canary.promotion_evidence or ''}".strip()
+    previous = canary.replaces if canary.replaces is not None else inputs.status.previous_draft
     return CanaryStep(
-        _with(inputs.status, None),
+        _with(inputs.status, None, previous_draft=previous),
         actions=(SetWeight(0), DeleteCanary()),
         updates=(ConditionUpdate(cond.CANARY_ROLLOUT, "False", Reason.CANARY_PROMOTED, message),),
         events=(EventRecord("Normal", Reason.CANARY_PROMOTED, message),),
@@ -658,40 +750,3 @@ def _warmed_at(canary: CanaryStatus, inputs: CanaryInputs) -> datetime | None:
     if canary.traffic_started_at is None:
         return None
     return canary.traffic_started_at + timedelta(seconds=inputs.warm_up_s)
-
-
-def _without_shared_outages(samples: CanarySamples) -> tuple[list[CanarySample], list[CanarySample]]:
-    """The step's samples less the ticks at which neither variant was measured.
-
-    A metrics outage blanks both variants at once; those ticks say nothing about the canary,
-    and keeping them made judgement wait for them to age out of the window (about three times
-    the outage). A tick at which only one variant was missing stays: that is evidence. The
-    outage itself still pauses judgement while it lasts, since the latest samples are not ok.
-    """
-    stable, canary = list(samples.stable), list(samples.canary)
-    offset = len(stable) - len(canary)  # both lists end at the latest tick
-    shared = {
-        index
-        for index in range(max(0, offset), len(stable))
-        if not stable[index].ok and not canary[index - offset].ok
-    }
-    last = len(stable) - 1
-    shared.discard(last)  # the latest tick decides whether judgement can run at all
-    kept_stable = [sample for index, sample in enumerate(stable) if index not in shared]
-    kept_canary = [sample for index, sample in enumerate(canary) if index + offset not in shared]
-    return kept_stable, kept_canary
-
-
-def _warmed_up(samples: list[judgement.Sample]) -> list[judgement.Sample]:
-    """Drop the not-ok samples before a variant's first ok one: new pods' series are not scraped yet.
-
-    Later gaps stay in the window, so an outage still reads as an outage.
-    """
-    for index, sample in enumerate(samples):
-        if sample.ok:
-            return samples[index:]
-    return samples
-
-
-def _usable(samples: list[judgement.Sample]) -> int:
-    return sum(1 for sample in samples if sample.ok and sample.alpha is not None)

@@ -10,7 +10,8 @@ Traffic goes through a router per mode (Gateway API backend weights, or replicas
 shared Service); the canary's replica count follows the weight in both modes.
 
 Manual gates are annotations: specops.dev/canary-paused: "true" holds everything; the
-one-shot specops.dev/canary-action: promote | abort acts at the next tick and is removed.
+one-shot specops.dev/canary-action: promote | abort | retry acts at the next tick and is removed
+(retry: spec.draft names the draft a canary rolled back, whose canary runs again).
 """
 
 from __future__ import annotations
@@ -146,9 +147,12 @@ class CanaryService:
         except ActionFailed as failure:
             update = ConditionUpdate(cond.CANARY_ROLLOUT, "True", Reason.TRAFFIC_SPLIT_FAILED, str(failure))
             return CanaryResult(status=status, updates=[update])
+        stepped = result.status.model_copy(
+            update={"spec_draft": rollout.spec_draft_text(resource.spec, result.status)}
+        )
         return CanaryResult(
-            status=result.status,
-            updates=list(result.updates),
+            status=stepped,
+            updates=[*result.updates, rollout.spec_draft_condition(resource.spec, stepped)],
             events=[*repaired, *result.events],
             after_write=result.after_write,
             finished=result.finished,
@@ -204,7 +208,7 @@ class CanaryService:
             candidate=candidate,
             warm_up_s=self.rate_window_s,
             paused=annotations.get(PAUSED_ANNOTATION) == "true",
-            action=action if action in ("promote", "abort") else None,
+            action=action if action in ("promote", "abort", "retry") else None,
         )
         if canary is None and status.draft.lossless_check == "Pending" and not inputs.paused:
             if not rollout.first_check_due(status, now):
@@ -217,7 +221,7 @@ class CanaryService:
                 return replace(inputs, lossless=await self._lossless(resource, checks[0], references[0]))
             await self._apply_check_pod(resource, drafts.stable_draft(spec.draft, status))
             return inputs
-        if canary is None or inputs.action is not None or inputs.paused:
+        if canary is None or inputs.action in ("promote", "abort") or inputs.paused:
             return inputs
         if rollout.superseded(spec, status):
             return inputs  # spec.draft moved on: the canary ends this tick, nothing to measure

@@ -16,6 +16,7 @@ from specops.api import conditions as cond
 from specops.api.conditions import ConditionUpdate, Reason
 from specops.api.models import DraftSpec, SpeculativeDeployment, SpeculativeDeploymentSpec
 from specops.api.status import RetrainingStatus, SpeculativeDeploymentStatus
+from specops.domain import drafts
 from specops.domain import retraining as rt
 from specops.domain.lifecycle import EventRecord
 from specops.ports import KubeApiError, KubePort
@@ -44,6 +45,14 @@ def trained_to_draft(spec_draft: DraftSpec, trained: rt.TrainedDraft) -> DraftSp
     )
 
 
+def serving_spec(
+    spec: SpeculativeDeploymentSpec, status: SpeculativeDeploymentStatus
+) -> SpeculativeDeploymentSpec:
+    """The spec with the draft that serves in place of spec.draft (the same spec when they agree)."""
+    serving = drafts.stable_draft(spec.draft, status)
+    return spec if serving == spec.draft else spec.model_copy(update={"draft": serving})
+
+
 def after_canary(
     spec: SpeculativeDeploymentSpec,
     retraining: RetrainingStatus,
@@ -70,7 +79,11 @@ class RetrainingService:
     async def tick(
         self, resource: SpeculativeDeployment, status: SpeculativeDeploymentStatus, now: datetime
     ) -> RetrainingResult:
-        spec = resource.spec
+        """Retraining works from the draft serving (status.draft), not spec.draft: after a rollback
+        spec.draft names a rejected draft, and the conditions, the round's output version and the
+        training Job all concern the draft in service."""
+        spec = serving_spec(resource.spec, status)
+        resource = resource.model_copy(update={"spec": spec})
         namespace = resource.metadata["namespace"]
         before = rt.RetrainingState.from_status(status.retraining, default_target_version=spec.target.version)
         state = rt.observe_acceptance(before, status.observed.alpha, spec.slo.min_acceptance, now)

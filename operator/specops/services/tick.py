@@ -113,7 +113,15 @@ before rests were spaced further. A resource without a route has nothing to chec
 
 # Status blocks each part owns: the tick writes these and only these (plus conditions and phase).
 CONTROL_BLOCKS = ("speculation", "baseline", "observed")
-CANARY_BLOCKS = ("canary", "draft", "rejected_draft", "observed_spec_draft", "last_canary")
+CANARY_BLOCKS = (
+    "canary",
+    "draft",
+    "previous_draft",
+    "spec_draft",
+    "rejected_draft",
+    "observed_spec_draft",
+    "last_canary",
+)
 RETRAINING_BLOCKS = ("retraining",)
 
 
