@@ -49,7 +49,8 @@ Every ``--check-interval`` seconds it checks, from the API server's store and th
   without a True Degraded condition saying why;
 - ``secret-in-output``: no secret of the corpus in any resource's status, any Event, or any log
   line of the process;
-- ``non-finite-status``: no number in any resource's status is NaN, infinite or negative.
+- ``non-finite-status``: no number in any resource's status is NaN or infinite, nor negative
+  (but a predicted gain, and the canary's step before its first).
 
 After each fault it measures the recovery time (until the resources are healthy again, see
 ``recovered``) and prints a summary: faults by kind, violations by invariant (must be 0),
@@ -292,14 +293,18 @@ def corpus_secrets(path: Path = SECRETS_CORPUS) -> list[str]:
 
 SENTINELS = {"status.canary.step": -1}
 """Negative numbers the API gives a meaning (the canary's step index before its first step)."""
+SIGNED = frozenset({"status.speculation.predictedGain"})
+"""Numbers that may be negative (a predicted loss); never NaN or infinite."""
 
 
 def bad_numbers(value: Any, where: str = "status") -> list[str]:
-    """Where a document holds a NaN, infinite or negative number (other than a sentinel)."""
+    """Where a document holds a NaN or infinite number, or a negative one other than a sentinel or
+    a signed field."""
     if isinstance(value, bool) or SENTINELS.get(where) == value:
         return []
     if isinstance(value, (int, float)):
-        return [f"{where} = {value}"] if not math.isfinite(value) or value < 0 else []
+        negative = value < 0 and where not in SIGNED
+        return [f"{where} = {value}"] if not math.isfinite(value) or negative else []
     if isinstance(value, dict):
         return [bad for key, item in value.items() for bad in bad_numbers(item, f"{where}.{key}")]
     if isinstance(value, list):

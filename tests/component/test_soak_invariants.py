@@ -419,9 +419,10 @@ async def test_a_non_finite_or_negative_number_in_status_is_flagged(
     cluster: EmulatedCluster, soak: Soak, value: float
 ) -> None:
     a_resource(cluster)
-    with_status(cluster, {"observed": {"batch": 4.0, "requestRate": 2.5}, "canary": {"step": -1}})
+    signed = {"observed": {"batch": 4.0, "requestRate": 2.5}, "speculation": {"predictedGain": -0.02}}
+    with_status(cluster, {**signed, "canary": {"step": -1}})
     soak.check_numbers()
-    assert violated(soak) == [], "a canary before its first step is at step -1"
+    assert violated(soak) == [], "a predicted loss, and a canary before its first step at step -1"
     with_status(cluster, {"observed": {"batch": value, "requestRate": 2.5}})
     soak.check_numbers()
     assert violated(soak) == ["non-finite-status"]
