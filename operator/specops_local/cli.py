@@ -303,8 +303,9 @@ def reaction(args: tuple[str, ...]) -> None:
     help="keep Prometheus data and operator.log here (default: a temporary directory)",
 )
 def soak(seconds: float, seed: int, resources: int, json_out: Path | None, workdir: Path | None) -> None:
-    """The chaos soak: API 5xx bursts, watch cuts, Prometheus down, faulty pods, operator restarts,
-    new drafts and retraining on the local stack, with the invariants checked every 2 s.
+    """The chaos soak: API 5xx bursts and 429 storms, watch cuts, Prometheus down, engines exporting
+    NaN, faulty pods, operator restarts, new drafts, reverts, deletions and retraining on the local
+    stack, with the invariants checked every 2 s.
 
     Exit status 0 when faults were injected, invariants checked, and none was violated.
     """

@@ -17,7 +17,16 @@ after another with random gaps, injects:
 - ``spec-revert``: a new draft version in spec.draft, then, a random moment into its canary, the
   edit reverted (``git revert`` and a sync): the canary ends unpromoted and the stable draft serves;
 - ``target-change``: a new target version (the draft goes stale, a training Job runs; the soak
-  plays the Job controller and publishes the trained draft, which goes through a canary).
+  plays the Job controller and publishes the trained draft, which goes through a canary). The
+  first round of a soak fails instead, its trainer's termination message carrying secrets;
+- ``api-429-storm``: a share of the API requests answered 429 with ``Retry-After: 5`` for a while;
+- ``metrics-nonfinite``: every engine of one resource exports NaN, +Inf or negative values for a
+  while (Prometheus scrapes them as they are); it measures when MetricsUnavailable said so;
+- ``route-elsewhere-at-deletion``: a resource whose HTTPRoute names another Service (not its
+  stable one) is deleted; it measures how long the deletion took, then creates the resource again.
+
+One resource's Prometheus URL carries a password, and the secrets of the corpus
+(``tests/data/secret_shapes.txt``) are what the secret check looks for.
 
 Every ``--check-interval`` seconds it checks, from the API server's store and the pods:
 
@@ -35,7 +44,13 @@ Every ``--check-interval`` seconds it checks, from the API server's store and th
 - ``serving-draft-not-spec``: once no canary runs, every running stable pod serves the spec's
   draft (its ``specops.dev/draft-version`` label) within a rollout's time, as for revisions.
   Only two drafts may serve instead, and then status.draft must: a spec draft a canary rejected
-  (``rejectedDraft``), and a retraining draft promoted while spec.draft stayed as it was.
+  (``rejectedDraft``), and a retraining draft promoted while spec.draft stayed as it was;
+- ``stuck-in-deletion``: no resource stays deleted (deletionTimestamp) for more than 2 minutes
+  without a True Degraded condition saying why;
+- ``secret-in-output``: no secret of the corpus in any resource's status, any Event, or any log
+  line of the process;
+- ``non-finite-status``: no number in any resource's status is NaN or infinite, nor negative
+  (but a predicted gain, and the canary's step before its first).
 
 After each fault it measures the recovery time (until the resources are healthy again, see
 ``recovered``) and prints a summary: faults by kind, violations by invariant (must be 0),
@@ -47,6 +62,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import random
 import re
 import statistics
@@ -59,12 +75,14 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import kmock
+
 from specops.api.models import DraftSpec
 from specops.api.units import parse_duration
 from specops.domain.drafts import draft_key
 from specops.domain.names import LABEL_DEPLOYMENT
 from specops.domain.phases import ACTIVE_PHASES
-from specops.domain.retraining.naming import LABEL_ROUND
+from specops.domain.retraining.naming import LABEL_JOB, LABEL_ROUND
 from specops_local.serving import DRAFT_VERSION_LABEL, DraftBehaviour, PodSlot
 from specops_local.sim import LoadPoint
 from specops_local.stack import RESTART_S, LocalStack, fast_resource, local_stack, log_to_file
@@ -81,6 +99,9 @@ INVARIANTS = (
     "crash-loop",
     "revision-mismatch",
     "serving-draft-not-spec",
+    "stuck-in-deletion",
+    "secret-in-output",
+    "non-finite-status",
 )
 FAULT_KINDS = (
     "api-5xx-burst",
@@ -92,10 +113,22 @@ FAULT_KINDS = (
     "new-draft",
     "spec-revert",
     "target-change",
+    "api-429-storm",
+    "metrics-nonfinite",
+    "route-elsewhere-at-deletion",
 )
 BACKGROUND = frozenset({"new-draft", "target-change"})
 """Faults that start a canary: followed in the background while the next faults strike."""
-FRESH_AFTER = frozenset({"api-5xx-burst", "watch-cut", "prometheus-down", "operator-restart"})
+FRESH_AFTER = frozenset(
+    {
+        "api-5xx-burst",
+        "watch-cut",
+        "prometheus-down",
+        "operator-restart",
+        "api-429-storm",
+        "metrics-nonfinite",
+    }
+)
 """Faults after which recovery also waits for every resource's status to be refreshed by the operator."""
 ALPHA = 0.8
 LOAD = LoadPoint(batch=16, alpha=ALPHA)
@@ -107,6 +140,20 @@ REPLICAS = 2
 SCHEDULE_PROBES = (1, 8, 16, 32, 64, 128, 256, 1024)
 """Batches at which an engine's parsed schedule is compared with the one status names."""
 READY_GRACE_S = 30.0
+DELETION_GRACE_S = 120.0
+"""How long a deletion may last without a condition saying why."""
+RETRY_AFTER_S = 5
+SECRETS_CORPUS = Path(__file__).resolve().parents[2] / "tests" / "data" / "secret_shapes.txt"
+PROMETHEUS_PASSWORD = "Fak3Pa55word"
+"""The password in one resource's Prometheus URL (the corpus's url-userinfo secret)."""
+TRAINER_FAILURE = (
+    "Traceback (most recent call last): upload failed: huggingface-cli upload --token "
+    "FakeTok3nValue9Z org/draft\nexport AWS_SECRET_KEY=FakeAwsSecret/Key+Value0\n"
+    "request header Authorization: Bearer fake.jwt.valuefake01"
+)
+"""The termination message of the soak's failing trainer: secrets of the corpus."""
+TRAINER_FAILED = "its trainer failed"
+"""The detail of the target change whose training Job failed."""
 CRASH_LOOP_COUNT = 3
 RECOVERY_TIMEOUT_S = 120.0
 CANARY = {
@@ -214,6 +261,57 @@ class HandlerFailures(logging.Handler):
             self.in_a_row.pop(key, None)
 
 
+class LogLines(logging.Handler):
+    """Keeps the process's log lines (as handlers see them: redacted) until the next check reads them."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            self.lines.append(record.getMessage())
+        except Exception:  # a malformed call: logging reports it itself
+            return
+
+    def take(self) -> list[str]:
+        lines, self.lines = self.lines, []
+        return lines
+
+
+def corpus_secrets(path: Path = SECRETS_CORPUS) -> list[str]:
+    """The secrets of the corpus (third field of each line); none when the file is not there."""
+    if not path.is_file():
+        return []
+    secrets = []
+    for line in path.read_text().splitlines():
+        fields = line.split("\t")
+        if len(fields) == 3 and not line.startswith("#"):
+            secrets.append(fields[2])
+    return secrets
+
+
+SENTINELS = {"status.canary.step": -1}
+"""Negative numbers the API gives a meaning (the canary's step index before its first step)."""
+SIGNED = frozenset({"status.speculation.predictedGain"})
+"""Numbers that may be negative (a predicted loss); never NaN or infinite."""
+
+
+def bad_numbers(value: Any, where: str = "status") -> list[str]:
+    """Where a document holds a NaN or infinite number, or a negative one other than a sentinel or
+    a signed field."""
+    if isinstance(value, bool) or SENTINELS.get(where) == value:
+        return []
+    if isinstance(value, (int, float)):
+        negative = value < 0 and where not in SIGNED
+        return [f"{where} = {value}"] if not math.isfinite(value) or negative else []
+    if isinstance(value, dict):
+        return [bad for key, item in value.items() for bad in bad_numbers(item, f"{where}.{key}")]
+    if isinstance(value, list):
+        return [bad for index, item in enumerate(value) for bad in bad_numbers(item, f"{where}[{index}]")]
+    return []
+
+
 def _conditions(body: dict[str, Any]) -> dict[str, dict[str, Any]]:
     conditions = (body.get("status") or {}).get("conditions") or []
     return {c.get("type", ""): c for c in conditions if isinstance(c, dict)}
@@ -259,6 +357,12 @@ class Soak:
         self.seen: Counter[str] = Counter()
         """What the checks looked at, so a report shows they had something to check."""
         self.check_errors = 0
+        self.throttle_share = 0.0
+        self.throttled = 0
+        self.log_lines = LogLines()
+        self.secrets = corpus_secrets()
+        self.deleting_since: dict[str, float] = {}
+        self.trainer_failed = False
 
     # ------------------------------------------------------------------ helpers
 
@@ -297,38 +401,46 @@ class Soak:
     # ------------------------------------------------------------------ start
 
     async def create_resources(self) -> None:
-        for spec in self.resources:
-            body = fast_resource(
-                spec.example,
-                prometheus_url=self.stack.prometheus.url,
-                namespace=self.stack.namespace,
-                interval=INTERVAL,
-                baseline="6s",
-                soak="6s",
-            )
-            body["metadata"]["name"] = spec.name
-            canary: dict[str, Any] = dict(CANARY)
-            if spec.route:
-                route = f"{spec.name}-route"
-                canary["trafficRouting"] = {"gatewayAPI": {"httpRoute": route}}
-                self.stack.cluster.create(
-                    "httproutes",
-                    {
-                        "apiVersion": "gateway.networking.k8s.io/v1",
-                        "kind": "HTTPRoute",
-                        "metadata": {"name": route, "namespace": self.stack.namespace},
-                        "spec": {
-                            "parentRefs": [{"name": "gateway"}],
-                            "rules": [{"backendRefs": [{"name": f"{spec.name}-stable", "port": 8000}]}],
-                        },
+        for index, spec in enumerate(self.resources):
+            await self.create_resource(spec, password=index == 1)
+
+    async def create_resource(self, spec: SoakResource, *, password: bool = False) -> None:
+        """One resource (and its route); with ``password``, its Prometheus URL carries one."""
+        url = self.stack.prometheus.url
+        if password:
+            url = url.replace("://", f"://soak:{PROMETHEUS_PASSWORD}@", 1)
+        body = fast_resource(
+            spec.example,
+            prometheus_url=url,
+            namespace=self.stack.namespace,
+            interval=INTERVAL,
+            baseline="6s",
+            soak="6s",
+        )
+        body["metadata"]["name"] = spec.name
+        canary: dict[str, Any] = dict(CANARY)
+        route = f"{spec.name}-route"
+        if spec.route:
+            canary["trafficRouting"] = {"gatewayAPI": {"httpRoute": route}}
+        if spec.route and self.stack.cluster.get("httproutes", route, namespace=self.stack.namespace) is None:
+            self.stack.cluster.create(
+                "httproutes",
+                {
+                    "apiVersion": "gateway.networking.k8s.io/v1",
+                    "kind": "HTTPRoute",
+                    "metadata": {"name": route, "namespace": self.stack.namespace},
+                    "spec": {
+                        "parentRefs": [{"name": "gateway"}],
+                        "rules": [{"backendRefs": [{"name": f"{spec.name}-stable", "port": 8000}]}],
                     },
-                    namespace=self.stack.namespace,
-                )
-            body["spec"]["canary"] = canary
-            if spec.retraining:
-                body["spec"]["retraining"] = RETRAINING
-            await self.stack.kube.create(body)
-            self.created_s[spec.name] = self.now_s()
+                },
+                namespace=self.stack.namespace,
+            )
+        body["spec"]["canary"] = canary
+        if spec.retraining:
+            body["spec"]["retraining"] = RETRAINING
+        await self.stack.kube.create(body)
+        self.created_s[spec.name] = self.now_s()
 
     async def wait_serving(self) -> None:
         deadline = time.monotonic() + self.settings.startup_timeout_s
@@ -361,6 +473,59 @@ class Soak:
         self.check_crash_loops()
         self.check_revisions()
         self.check_serving_drafts()
+        self.check_deletions()
+        self.check_secrets()
+        self.check_numbers()
+
+    def check_deletions(self) -> None:
+        now = self.now_s()
+        deleting = set()
+        for body in self.bodies():
+            name = body["metadata"]["name"]
+            if not body["metadata"].get("deletionTimestamp"):
+                continue
+            deleting.add(name)
+            self.seen["deletions watched"] += 1
+            since = self.deleting_since.setdefault(name, now)
+            degraded = _conditions(body).get("Degraded") or {}
+            key = f"deletion {name}"
+            if now - since > DELETION_GRACE_S and degraded.get("status") != "True":
+                self.violate(
+                    "stuck-in-deletion",
+                    key,
+                    f"{name} deleted {now - since:.0f} s ago and still there, no condition says why",
+                )
+        for name in set(self.deleting_since) - deleting:
+            del self.deleting_since[name]
+            self.settle(f"deletion {name}")
+
+    def check_secrets(self) -> None:
+        if not self.secrets:
+            return
+        places = [
+            (f"status of {body['metadata']['name']}", json.dumps(body.get("status") or {}))
+            for body in self.bodies()
+        ]
+        places += [
+            (f"Event {event['metadata']['name']}", f"{event.get('reason', '')} {event.get('message', '')}")
+            for event in self.stack.cluster.objects("events", self.stack.namespace)
+        ]
+        places += [("a log line", line) for line in self.log_lines.take()]
+        self.seen["secret scans"] += len(places)
+        for where, text in places:
+            for secret in self.secrets:
+                if secret in text:
+                    self.violate("secret-in-output", f"secret {where} {secret}", f"{where} shows {secret!r}")
+
+    def check_numbers(self) -> None:
+        for body in self.bodies():
+            name = body["metadata"]["name"]
+            bad = bad_numbers(body.get("status") or {})
+            self.seen["status number scans"] += 1
+            if bad:
+                self.violate("non-finite-status", f"numbers {name}", f"{name}: {', '.join(bad[:3])}")
+            else:
+                self.settle(f"numbers {name}")
 
     def check_routes(self) -> None:
         cluster, namespace = self.stack.cluster, self.stack.namespace
@@ -560,7 +725,7 @@ class Soak:
             if not self.on_revision(body["metadata"]["name"], speculation):
                 return False
             if (
-                record.kind == "prometheus-down"
+                record.kind in ("prometheus-down", "metrics-nonfinite")
                 and (conditions.get("MetricsUnavailable") or {}).get("status") == "True"
             ):
                 return False
@@ -575,6 +740,9 @@ class Soak:
                 and self.serving_draft_problem(target) is None
                 and self.now_s() >= ended
             )
+        if record.detail == TRAINER_FAILED:  # the round ended, and status says why
+            retraining = status.get("retraining") or {}
+            return not retraining.get("active") and bool(retraining.get("lastMessage"))
         if record.kind in BACKGROUND:
             # The draft's canary ended (a retraining round's once its Job published the draft).
             trained = record.kind == "new-draft" or not record.detail.startswith("target ")
@@ -722,6 +890,20 @@ class Soak:
             return self.end(record, None)
         if kind == "spec-revert":
             return await self.spec_revert(stop)
+        if kind == "api-429-storm":
+            share, seconds = rng.uniform(0.3, 1.0), self.lasting(5.0, 15.0)
+            record = self.begin(
+                kind, "", f"{share:.0%} of requests 429 Retry-After {RETRY_AFTER_S} for {seconds:.0f} s"
+            )
+            excuse = self.excuse(kind)
+            self.throttle_share = share
+            await self.sleep(seconds, stop)
+            self.throttle_share = 0.0
+            return self.end(record, excuse)
+        if kind == "metrics-nonfinite":
+            return await self.metrics_nonfinite(stop)
+        if kind == "route-elsewhere-at-deletion":
+            return await self.delete_with_route_elsewhere(stop)
         if kind == "target-change":
             name = self.pick_resource(idle=True, retraining=True)
             if name is None:
@@ -734,6 +916,75 @@ class Soak:
             )
             return self.end(record, None)  # the Job, its draft and the canary follow in the background
         raise ValueError(f"unknown fault kind {kind!r}")
+
+    async def metrics_nonfinite(self, stop: asyncio.Event) -> FaultRecord | None:
+        """Every engine of one resource exports spoiled values for a while; when status said so."""
+        owner = self.schedule.choice([spec.name for spec in self.resources])
+        corruption = self.schedule.choice(("nan", "inf", "negative"))
+        seconds = self.lasting(15.0, 35.0)
+        record = self.begin("metrics-nonfinite", owner, f"{corruption} for {seconds:.0f} s")
+        spoiled = self.stack.pods(owner)
+        for pod in spoiled:
+            pod.metrics_fault = corruption
+        flagged = None
+        waited = 0.0
+        while waited < seconds and not stop.is_set():
+            unavailable = _conditions(self.body(owner) or {}).get("MetricsUnavailable") or {}
+            if flagged is None and unavailable.get("status") == "True":
+                flagged = waited
+                record.detail += f"; MetricsUnavailable {unavailable.get('reason')} after {waited:.1f} s"
+            await self.sleep(0.5, stop)
+            waited += 0.5
+        for pod in set(spoiled) | set(self.stack.pods(owner)):
+            pod.metrics_fault = None
+        if flagged is None:
+            record.detail += "; MetricsUnavailable never said so"
+        return self.end(record, None)
+
+    async def delete_with_route_elsewhere(self, stop: asyncio.Event) -> FaultRecord | None:
+        """A resource whose route names another Service (a typo, a migration) is deleted: the
+        deletion must end; then the resource is created again."""
+        candidates = [
+            spec
+            for spec in self.resources
+            if spec.route
+            and spec.name not in self.busy
+            and ((self.body(spec.name) or {}).get("status") or {}).get("canary") is None
+        ]
+        if not candidates:
+            return None
+        spec = self.schedule.choice(candidates)
+        cluster, namespace = self.stack.cluster, self.stack.namespace
+        route, other = f"{spec.name}-route", f"{spec.name}-legacy"
+        if cluster.get("services", other, namespace=namespace) is None:
+            cluster.create(
+                "services",
+                {"metadata": {"name": other, "namespace": namespace}, "spec": {"ports": [{"port": 8000}]}},
+                namespace=namespace,
+            )
+        routes = cluster.resource("httproutes")
+        rules = [{"backendRefs": [{"name": other, "port": 8000}]}]
+        cluster.emulator.patch_object(routes, namespace, route, {"spec": {"rules": rules}})
+        record = self.begin("route-elsewhere-at-deletion", spec.name, f"route names {other}")
+        excuse = self.excuse("route-elsewhere-at-deletion")
+        self.busy.add(spec.name)
+        try:
+            cluster.emulator.delete_object(cluster.resource(SPECULATIVE), namespace, spec.name)
+            started = time.monotonic()
+            while self.body(spec.name) is not None and not stop.is_set():
+                if time.monotonic() - started > DELETION_GRACE_S + 30.0:
+                    break
+                await self.sleep(0.5, stop)
+            gone = self.body(spec.name) is None
+            record.detail += f"; deleted in {time.monotonic() - started:.1f} s" if gone else "; not deleted"
+            if not gone or stop.is_set():
+                return self.end(record, excuse)
+            stable = [{"backendRefs": [{"name": f"{spec.name}-stable", "port": 8000}]}]
+            cluster.emulator.patch_object(routes, namespace, route, {"spec": {"rules": stable}})
+            await self.create_resource(spec, password=self.resources.index(spec) == 1)
+        finally:
+            self.busy.discard(spec.name)
+        return self.end(record, excuse)
 
     async def spec_revert(self, stop: asyncio.Event) -> FaultRecord | None:
         """A good new draft in spec.draft, then a random moment into its canary the edit reverted."""
@@ -788,6 +1039,10 @@ class Soak:
                 await self.sleep(3.0, stop)
                 container = job["spec"]["template"]["spec"]["containers"][0]
                 env = {e["name"]: e.get("value", "") for e in container.get("env") or []}
+                if env.get("SPECOPS_TARGET_VERSION") == target and not self.trainer_failed:
+                    self.fail_job(job)
+                    record.detail = TRAINER_FAILED
+                    return
                 version = env.get("SPECOPS_OUTPUT_VERSION", "")
                 self.drafts[version] = DraftBehaviour(alpha=round(self.schedule.uniform(0.75, 0.92), 2))
                 result = {"draftVersion": version, "checkpointUri": f"pvc://models/soak/{version}"}
@@ -803,6 +1058,47 @@ class Soak:
                     env.get("SPECOPS_TARGET_VERSION"),
                 )
             await asyncio.sleep(0.5)
+
+    def fail_job(self, job: dict[str, Any]) -> None:
+        """The Job's trainer exits 1 with secrets in its termination message; the Job fails."""
+        self.trainer_failed = True
+        cluster, name = self.stack.cluster, job["metadata"]["name"]
+        container = job["spec"]["template"]["spec"]["containers"][0]
+        pod = cluster.create(
+            "pods",
+            {
+                "metadata": {
+                    "name": f"{name}-0",
+                    "namespace": self.stack.namespace,
+                    "labels": {LABEL_JOB: name},
+                },
+                "spec": {
+                    "restartPolicy": "Never",
+                    "containers": [{"name": container["name"], "image": "trainer"}],
+                },
+            },
+            namespace=self.stack.namespace,
+        )
+        terminated = {"exitCode": 1, "reason": "Error", "message": TRAINER_FAILURE}
+        cluster.patch_status(
+            "pods",
+            pod["metadata"]["name"],
+            {
+                "phase": "Failed",
+                "containerStatuses": [{"name": container["name"], "state": {"terminated": terminated}}],
+            },
+            namespace=self.stack.namespace,
+        )
+        cluster.patch_status(
+            "jobs",
+            name,
+            {
+                "conditions": [{"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded"}],
+                "failed": 1,
+            },
+            namespace=self.stack.namespace,
+        )
+        log.warning("soak: %s's trainer failed with secrets in its termination message", name)
 
     def lasting(self, low: float, high: float) -> float:
         """A fault's length, drawn from the schedule and scaled (short soaks use shorter faults)."""
@@ -846,6 +1142,16 @@ class Soak:
             self.reads_failed += 1
         return True
 
+    def throttling_request(self, request: Any) -> bool:
+        """The emulator's 429 filter: during a storm, that share of the requests (watches aside)."""
+        share = self.throttle_share
+        if share <= 0.0 or request.resource is None or request.params.get("watch") in ("true", "1"):
+            return False
+        if self.chance.random() >= share:
+            return False
+        self.throttled += 1
+        return True
+
     # ------------------------------------------------------------------ the run
 
     async def run(self) -> dict[str, Any]:
@@ -854,8 +1160,14 @@ class Soak:
         def failing(request: Any) -> bool:  # kmock takes plain functions as request filters
             return self.failing_request(request)
 
+        def throttling(request: Any) -> bool:
+            return self.throttling_request(request)
+
         emulator[failing] << 503
+        status = {"kind": "Status", "status": "Failure", "reason": "TooManyRequests", "code": 429}
+        emulator[throttling] << 429 << kmock.headers({"Retry-After": str(RETRY_AFTER_S)}) << status
         logging.getLogger("kopf").addHandler(self.failures)
+        logging.getLogger().addHandler(self.log_lines)
         stop = asyncio.Event()
         try:
             await self.create_resources()
@@ -891,6 +1203,7 @@ class Soak:
             self.check()
         finally:
             logging.getLogger("kopf").removeHandler(self.failures)
+            logging.getLogger().removeHandler(self.log_lines)
         return self.report()
 
     async def follow(self, record: FaultRecord, stop: asyncio.Event) -> None:
@@ -900,6 +1213,9 @@ class Soak:
             if record.kind == "target-change":
                 await self.train(record, stop)
             await self.await_recovery(record, stop)
+            if record.detail == TRAINER_FAILED:
+                self.canaries["training failed"] += 1
+                return
             outcome = self.canary_outcome(record.target, record.detail) if record.detail else None
             if record.recovered_s is None and stop.is_set():
                 record.cut_short = True  # still recovering when the soak ended: no recovery time
@@ -940,6 +1256,8 @@ class Soak:
             "faults_total": sum(by_kind.values()),
             "writes_failed": self.writes_failed,
             "reads_failed": self.reads_failed,
+            "requests_throttled": self.throttled,
+            "secrets_watched": len(self.secrets),
             "violations": {invariant: violations.get(invariant, 0) for invariant in INVARIANTS},
             "violations_total": len(self.violations),
             "violation_samples": [v.__dict__ for v in self.violations[:20]],

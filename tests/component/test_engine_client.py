@@ -257,3 +257,24 @@ async def test_concurrent_calls_share_one_session_and_close_releases_it() -> Non
         again = await engine_client.generate(url, "sglang", "m", "prompt x", 1, timeout_s=5)
         assert again.ok and again.text == "x0"
     await engine_client.close()
+
+
+async def test_a_pod_that_timed_out_is_not_waited_on_again_until_it_answers(client: EngineHttpClient) -> None:
+    hold = asyncio.Event()
+    engine = FakeEngine(hold=hold)
+    async with serving(engine) as url:
+        first = await client.generate(url, "vllm", "m", "hi", 4, timeout_s=0.2)
+        assert not first.ok and "timed out after 0.2 s" in first.error
+        # known hung: the next calls fail at once, and nothing more reaches the pod
+        again = await client.generate(url, "vllm", "m", "hi", 4, timeout_s=30)
+        assert not again.ok and "not waited on until it answers" in again.error
+        assert again.seconds < 1.0
+        assert not await client.healthy(url, "vllm", timeout_s=30)
+        assert [path for _, path, _ in engine.requests] == ["/v1/completions"]
+        hold.set()  # the call that timed out gets its answer: the pod answers again
+        for _ in range(100):
+            if not client.hung(url):
+                break
+            await asyncio.sleep(0.01)
+        answered = await client.generate(url, "vllm", "m", "hi", 2, timeout_s=5)
+    assert answered.ok and answered.text == "hi0 hi1"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 import kmock
@@ -10,6 +11,7 @@ import pytest
 
 from specops.adapters.kube import KubeClient
 from specops.adapters.leader import LEASE_API, LEASE_KIND, LeadershipLost, LeaseElector, LeaseTimings, lead
+from specops.ports import KubeApiError
 
 FAST = LeaseTimings(lease_duration_s=3.0, renew_deadline_s=2.0, retry_period_s=0.5)
 NAME = "specops-operator"
@@ -79,3 +81,65 @@ async def test_a_leader_whose_lease_was_taken_steps_down(cluster: Any, kube: Kub
     with pytest.raises(LeadershipLost, match="held by another replica"):
         await asyncio.wait_for(task, timeout=10)
     assert stopped.is_set()
+
+
+class FrozenClock:
+    """A monotonic clock that can jump, as a process's does when it was stopped and resumed."""
+
+    def __init__(self) -> None:
+        self.offset = 0.0
+
+    def __call__(self) -> float:
+        return time.monotonic() + self.offset
+
+
+async def test_a_leader_resumed_past_its_renew_deadline_writes_nothing_more(
+    cluster: Any, kube: KubeClient
+) -> None:
+    clock = FrozenClock()
+    leader = LeaseElector(kube, namespace="default", identity="a", timings=FAST, clock=clock)
+    deposed, wrote = asyncio.Event(), asyncio.Event()
+    writes: list[tuple[bool, str]] = []  # (after the freeze, what came of the write)
+    await kube.create(
+        {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "state", "namespace": "default"}}
+    )
+
+    async def operate(stop_flag: asyncio.Event) -> None:
+        """A tick writing status and Events as fast as it can, until it is stopped."""
+        tick = 0
+        while not stop_flag.is_set():
+            tick += 1
+            after = deposed.is_set()
+            try:
+                await kube.patch("v1", "ConfigMap", "default", "state", {"data": {"tick": str(tick)}})
+                await kube.create(
+                    {
+                        "apiVersion": "v1",
+                        "kind": "Event",
+                        "metadata": {"name": f"state.{tick}", "namespace": "default"},
+                        "involvedObject": {"kind": "ConfigMap", "name": "state", "namespace": "default"},
+                        "reason": "Tick",
+                        "message": str(tick),
+                    }
+                )
+            except KubeApiError as refused:
+                writes.append((after, refused.reason))
+            else:
+                writes.append((after, "sent"))
+                wrote.set()
+            await asyncio.sleep(0.01)
+
+    task = asyncio.ensure_future(lead(leader, operate, stop_grace_s=1.0))
+    await asyncio.wait_for(wrote.wait(), timeout=10)
+    # frozen past the Lease: its clock jumps, and another replica took the Lease meanwhile
+    clock.offset += FAST.lease_duration_s + 1.0
+    deposed.set()
+    await kube.patch(LEASE_API, LEASE_KIND, "default", NAME, {"spec": {"holderIdentity": "b"}})
+    with pytest.raises(LeadershipLost):
+        await asyncio.wait_for(task, timeout=10)
+    before = [outcome for after, outcome in writes if not after]
+    after = [outcome for after, outcome in writes if after]
+    assert before and set(before) == {"sent"}
+    assert after and set(after) == {"NotLeader"}, f"a deposed leader wrote {after.count('sent')} more time(s)"
+    state = await kube.get("v1", "ConfigMap", "default", "state")
+    assert state is not None and state["data"]["tick"] == str(len(before))

@@ -353,3 +353,77 @@ def test_each_round_of_faults_begins_with_the_ones_that_run_in_the_background(se
     # and its canary: minutes each) strike first, so a 5-minute soak sees them end
     assert sorted(order) == sorted(FAULT_KINDS)
     assert set(order[:2]) == {"new-draft", "target-change"}
+
+
+def with_status(cluster: EmulatedCluster, status: dict[str, Any]) -> None:
+    cluster.patch_status("speculativedeployments", NAME, status)
+
+
+async def test_a_deletion_that_lasts_two_minutes_without_a_condition_saying_why_is_stuck(
+    cluster: EmulatedCluster, soak: Soak
+) -> None:
+    body = yaml.safe_load((EXAMPLES / "dense-70b-7b.yaml").read_text())
+    body["metadata"] = {"name": NAME, "namespace": NAMESPACE, "finalizers": ["specops.dev/finalizer"]}
+    cluster.create("speculativedeployments", body)
+    cluster.emulator.delete_object(cluster.resource("speculativedeployments"), NAMESPACE, NAME)
+    soak.check_deletions()
+    advance(soak, 119.0)
+    soak.check_deletions()
+    assert violated(soak) == [], "a deletion may take up to 2 minutes"
+    why = {"type": "Degraded", "status": "True", "reason": "RouteNotReleased", "message": "route names x"}
+    with_status(cluster, {"conditions": [why]})
+    advance(soak, 2.0)
+    soak.check_deletions()
+    assert violated(soak) == [], "a condition says why it waits"
+    with_status(cluster, {"conditions": [{**why, "status": "False", "reason": "AsExpected"}]})
+    soak.check_deletions()
+    soak.check_deletions()
+    assert violated(soak) == ["stuck-in-deletion"]
+    assert "no condition says why" in soak.violations[0].detail
+
+
+@pytest.mark.parametrize(
+    "leak",
+    ["status", "event", "log"],
+)
+async def test_a_secret_of_the_corpus_in_status_an_event_or_a_log_line_is_a_leak(
+    cluster: EmulatedCluster, soak: Soak, leak: str
+) -> None:
+    a_resource(cluster)
+    assert "FakeTok3nValue9Z" in soak.secrets and len(soak.secrets) >= 30
+    soak.check_secrets()
+    assert violated(soak) == []
+    message = "trainer failed: huggingface-cli upload --token FakeTok3nValue9Z org/draft"
+    if leak == "status":
+        with_status(cluster, {"retraining": {"lastMessage": message}})
+    elif leak == "event":
+        cluster.create(
+            "events",
+            {
+                "metadata": {"name": f"{NAME}.1", "namespace": NAMESPACE},
+                "involvedObject": {"kind": "SpeculativeDeployment", "name": NAME},
+                "reason": "RetrainingFailed",
+                "message": message,
+            },
+        )
+    else:
+        soak.log_lines.handle(logging.LogRecord("specops", logging.INFO, __file__, 1, message, None, None))
+    soak.check_secrets()
+    soak.check_secrets()
+    assert violated(soak) == ["secret-in-output"]
+    assert "FakeTok3nValue9Z" in soak.violations[0].detail
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), -17])
+async def test_a_non_finite_or_negative_number_in_status_is_flagged(
+    cluster: EmulatedCluster, soak: Soak, value: float
+) -> None:
+    a_resource(cluster)
+    signed = {"observed": {"batch": 4.0, "requestRate": 2.5}, "speculation": {"predictedGain": -0.02}}
+    with_status(cluster, {**signed, "canary": {"step": -1}})
+    soak.check_numbers()
+    assert violated(soak) == [], "a predicted loss, and a canary before its first step at step -1"
+    with_status(cluster, {"observed": {"batch": value, "requestRate": 2.5}})
+    soak.check_numbers()
+    assert violated(soak) == ["non-finite-status"]
+    assert "status.observed.batch" in soak.violations[0].detail

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import builtins
+import contextvars
 import os
 import random
 import ssl
@@ -33,7 +34,15 @@ import orjson
 
 from specops.ports import JSON_PATCH, MERGE_PATCH, KubeApiError
 
-__all__ = ["JSON_PATCH", "MERGE_PATCH", "KubeApiError", "KubeClient", "load_connection_settings"]
+__all__ = [
+    "JSON_PATCH",
+    "MERGE_PATCH",
+    "WRITE_GATE",
+    "KubeApiError",
+    "KubeClient",
+    "load_connection_settings",
+    "write_refusal",
+]
 
 from specops.adapters import operator_metrics
 
@@ -202,6 +211,21 @@ class Throttle:
         self.consecutive = 0
 
 
+WRITE_GATE: contextvars.ContextVar[Callable[[], str | None] | None] = contextvars.ContextVar(
+    "specops_write_gate", default=None
+)
+"""What may refuse every write made from the current context: a callable saying why a write may not
+leave now, or None when it may. A leader-elected operator runs under its Lease's gate
+(adapters/leader.py), so nothing it writes leaves once the Lease could have passed to another
+replica; the Lease's own writes are made outside it."""
+
+
+def write_refusal() -> str | None:
+    """Why a write may not leave now (None: it may), as the current context's gate says."""
+    gate = WRITE_GATE.get()
+    return gate() if gate is not None else None
+
+
 def _not_sent(method: str, path: str, wait: float) -> bytes:
     message = f"{method} {path} not sent: the API server asked to wait {wait:.0f} s more"
     return orjson.dumps({"reason": "TooManyRequests", "message": message})
@@ -278,6 +302,10 @@ class KubeClient:
     async def _send(
         self, method: str, path: str, data: bytes | None, params: Mapping[str, str] | None, content_type: str
     ) -> tuple[int, str, bytes, str | None]:
+        if method != "GET" and (refusal := write_refusal()) is not None:
+            # checked at the last moment: a request may have waited its turn for a while
+            operator_metrics.count_error("kubernetes", "NotLeader")
+            raise KubeApiError(0, "NotLeader", f"{method} {path} not sent: {refusal}")
         headers = dict(self.headers)
         if data is not None:
             headers["Content-Type"] = content_type

@@ -8,6 +8,11 @@ leaves a margin of ``lease_duration_s - renew_deadline_s`` before anyone else ma
 Every write carries the resourceVersion it was computed from, so of two replicas racing for
 the Lease exactly one wins (the other gets 409 Conflict).
 
+The operator's own writes run under the Lease's write gate (kube.WRITE_GATE): each is checked
+just before it leaves, and none leaves once the last renewal (timed from when it was sent) is
+older than the renew deadline. A leader frozen past its Lease and resumed writes nothing before
+it notices it was deposed.
+
 ``lead`` runs a coroutine (the Kopf operator) only while the Lease is held: it waits for the
 Lease, runs the operator, renews meanwhile, and on loss stops the operator and raises
 :class:`LeadershipLost` so that the process exits and restarts as a follower. On a normal
@@ -29,7 +34,7 @@ from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import urlsplit
 
-from specops.adapters.kube import KubeClient
+from specops.adapters.kube import WRITE_GATE, KubeClient
 from specops.ports import KubeApiError
 
 logger = logging.getLogger(__name__)
@@ -112,7 +117,23 @@ class LeaseElector:
 
     @property
     def is_leader(self) -> bool:
-        return self._last_renewal is not None
+        return self.write_refusal() is None
+
+    def write_refusal(self) -> str | None:
+        """Why this replica may not write now (None: it may): it does not hold the Lease, or its
+        last renewal is older than the renew deadline (the Lease may pass to another replica once
+        the lease duration has gone by)."""
+        renewed = self._last_renewal
+        where = f"lease {self.namespace}/{self.name}"
+        if renewed is None:
+            return f"{where} is not held by {self.identity}"
+        age = self._clock() - renewed
+        if age >= self.timings.renew_deadline_s:
+            return (
+                f"{where} last renewed {age:.1f} s ago, past the renew deadline of "
+                f"{self.timings.renew_deadline_s:g} s"
+            )
+        return None
 
     def _spec(self, previous: dict[str, Any] | None, now: datetime) -> dict[str, Any]:
         previous = previous or {}
@@ -145,6 +166,7 @@ class LeaseElector:
         if self._abandoned:
             return False
         now = datetime.now(UTC)
+        sent_at = self._clock()  # the Lease runs from its renewTime, set before the write leaves
         try:
             lease = await self.kube.get(LEASE_API, LEASE_KIND, self.namespace, self.name)
             if lease is None:
@@ -175,7 +197,7 @@ class LeaseElector:
             if error.status not in (409, 0) and error.status < 500:
                 logger.warning("lease %s/%s: %s", self.namespace, self.name, error)
             return False
-        self._last_renewal = self._clock()
+        self._last_renewal = sent_at
         return True
 
     async def acquire(self) -> None:
@@ -241,8 +263,12 @@ async def lead(
     if not elector.is_leader:
         await elector.acquire()
     stop_flag = stop_flag if stop_flag is not None else asyncio.Event()
-    operator = asyncio.ensure_future(operate(stop_flag))
-    keeper = asyncio.ensure_future(elector.keep())
+    keeper = asyncio.ensure_future(elector.keep())  # the Lease's own writes: not gated
+    gate = WRITE_GATE.set(elector.write_refusal)
+    try:
+        operator = asyncio.ensure_future(operate(stop_flag))  # its tasks inherit the gate
+    finally:
+        WRITE_GATE.reset(gate)
     lost = False
     try:
         await asyncio.wait({operator, keeper}, return_when=asyncio.FIRST_COMPLETED)

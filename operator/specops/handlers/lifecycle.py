@@ -11,7 +11,7 @@ from typing import Any
 import kopf
 
 from specops.adapters import log_redaction, operator_metrics
-from specops.adapters.kube import load_connection_settings
+from specops.adapters.kube import load_connection_settings, write_refusal
 from specops.api.models import GROUP, KIND, PLURAL, VERSION
 from specops.domain import lifecycle
 from specops.domain.lifecycle import EventRecord
@@ -70,6 +70,10 @@ def now() -> datetime:
 
 
 def post_events(body: Any, events: list[EventRecord]) -> None:
+    """Queue the Events for Kopf to post; none while the leader's write gate refuses writes."""
+    if events and (refusal := write_refusal()) is not None:
+        logging.getLogger(__name__).warning("%d Event(s) not posted: %s", len(events), refusal)
+        return
     for event in events:
         kopf.event(body, type=event.type, reason=event.reason, message=event.message)
 

@@ -26,6 +26,7 @@ from specops.api import conditions as cond
 from specops.api.conditions import ConditionUpdate, Reason
 from specops.api.models import API_VERSION, KIND, DraftSpec, SpeculativeDeployment
 from specops.api.status import CanaryStatus, DraftSource, SpeculativeDeploymentStatus
+from specops.api.units import parse_duration
 from specops.domain import canary as judgement
 from specops.domain import canary_rollout as rollout
 from specops.domain import drafts, lossless, profile_prior
@@ -54,6 +55,7 @@ from specops.ports import (
     TrafficRouter,
     TrafficRouting,
 )
+from specops.services.outlasting import Outlasting
 from specops.services.reconciler import Reconciler, stable_revision, status_change
 
 log = logging.getLogger(__name__)
@@ -109,6 +111,8 @@ class CanaryService:
         self.engines = engines
         self.engine_deadline_s = engine_deadline_s
         """How long one golden prompt may take on one pod (a hung pod fails the try, not the tick forever)."""
+        self.checks: Outlasting[rollout.LosslessOutcome] = Outlasting()
+        """Lossless checks under way: each tick waits for one at most half its resource's interval."""
         self.reconciler = reconciler
         self.routers = routers
         self.gateway_api = gateway_api
@@ -294,6 +298,25 @@ class CanaryService:
 
     async def _lossless(
         self, resource: SpeculativeDeployment, candidate: PodEndpoint, reference: PodEndpoint
+    ) -> rollout.LosslessOutcome | None:
+        """The lossless check of ``candidate`` against ``reference``, run in the background: the tick
+        waits for it at most half the resource's interval (a slow or hung pod never holds the
+        resource's decisions longer); None while it runs, and a later tick takes its verdict."""
+        prompts = await self._golden_prompts(resource)
+        meta = resource.metadata
+        return await self.checks.within(
+            (meta["namespace"], meta["name"]),
+            (candidate.name, candidate.url, reference.name, reference.url, tuple(prompts)),
+            lambda: self._compare(resource, candidate, reference, prompts),
+            parse_duration(resource.spec.metrics.interval) / 2,
+        )
+
+    async def _compare(
+        self,
+        resource: SpeculativeDeployment,
+        candidate: PodEndpoint,
+        reference: PodEndpoint,
+        prompts: Sequence[str],
     ) -> rollout.LosslessOutcome:
         """The golden prompts at temperature 0 on a speculating pod and on a reference pod (plain
         where one serves) through the engine's own API: token for token, or within the allowed
@@ -302,7 +325,7 @@ class CanaryService:
         golden = spec.canary.golden_prompts
         backend, model = spec.serving.backend, spec.target.model
         comparisons = []
-        for index, prompt in enumerate(await self._golden_prompts(resource)):
+        for index, prompt in enumerate(prompts):
             plain = await self.engines.generate(
                 reference.url, backend, model, prompt, golden.max_tokens, self.engine_deadline_s
             )

@@ -81,6 +81,7 @@ class Services:
 
     async def close(self) -> None:
         await self.rests.close()
+        await self.canary.checks.close()
         await self.metrics.close()
         if self.engines is not None:
             await self.engines.close()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -36,9 +37,25 @@ class Histogram:
         return self.total / self.count if self.count else 0.0
 
 
+CORRUPTIONS = ("nan", "inf", "negative")
+"""How a faulty exporter may spoil every sample value: NaN, +Inf, or negated (and one below)."""
+
+
+def corrupted(value: float, corruption: str | None) -> float:
+    if corruption == "nan":
+        return math.nan
+    if corruption == "inf":
+        return math.inf
+    if corruption == "negative":
+        return -abs(float(value)) - 1.0
+    return value
+
+
 class Exposition:
-    def __init__(self) -> None:
+    def __init__(self, corruption: str | None = None) -> None:
         self._lines: list[str] = []
+        self.corruption = corruption
+        """One of CORRUPTIONS: every sample value written so (a faulty exporter); None: as given."""
 
     def family(self, name: str, kind: str, help_text: str) -> None:
         self._lines.append(f"# HELP {name} {help_text}")
@@ -46,7 +63,7 @@ class Exposition:
 
     def sample(self, name: str, labels: Mapping[str, str], value: float) -> None:
         rendered = ",".join(f'{key}="{_escape(val)}"' for key, val in labels.items())
-        self._lines.append(f"{name}{{{rendered}}} {_number(value)}")
+        self._lines.append(f"{name}{{{rendered}}} {_number(corrupted(value, self.corruption))}")
 
     def metric(
         self, name: str, kind: str, labels: Mapping[str, str], value: float, help_text: str = ""
@@ -73,6 +90,10 @@ def _escape(value: str) -> str:
 
 
 def _number(value: float) -> str:
+    if math.isnan(value):
+        return "NaN"
+    if math.isinf(value):
+        return "+Inf" if value > 0 else "-Inf"
     if isinstance(value, int) or float(value).is_integer():
         return str(int(value))
     return repr(float(value))

@@ -115,6 +115,8 @@ class SimEngine:
             raise ValueError(f"a {self.backend} engine cannot run a {config.backend} configuration")
         self.name = name
         self.config = config
+        self.metrics_fault: str | None = None
+        """A faulty exporter: every sample served as NaN, +Inf or negative (sim.metrics.CORRUPTIONS)."""
         self.spec = config.spec
         self.setup = setup or DEFAULT_SETUP
         self.serving_profile = serving_profile
@@ -515,7 +517,7 @@ class SimEngine:
         return web.json_response({"error": message}, status=status)
 
     async def _handle_metrics(self, request: web.Request) -> web.Response:
-        out = Exposition()
+        out = Exposition(self.metrics_fault)
         self.render_metrics(out)
         return web.Response(body=out.text().encode(), headers={"Content-Type": PROMETHEUS_TEXT_CONTENT_TYPE})
 
