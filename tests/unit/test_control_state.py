@@ -47,10 +47,17 @@ def test_the_step_config_reads_the_spec() -> None:
     assert config.off_reason is None
 
 
-def test_fresh_status_starts_plain_in_baseline() -> None:
+def test_fresh_status_starts_its_baseline_with_one_pod_held_back_plain() -> None:
     config = config_from_spec(spec(), spec().draft)
+    assert config.replicas >= 2
     state = cs.state_from_status(SpeculationStatus(), BaselineStatus(), config, Flat(), T0)
-    assert state.phase == "Baseline" and state.revision == PLAIN and state.phase_since == T0
+    assert state.phase == "Baseline" and state.holdback and state.phase_since == T0
+    assert state.revision.mode == "spec"  # the others speculate on the prior from the start
+    one = config_from_spec(
+        spec().model_copy(update={"serving": spec().serving.model_copy(update={"replicas": 1})}), spec().draft
+    )
+    state = cs.state_from_status(SpeculationStatus(), BaselineStatus(), one, Flat(), T0)
+    assert state.phase == "Baseline" and state.revision == PLAIN and not state.holdback
 
 
 def test_state_round_trips_through_the_wire_form_of_status() -> None:

@@ -429,7 +429,9 @@ def replay(
             batch, alpha, tpot_s = _window_measurement(run, range(replicas), window.start, window.stop, rng)
             plain_pods = [i for i, p in enumerate(pods) if p.revision.mode == "plain"]
             plain_tpot_s = (
-                _window_measurement(run, plain_pods, window.start, window.stop, rng)[2] if plain_pods else None
+                _window_measurement(run, plain_pods, window.start, window.stop, rng)[2]
+                if plain_pods
+                else None
             )
             # each pod's own window, as the operator reads it per pod (the same learning as ControlLoop.tick)
             readings = _pod_readings(run, pods, window, alpha, rng)

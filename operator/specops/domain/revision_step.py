@@ -494,7 +494,9 @@ def _held_back(
             predicted_speedup=expected_speedup(model, alpha, current.schedule, seen, k0_cost),
         )
     if inputs.canary_running or inputs.rollout_running:
-        return Decision(state, current, "Baseline", f"{held}; the baseline ends after the rollout or canary in progress")
+        return Decision(
+            state, current, "Baseline", f"{held}; the baseline ends after the rollout or canary in progress"
+        )
     proposed, explorer = _propose(config, model, alpha, seen, k0_cost)
     current_speed = expected_speedup(explorer, alpha, current.schedule, seen, k0_cost)
     proposed_speed = expected_speedup(explorer, alpha, proposed.schedule, seen, k0_cost)
@@ -502,7 +504,9 @@ def _held_back(
     chosen = proposed if slower or gain > config.min_gain else current
     p50 = state.baseline.p50_s
     found = (
-        f"plain p50 {p50 * 1000:.2f} ms/token on the holdback pod" if p50 is not None else "no plain latency measured"
+        f"plain p50 {p50 * 1000:.2f} ms/token on the holdback pod"
+        if p50 is not None
+        else "no plain latency measured"
     )
     if measured is not None:
         found += f"; {current.describe()} measured {measured - 1:+.1%} against plain on the batches seen"
