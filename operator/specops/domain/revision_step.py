@@ -310,6 +310,26 @@ def step(
 
     if state.phase == "Baseline" and state.holdback:
         return _held_back(config, state, inputs, model, now)
+    if (
+        state.phase == "Baseline"
+        and config.replicas >= 2
+        and config.baseline_s > 0
+        and not (inputs.canary_running or inputs.rollout_running)
+    ):
+        # plain until now (speculation was held): the baseline starts again with a holdback pod
+        first = first_revision(config, model)
+        moved = replace(
+            state, phase_since=now, revision=first, last_change=now, holdback=True, baseline=Baseline()
+        )
+        return Decision(
+            moved,
+            first,
+            "Baseline",
+            f"{config.replicas - 1} of {config.replicas} pods start {first.describe()} beside a plain "
+            "holdback pod measuring plain speed",
+            predicted_speedup=predicted(first),
+            changed=True,
+        )
     if state.phase == "Baseline":
         if current.mode == "spec":  # speculating pods with a Baseline phase: start it plain
             return Decision(

@@ -132,7 +132,10 @@ def stable_plan(resource: SpeculativeDeployment) -> tuple[Revision, bool]:
     config = config_from_spec(
         resource.spec,
         draft,
-        off_reason=None if drafts.speculation_allowed(resource.status) else "unchecked",
+        # a new resource's first draft is checked before speculation goes on (Reconciler.write_status)
+        off_reason=None
+        if resource.status.draft.version and drafts.speculation_allowed(resource.status)
+        else "unchecked",
     )
     prior = profile_prior.prior_model(config.setup, CalibrationConfig(), None)
     state = initial_state(config, prior, datetime.now(UTC))
