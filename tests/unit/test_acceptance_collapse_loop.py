@@ -22,6 +22,7 @@ from specops.domain.perf import expected_tokens
 from specops.domain.profile import profile_from_setup
 from specops.ports import KubeApiError
 from specops.services.control import ControlLoop
+from specops.services.reconciler import stable_plan
 from tests.unit.test_control_loop import ALPHA, T0, World, fresh, setup
 from tests.unit.test_control_loop import resource as one_resource
 
@@ -125,7 +126,9 @@ class Kube:
 async def run(loop: ControlLoop, fleet: Fleet, seconds: int, events: list[Any],
               status: SpeculativeDeploymentStatus | None = None, start: int = 0) -> SpeculativeDeploymentStatus:  # fmt: skip
     status = status or fresh()
-    sdep = one_resource(PODS)
+    sdep = one_resource(PODS, rollout={"baseline": "0s", "soak": "20s"})  # every pod speculates at once
+    if status.speculation.revision is None:  # as the reconciler first renders the pods
+        fleet.revision = stable_plan(sdep)[0]
     for second in range(start, start + seconds):
         fleet.second = second
         result = await loop.tick(

@@ -27,6 +27,7 @@ from specops.bench.policy import (
 from specops.domain import revision_step
 from specops.domain.engines.schedule import PLAIN, Schedule
 from specops.domain.perf import GPUS, ModelSetup
+from specops.domain.records import replace
 
 SETUP = ModelSetup(GPUS["H100"], 70e9, 7e9)
 FAST = {"rollout": {"baseline": "60s", "soak": "60s"}, "reconfigure": {"minInterval": "2m"}}
@@ -156,8 +157,8 @@ def test_a_revision_change_is_down_for_restart_s_one_pod_at_a_time(
                 window = rows[t : t + restart]
                 assert all(r[f"mode{i}"] == "down" for r in window)
                 assert all(r[f"config{i}"] == rows[t][f"config{i}"] for r in window)
-                if t + restart < len(rows):
-                    assert rows[t + restart][f"mode{i}"] != "down"
+                if t + restart < len(rows) and rows[t + restart][f"config{i}"] == rows[t][f"config{i}"]:
+                    assert rows[t + restart][f"mode{i}"] != "down"  # (or it restarts again at once)
     assert changes >= 3  # at least one revision rolled over the three pods
     for row in rows:
         assert sum(row[f"mode{i}"] == "down" for i in range(3)) <= 1
@@ -175,7 +176,8 @@ def test_result_json_has_exactly_the_contracts_keys(
     assert list(out) == list(RESULT_KEYS)
     assert 0 < out["ratio_to_oracle"] <= 1.0
     assert out["plain_speedup"] == 1.0
-    assert out["weight_changes_per_hour"] == 0.0 and out["holdback_cost_fraction"] == 0.0
+    assert out["weight_changes_per_hour"] == 0.0
+    assert 0.0 < out["holdback_cost_fraction"] < 0.1  # one pod plain through the baselines only
     assert out["restarts_per_pod_hour"] > 0
 
 
@@ -204,12 +206,13 @@ def test_the_decision_is_productions_revision_step(monkeypatch: pytest.MonkeyPat
         model: object,
         now: object,
     ) -> revision_step.Decision:
-        return revision_step.Decision(state, PLAIN, "Held", "held by the test")
+        plain = replace(state, revision=PLAIN, holdback=False)
+        return revision_step.Decision(plain, PLAIN, "Held", "held plain by the test", changed=state != plain)
 
     monkeypatch.setattr(revision_step, "step", hold)
     after = result(replay(world, trace, setup=SETUP, replicas=2, speculation=FAST))
-    assert after["policy_speedup"] == pytest.approx(1.0, abs=0.02)
-    assert after["restarts_per_pod_hour"] == 0.0
+    assert after["policy_speedup"] < 1.05  # plain once the pods restarted onto it
+    assert after["restarts_per_pod_hour"] > 0.0
 
 
 def test_no_pod_serving_counts_zero_and_references_never_restart() -> None:

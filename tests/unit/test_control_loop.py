@@ -23,6 +23,7 @@ from specops.domain.perf import expected_tokens
 from specops.domain.profile import ServingProfile, profile_from_setup
 from specops.domain.revision_step import config_from_spec
 from specops.services.control import ControlLoop
+from specops.services.reconciler import stable_plan
 from tests.conftest import EXAMPLES
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -68,6 +69,8 @@ class World:
         self.profile = profile
         self.batch_at = batch if callable(batch) else (lambda _s: batch)
         self.revision: Revision = PLAIN
+        self.holdback = False
+        """One pod runs plain (variant holdback) beside the others."""
         self.second = 0.0
 
     @property
@@ -83,7 +86,7 @@ class World:
     def lookup(self, url: str, backend: str, namespace: str, name: str, variant: str, now: datetime,
                draft_length: int | None = None, draft: str | None = None) -> Measurement:  # fmt: skip
         batch = self.batch
-        schedule = self.revision.schedule
+        schedule = self.revision.schedule if variant == "stable" else None
         k = schedule.k_at(batch) if schedule is not None else 0
         if k > 0:
             tpot = self.profile.round_ms_at(k, batch) / 1e3 / expected_tokens(ALPHA, k)
@@ -105,10 +108,14 @@ class World:
         pass
 
     def pods(self) -> list[PodEndpoint]:
-        return [
+        stable = REPLICAS - 1 if self.holdback else REPLICAS
+        pods = [
             PodEndpoint(f"pod-{i}", "default", "127.0.0.1", 8000 + i, "stable", revision=self.revision.digest)
-            for i in range(REPLICAS)
+            for i in range(stable)
         ]
+        if self.holdback:
+            pods.append(PodEndpoint("held", "default", "127.0.0.1", 8100, "holdback", revision=PLAIN.digest))
+        return pods
 
 
 async def run(
@@ -122,6 +129,8 @@ async def run(
     rolled: list[Revision] | None = None,
 ) -> SpeculativeDeploymentStatus:
     sdep = sdep or resource()
+    if status.speculation.revision is None:  # a new resource's pods, as the reconciler first renders them
+        world.revision, world.holdback = stable_plan(sdep)
     for second in range(start, start + seconds):
         world.second = second
         result = await loop.tick(
@@ -131,6 +140,7 @@ async def run(
         status = result.status
         if result.roll_to is not None:  # the rollout completes by the next tick
             world.revision = result.roll_to
+            world.holdback = result.status.speculation.holdback is not None
             if rolled is not None:
                 rolled.append(result.roll_to)
     return status
@@ -145,24 +155,30 @@ def cycling(second: float) -> float:
     return (4.0, 12.0, 48.0, 160.0)[int(second // 10) % 4]
 
 
-async def test_baseline_runs_plain_then_the_prior_schedule_rolls_out() -> None:
+async def test_the_baseline_holds_one_pod_plain_beside_the_prior_schedule_then_every_pod_speculates() -> None:
     world = World(profile_from_setup("roofline", setup()), batch=8)
     loop = ControlLoop(world)
     events: list[Any] = []
     rolled: list[Revision] = []
     status = await run(loop, world, fresh(), 0, 10, events, rolled=rolled)
-    assert status.speculation.control_phase == "Baseline" and status.speculation.state == "off"
-    assert status.speculation.schedule == "plain" and world.revision == PLAIN
+    assert status.speculation.control_phase == "Baseline" and status.speculation.state == "on"
+    assert world.revision.schedule is not None and world.revision.schedule.k_at(1) == 3  # draftLength.initial
+    holdback = status.speculation.holdback
+    assert world.holdback and holdback is not None and holdback.pods == 1
+    assert holdback.cost is not None and holdback.cost > 0  # half the fleet's gain, with two replicas
     status = await run(loop, world, status, 10, 20, events, rolled=rolled)
-    assert status.speculation.control_phase == "Fixed" and status.speculation.state == "on"
-    assert status.baseline.samples >= 3  # plain speed at the deployment's own load, measured first
-    assert [r.mode for r in rolled][-1] == "spec" and world.revision.schedule is not None
-    assert world.revision.schedule.k_at(1) == 3  # draftLength.initial at light load
-    assert (
-        status.speculation.revision is not None
-        and status.speculation.revision.digest == world.revision.digest
-    )
+    assert status.speculation.control_phase == "Dynamic" and status.speculation.state == "on"
+    assert status.speculation.holdback is None and not world.holdback  # every pod speculates now
+    assert status.baseline.samples >= 3  # plain speed measured on the holdback pod
     assert [e.reason for e in events].count("BaselineRecorded") == 1
+
+
+async def test_one_replica_runs_plain_through_its_baseline() -> None:
+    world = World(profile_from_setup("roofline", setup()), batch=8)
+    loop = ControlLoop(world)
+    status = await run(loop, world, fresh(), 0, 10, [], sdep=resource(replicas=1))
+    assert status.speculation.control_phase == "Baseline" and status.speculation.schedule == "plain"
+    assert status.speculation.holdback is None
 
 
 async def test_where_speculation_loses_above_a_batch_the_schedule_turns_k_to_zero_there() -> None:

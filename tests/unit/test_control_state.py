@@ -13,7 +13,15 @@ from specops.api.status import BaselineStatus, PodsApplied, SpeculationStatus, S
 from specops.domain import control_status as cs
 from specops.domain import perf
 from specops.domain.engines.schedule import PLAIN, Revision, Schedule
-from specops.domain.revision_step import Baseline, Decision, StepInputs, StepState, config_from_spec, step
+from specops.domain.revision_step import (
+    Baseline,
+    Decision,
+    StepInputs,
+    StepState,
+    config_from_spec,
+    initial_state,
+    step,
+)
 from specops.domain.status_patch import merge_patch, only_volatile
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "docs" / "examples" / "dense-70b-7b.yaml"
@@ -47,10 +55,17 @@ def test_the_step_config_reads_the_spec() -> None:
     assert config.off_reason is None
 
 
-def test_fresh_status_starts_plain_in_baseline() -> None:
+def test_fresh_status_starts_its_baseline_with_one_pod_held_back_plain() -> None:
     config = config_from_spec(spec(), spec().draft)
+    assert config.replicas >= 2
     state = cs.state_from_status(SpeculationStatus(), BaselineStatus(), config, Flat(), T0)
-    assert state.phase == "Baseline" and state.revision == PLAIN and state.phase_since == T0
+    assert state.phase == "Baseline" and state.holdback and state.phase_since == T0
+    assert state.revision.mode == "spec"  # the others speculate on the prior from the start
+    one = config_from_spec(
+        spec().model_copy(update={"serving": spec().serving.model_copy(update={"replicas": 1})}), spec().draft
+    )
+    state = cs.state_from_status(SpeculationStatus(), BaselineStatus(), one, Flat(), T0)
+    assert state.phase == "Baseline" and state.revision == PLAIN and not state.holdback
 
 
 def test_state_round_trips_through_the_wire_form_of_status() -> None:
@@ -125,8 +140,12 @@ def test_a_stale_or_unchecked_draft_runs_plain_whatever_the_mode() -> None:
         assert "lossless" in decision.message
 
 
-def test_a_plain_pod_with_a_paying_curve_waits_for_its_baseline_then_speculates() -> None:
-    config = config_from_spec(spec(), spec().draft)
+def one_replica() -> SpeculativeDeploymentSpec:
+    return spec().model_copy(update={"serving": spec().serving.model_copy(update={"replicas": 1})})
+
+
+def test_one_plain_pod_with_a_paying_curve_waits_for_its_baseline_then_speculates() -> None:
+    config = config_from_spec(one_replica(), spec().draft)
     state = StepState("Baseline", T0, PLAIN)
     for minute in range(0, 12):
         decision = step(
@@ -142,6 +161,40 @@ def test_a_plain_pod_with_a_paying_curve_waits_for_its_baseline_then_speculates(
     assert minute == 5 and decision.changed  # after rollout.baseline (5m), not before
     assert state.phase == "Fixed" and state.revision.mode == "spec"
     assert decision.reason == "BaselineRecorded" and "plain p50 20.00 ms/token" in decision.message
+
+
+def test_plain_pods_whose_draft_passed_its_check_start_the_baseline_with_a_holdback_at_once() -> None:
+    config = config_from_spec(spec(), spec().draft)
+    decision = step(config, StepState("Baseline", T0, PLAIN), StepInputs(batch=4, alpha=None), Flat(), T0)
+    assert decision.changed and decision.state.holdback and decision.state.revision.mode == "spec"
+    assert "beside a plain holdback pod" in decision.message
+    # not while a rollout runs: the pods are still moving
+    waiting = step(
+        config,
+        StepState("Baseline", T0, PLAIN),
+        StepInputs(batch=4, alpha=None, rollout_running=True),
+        Flat(),
+        T0,
+    )
+    assert not waiting.changed and not waiting.state.holdback
+
+
+def test_the_holdback_ends_after_the_baseline_and_only_the_holdback_pod_restarts() -> None:
+    config = config_from_spec(spec(), spec().draft)
+    state = initial_state(config, Flat(), T0)
+    assert state.holdback
+    first = state.revision
+    for minute in range(0, 12):
+        inputs = StepInputs(batch=4, alpha=0.7, tpot_p50_s=0.012, plain_tpot_p50_s=0.02)
+        decision = step(config, state, inputs, Flat(), T0 + timedelta(minutes=minute))
+        state = decision.state
+        if decision.changed:
+            break
+    assert minute == 5 and decision.reason == "BaselineRecorded"  # after rollout.baseline (5m)
+    assert not state.holdback and state.phase == "Dynamic"
+    assert state.revision == first  # a flat curve: nothing better, so only the holdback pod moves
+    assert state.baseline.p50_s == 0.02  # the holdback pod's plain latency, not the fleet's
+    assert "plain p50 20.00 ms/token on the holdback pod" in decision.message
 
 
 def test_only_measurements_moving_is_not_a_significant_status_change() -> None:

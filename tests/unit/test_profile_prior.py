@@ -21,6 +21,7 @@ from specops.domain.calibration import (
 from specops.ports import KubeApiError
 from specops.rbac import grants
 from specops.services.control import ControlLoop
+from specops.services.reconciler import stable_plan
 from tests.unit.test_control_loop import ALPHA, T0, World, fresh, resource, slow_world
 from tests.unit.test_control_loop import setup as roofline_setup
 
@@ -92,6 +93,7 @@ def with_profile(*, enabled: bool = True) -> Any:
 async def ticks(loop: ControlLoop, sdep: Any, world: World, seconds: int) -> tuple[Any, list[Any]]:
     status = fresh()
     updates: list[Any] = []
+    world.revision, world.holdback = stable_plan(sdep)  # as the reconciler first renders the pods
     for second in range(seconds):
         result = await loop.tick(
             sdep, status, world.pods(), T0 + timedelta(seconds=second), draft_stale=False
@@ -100,6 +102,7 @@ async def ticks(loop: ControlLoop, sdep: Any, world: World, seconds: int) -> tup
         updates.extend(result.updates)
         if result.roll_to is not None:
             world.revision = result.roll_to
+            world.holdback = result.status.speculation.holdback is not None
     return status, updates
 
 

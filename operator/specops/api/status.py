@@ -161,6 +161,17 @@ class RolloutStatus(ApiModel):
     replicas: int = Field(default=0, description="Pods wanted.")
 
 
+class HoldbackStatus(ApiModel):
+    pods: int = Field(default=1, ge=1, description="Pods running plain (the holdback Deployment's).")
+    since: Timestamp | None = Field(default=None, description="When the holdback began.")
+    cost: float | None = Field(
+        default=None,
+        ge=0,
+        description="Predicted per-token latency the fleet gives up while holding back, as a fraction "
+        "of what it would be with every pod speculating: (predicted speedup - 1) x pods / replicas.",
+    )
+
+
 class SpeculationStatus(ApiModel):
     state: Literal["on", "off"] = Field(
         default="off", description="Whether the stable pods run a speculating revision."
@@ -207,6 +218,11 @@ class SpeculationStatus(ApiModel):
     )
     calibration: CalibrationStatus = Field(
         default_factory=CalibrationStatus, description="The learned speedup model and its confidence."
+    )
+    holdback: HoldbackStatus | None = Field(
+        default=None,
+        description="One pod held back plain beside the speculating ones, measuring plain speed where "
+        "the load is (empty: none).",
     )
     acceptance_collapses: int = Field(
         default=0,

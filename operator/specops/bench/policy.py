@@ -375,6 +375,11 @@ def _pod_readings(
     return readings
 
 
+def _wanted(state: revision_step.StepState, pod: int, replicas: int) -> Revision:
+    """The revision pod ``pod`` should run: the last pod is the plain holdback while one is held."""
+    return PLAIN if state.holdback and pod == replicas - 1 else state.revision
+
+
 def replay(
     world: World,
     trace: Sequence[TracePoint],
@@ -406,20 +411,28 @@ def replay(
     fitted = prior
     state = revision_step.initial_state(config, prior, EPOCH)
     run = Run(world, list(trace), replicas)
-    pods = [Pod(state.revision) for _ in range(replicas)]
     run.revisions[state.revision.digest] = state.revision
     rng = random.Random(seed)
     step_every = max(1, round(interval_s))
     restart_s = world.restart_s
     bounds = (max(1, config.min_k), max(1, config.min_k, config.max_k))
 
+    pods = [Pod(_wanted(state, i, replicas)) for i in range(replicas)]
+    run.revisions.update((pod.revision.digest, pod.revision) for pod in pods)
     for s, point in enumerate(trace):
         now = EPOCH + timedelta(seconds=s)
         if s % step_every == 0 and s > 0:
-            target = state.revision
-            rollout_running = any(p.revision != target or p.ready_at > s for p in pods)
+            rollout_running = any(
+                p.revision != _wanted(state, i, replicas) or p.ready_at > s for i, p in enumerate(pods)
+            )
             window = range(s - 2 * step_every, s - step_every)
             batch, alpha, tpot_s = _window_measurement(run, range(replicas), window.start, window.stop, rng)
+            plain_pods = [i for i, p in enumerate(pods) if p.revision.mode == "plain"]
+            plain_tpot_s = (
+                _window_measurement(run, plain_pods, window.start, window.stop, rng)[2]
+                if plain_pods
+                else None
+            )
             # each pod's own window, as the operator reads it per pod (the same learning as ControlLoop.tick)
             readings = _pod_readings(run, pods, window, alpha, rng)
             tracks = learning.track_pods(tracks, readings, learn, now)
@@ -437,10 +450,11 @@ def replay(
             )
             inputs = revision_step.StepInputs(
                 batch=batch,
-                alpha=alpha if target.mode == "spec" else None,
+                alpha=alpha if state.revision.mode == "spec" else None,
                 tpot_p50_s=tpot_s,
                 rollout_running=rollout_running,
                 k0_ratios=tuple(learning.k0_ratios(at_zero, fitted)) if learn.enabled else (),
+                plain_tpot_p50_s=plain_tpot_s,
             )
             decision = revision_step.step(config, state, inputs, model, now)
             state = decision.state
@@ -449,11 +463,15 @@ def replay(
                 run.decisions.append((s, decision.reason, decision.message))
         # the rollout: one pod at a time, the next once the previous serves again
         if not any(p.ready_at > s for p in pods):
-            for pod in pods:
-                if pod.revision != state.revision:
-                    pod.revision, pod.ready_at = state.revision, s + restart_s
+            for i, pod in enumerate(pods):
+                wanted = _wanted(state, i, replicas)
+                if pod.revision != wanted:
+                    run.revisions[wanted.digest] = wanted
+                    pod.revision, pod.ready_at = wanted, s + restart_s
                     run.restarts += 1
                     break
+        if state.holdback and pods[-1].revision.mode == "plain" and pods[-1].ready_at <= s:
+            run.holdback_seconds += 1
         serving = [i for i, p in enumerate(pods) if p.ready_at <= s]
         share = round(replicas * max(0.0, point.batch) / len(serving), 3) if serving else 0.0
         row: list[Second] = []

@@ -14,6 +14,7 @@ from specops.api.conditions import ConditionUpdate, Reason
 from specops.api.models import SpeculativeDeploymentSpec
 from specops.api.status import (
     BaselineStatus,
+    HoldbackStatus,
     ObservedStatus,
     PodsApplied,
     RevisionStatus,
@@ -108,6 +109,7 @@ def state_from_status(
         decided_at=speculation.last_decision_time,
         baseline=recorded,
         k0_cost=speculation.k0_cost,
+        holdback=speculation.holdback is not None and config.replicas >= 2,
     )
 
 
@@ -117,6 +119,7 @@ def inputs_from(
     rollout_running: bool,
     canary_running: bool,
     k0_ratios: tuple[float, ...] = (),
+    plain_tpot_p50_s: float | None = None,
 ) -> StepInputs:
     return StepInputs(
         batch=measurement.batch,
@@ -128,6 +131,7 @@ def inputs_from(
         rollout_running=rollout_running,
         canary_running=canary_running,
         k0_ratios=k0_ratios,
+        plain_tpot_p50_s=plain_tpot_p50_s,
     )
 
 
@@ -148,6 +152,7 @@ def speculation_status(
     pods: PodsApplied,
     rollout: RolloutStatus | None,
     calibration: object | None = None,
+    replicas: int = 1,
 ) -> SpeculationStatus:
     """status.speculation for a decision (calibration is set by the caller)."""
     state = decision.state
@@ -173,7 +178,16 @@ def speculation_status(
         rollout=rollout,
         batch_seconds=list(state.batch_seconds),
         k0_cost=state.k0_cost,
+        holdback=_holdback(decision, replicas),
     )
+
+
+def _holdback(decision: Decision, replicas: int) -> HoldbackStatus | None:
+    if not decision.state.holdback or replicas < 2:
+        return None
+    speedup = decision.predicted_speedup
+    cost = None if speedup is None else round(max(0.0, speedup - 1.0) / replicas, 4)
+    return HoldbackStatus(pods=1, since=decision.state.phase_since, cost=cost)
 
 
 def baseline_status(state: StepState, current: BaselineStatus) -> BaselineStatus:

@@ -15,6 +15,8 @@ from specops.api.models import API_VERSION, KIND
 
 STABLE = "stable"
 CANARY = "canary"
+HOLDBACK = "holdback"
+"""The variant of the plain pod held back beside the speculating stable pods."""
 GPU_RESOURCE = "nvidia.com/gpu"
 
 LABEL_NAME = "app.kubernetes.io/name"

@@ -252,6 +252,11 @@ class Evidence:
         anchored = self._anchored(alpha, draft_length, batch, context_tokens)
         if anchored is not None:
             return anchored
+        anchor = self.anchors.get(batch)
+        if draft_length > 0 and anchor is not None and anchor.plain_s and self.steps is not None:
+            # plain measured here, speculation not: the measured plain step over the fitted round
+            round_s = self.steps.step_s(draft_length, batch, context_tokens)
+            return expected_tokens(alpha, draft_length) * anchor.plain_s / round_s
         if self.measured(batch):
             return self.fitted.predict_speedup(alpha, draft_length, batch, context_tokens)
         prior = self.prior.predict_speedup(alpha, draft_length, batch, context_tokens)

@@ -84,6 +84,9 @@ class StepConfig:
     slowdown_guard: bool = True
     """A revision measured slower than plain is replaced at once (spec.speculation.calibration
     .slowdownGuard); False: it waits for the soak and the minimum interval like any change."""
+    replicas: int = 1
+    """Stable pods (spec.serving.replicas): with two or more, one is held back plain while the
+    others speculate through the Baseline phase."""
 
 
 @dataclass(frozen=True)
@@ -108,6 +111,9 @@ class StepState:
     k0_cost: float | None = None
     """What K=0 inside a speculating engine costs per token against plain, as measured (None: the
     assumed DEFAULT_K0_COST)."""
+    holdback: bool = False
+    """One pod runs plain beside the others, which run ``revision`` (the Baseline phase with two or
+    more replicas)."""
 
 
 @dataclass(frozen=True)
@@ -122,6 +128,8 @@ class StepInputs:
     canary_running: bool = False
     k0_ratios: tuple[float, ...] = ()
     """Speculating pods at K=0: their latency over the fitted plain latency at their batch."""
+    plain_tpot_p50_s: float | None = None
+    """The plain pods' own per-token latency (the holdback pod's while one is held back)."""
 
 
 @dataclass(frozen=True)
@@ -166,6 +174,7 @@ def config_from_spec(
         setup=setup,
         off_reason=off_reason,
         slowdown_guard=speculation.calibration.slowdown_guard,
+        replicas=spec.serving.replicas,
         fixed_k=draft.method not in engine_for(spec.serving.backend).scheduled_methods,
     )
 
@@ -175,8 +184,15 @@ def speculating(config: StepConfig, schedule: Schedule) -> Revision:
 
 
 def initial_state(config: StepConfig, model: SpeedupModel, now: datetime) -> StepState:
-    """A new resource: plain for its baseline, or the first speculating revision at once."""
-    if config.mode == "off" or config.off_reason or config.baseline_s > 0:
+    """A new resource: the first speculating revision beside one plain holdback pod for its baseline
+    (two or more replicas), plain for its baseline (one replica), or the first speculating revision
+    at once (no baseline)."""
+    if config.mode == "off" or config.off_reason:
+        return StepState(phase="Baseline", phase_since=now, revision=PLAIN)
+    if config.baseline_s > 0 and config.replicas >= 2:
+        first = first_revision(config, model)
+        return StepState(phase="Baseline", phase_since=now, revision=first, last_change=now, holdback=True)
+    if config.baseline_s > 0:
         return StepState(phase="Baseline", phase_since=now, revision=PLAIN)
     return StepState(phase="Fixed", phase_since=now, revision=first_revision(config, model), last_change=now)
 
@@ -289,9 +305,31 @@ def step(
             return Decision(
                 state, PLAIN, "RolloutRunning", f"plain waits for the rollout in progress ({message})"
             )
-        moved = replace(state, revision=PLAIN, last_change=now)
+        moved = replace(state, revision=PLAIN, last_change=now, holdback=False)
         return Decision(moved, PLAIN, reason, message, predicted_speedup=1.0, changed=True)
 
+    if state.phase == "Baseline" and state.holdback:
+        return _held_back(config, state, inputs, model, now)
+    if (
+        state.phase == "Baseline"
+        and config.replicas >= 2
+        and config.baseline_s > 0
+        and not (inputs.canary_running or inputs.rollout_running)
+    ):
+        # plain until now (speculation was held): the baseline starts again with a holdback pod
+        first = first_revision(config, model)
+        moved = replace(
+            state, phase_since=now, revision=first, last_change=now, holdback=True, baseline=Baseline()
+        )
+        return Decision(
+            moved,
+            first,
+            "Baseline",
+            f"{config.replicas - 1} of {config.replicas} pods start {first.describe()} beside a plain "
+            "holdback pod measuring plain speed",
+            predicted_speedup=predicted(first),
+            changed=True,
+        )
     if state.phase == "Baseline":
         if current.mode == "spec":  # speculating pods with a Baseline phase: start it plain
             return Decision(
@@ -350,27 +388,7 @@ def step(
             )
         state = replace(state, phase="Dynamic", phase_since=now)
 
-    explorer = exploring(model, seen, credit=1.0 + config.margin + config.min_gain + EXPLORE_CREDIT)
-    schedule = best_schedule(
-        explorer, alpha, config.max_k, min_k=config.min_k, margin=config.margin, load=seen
-    )
-    if config.fixed_k and schedule is not None:
-        # one K at every batch: the one with the best expected speedup on the load seen
-        constants = [Schedule.constant(k) for k in range(max(1, config.min_k), config.max_k + 1)]
-        schedule = max(constants, key=lambda c: expected_speedup(explorer, alpha, c, seen, k0_cost))
-
-    if schedule is None and config.mode == "on":
-        schedule = (
-            Schedule.constant(config.min_k) if config.fixed_k else Schedule.of([[1, config.min_k], [None, 0]])
-        )
-    proposed = PLAIN if schedule is None else speculating(config, schedule)
-    if (
-        config.mode != "on"
-        and proposed.mode == "spec"
-        and expected_speedup(explorer, alpha, proposed.schedule, seen, k0_cost) <= 1.0 + config.margin
-    ):
-        # the bands that pay see too little of the load to outweigh K=0's cost on the rest
-        proposed = PLAIN
+    proposed, explorer = _propose(config, model, alpha, seen, k0_cost)
     current_speed = predicted(current)
     proposed_speed = expected_speedup(explorer, alpha, proposed.schedule, seen, k0_cost)
     measured = measured_speedup(model, alpha, current.schedule, seen, state.k0_cost)
@@ -390,6 +408,23 @@ def step(
         # a revision measured slower than plain is replaced mid-rollout (its pods restart again)
         rollout_running=inputs.rollout_running and not slowdown,
     )
+    unmeasured = _plain_unmeasured(model, seen) if config.replicas >= 2 and result.roll else []
+    if proposed != current and unmeasured:
+        # the load sits where no pod measured plain speed, so no decision there rests on evidence:
+        # one pod runs plain beside the others first (one restart, not every pod's)
+        near = ", ".join(f"{edge:g}" for edge in unmeasured)
+        moved = replace(
+            state, phase="Baseline", phase_since=now, holdback=True, baseline=Baseline(), last_change=now
+        )
+        return Decision(
+            moved,
+            current,
+            "MeasuringPlain",
+            f"plain speed was not measured near batch {near}, where the load is: one pod runs plain "
+            f"beside the others to measure it",
+            predicted_speedup=current_speed,
+            changed=True,
+        )
     if proposed == current or not result.roll:
         reason = result.reason if proposed != current else "AlreadyServing"
         return Decision(
@@ -412,4 +447,120 @@ def step(
         predicted_speedup=proposed_speed,
         changed=True,
         warning=slowdown,
+    )
+
+
+def _propose(
+    config: StepConfig, model: SpeedupModel, alpha: float, seen: Mapping[float, float], k0_cost: float
+) -> tuple[Revision, SpeedupModel]:
+    """The best revision for the fitted curve on the load seen, and the model it was judged on
+    (unmeasured loaded bands explored)."""
+    explorer = exploring(model, seen, credit=1.0 + config.margin + config.min_gain + EXPLORE_CREDIT)
+    schedule = best_schedule(
+        explorer, alpha, config.max_k, min_k=config.min_k, margin=config.margin, load=seen
+    )
+    if config.fixed_k and schedule is not None:
+        # one K at every batch: the one with the best expected speedup on the load seen
+        constants = [Schedule.constant(k) for k in range(max(1, config.min_k), config.max_k + 1)]
+        schedule = max(constants, key=lambda c: expected_speedup(explorer, alpha, c, seen, k0_cost))
+    if schedule is None and config.mode == "on":
+        schedule = (
+            Schedule.constant(config.min_k) if config.fixed_k else Schedule.of([[1, config.min_k], [None, 0]])
+        )
+    proposed = PLAIN if schedule is None else speculating(config, schedule)
+    if (
+        config.mode != "on"
+        and proposed.mode == "spec"
+        and expected_speedup(explorer, alpha, proposed.schedule, seen, k0_cost) <= 1.0 + config.margin
+    ):
+        # the bands that pay see too little of the load to outweigh K=0's cost on the rest
+        proposed = PLAIN
+    return proposed, explorer
+
+
+def _held_back(
+    config: StepConfig, state: StepState, inputs: StepInputs, model: SpeedupModel, now: datetime
+) -> Decision:
+    """Baseline with a holdback: all pods but one run the first speculating revision, one runs plain.
+    Its end (or a measured slowdown) picks the revision every pod then runs; when that is the one
+    already speculating, only the holdback pod restarts."""
+    current = state.revision
+    if not inputs.rollout_running:
+        plain = StepInputs(batch=inputs.batch, alpha=None, tpot_p50_s=inputs.plain_tpot_p50_s)
+        state = replace(state, baseline=_accumulate(state.baseline, plain))
+    alpha = state.alpha if state.alpha is not None else PRIOR_ALPHA
+    seen = batches_seen(state, inputs.batch)
+    k0_cost = state.k0_cost if state.k0_cost is not None else DEFAULT_K0_COST
+    measured = measured_speedup(model, alpha, current.schedule, seen, state.k0_cost)
+    slower = (
+        config.slowdown_guard
+        and measured is not None
+        and measured < 1.0 - config.margin
+        and state.baseline.samples >= BASELINE_SAMPLES
+        and not _plain_unmeasured(model, seen)
+    )
+    elapsed = (now - state.phase_since).total_seconds()
+    held = f"{config.replicas - 1} of {config.replicas} pods run {current.describe()} beside a plain holdback pod"
+    if not slower and (
+        elapsed < config.baseline_s
+        or (state.baseline.samples < BASELINE_SAMPLES and elapsed < 3 * config.baseline_s)
+    ):
+        return Decision(
+            state,
+            current,
+            "Baseline",
+            f"{held}, measuring plain speed ({state.baseline.samples} samples, "
+            f"{elapsed:.0f} s of {config.baseline_s:.0f} s)",
+            predicted_speedup=expected_speedup(model, alpha, current.schedule, seen, k0_cost),
+        )
+    if inputs.canary_running or inputs.rollout_running:
+        return Decision(
+            state, current, "Baseline", f"{held}; the baseline ends after the rollout or canary in progress"
+        )
+    proposed, explorer = _propose(config, model, alpha, seen, k0_cost)
+    current_speed = expected_speedup(explorer, alpha, current.schedule, seen, k0_cost)
+    proposed_speed = expected_speedup(explorer, alpha, proposed.schedule, seen, k0_cost)
+    gain = proposed_speed / current_speed - 1.0 if current_speed > 0 else 0.0
+    chosen = proposed if slower or gain > config.min_gain else current
+    p50 = state.baseline.p50_s
+    found = (
+        f"plain p50 {p50 * 1000:.2f} ms/token on the holdback pod"
+        if p50 is not None
+        else "no plain latency measured"
+    )
+    if measured is not None:
+        found += f"; {current.describe()} measured {measured - 1:+.1%} against plain on the batches seen"
+    change = f" (predicted {gain:+.1%})" if chosen != current else ""
+    moved = replace(state, phase="Dynamic", phase_since=now, revision=chosen, last_change=now, holdback=False)
+    return Decision(
+        moved,
+        chosen,
+        "MeasuredSlowdown" if slower else "BaselineRecorded",
+        f"{found} (alpha {alpha:.2f}); every pod now runs {chosen.describe()}{change}",
+        gain=gain if chosen != current else None,
+        predicted_speedup=proposed_speed if chosen != current else current_speed,
+        changed=True,
+        warning=slower,
+    )
+
+
+PLAIN_REACH = 0.35
+"""How far (in log batch: one half-octave band) a plain measurement speaks for plain speed."""
+PLAIN_LOAD_SHARE = 0.1
+"""Share of the load seen a band must carry for its unmeasured plain speed to matter."""
+
+
+def _plain_unmeasured(model: SpeedupModel, seen: Mapping[float, float]) -> list[float]:
+    """Loaded bands (upper edges) with no plain measurement near them; none for a model without
+    measurements (calibration off)."""
+    anchors = getattr(model, "anchors", None)
+    if not isinstance(anchors, Mapping):
+        return []
+    plain = [math.log(edge) for edge, anchor in anchors.items() if anchor.plain_s]
+    total = sum(seen.values())
+    return sorted(
+        edge
+        for edge, weight in seen.items()
+        if weight >= PLAIN_LOAD_SHARE * total
+        and not any(abs(math.log(max(1.0, edge)) - at) <= PLAIN_REACH for at in plain)
     )

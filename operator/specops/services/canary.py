@@ -36,6 +36,7 @@ from specops.domain.engines.schedule import Revision
 from specops.domain.lifecycle import EventRecord
 from specops.domain.names import (
     CANARY,
+    HOLDBACK,
     LABEL_DEPLOYMENT,
     LABEL_VARIANT,
     STABLE,
@@ -220,7 +221,7 @@ class CanaryService:
             # The first draft: a check pod speculating with it (never in traffic) against a plain
             # stable pod, at temperature 0; the check pod goes once the verdict is written.
             checks = [e for e in endpoints if e.variant == CANARY and e.mode == "spec"]
-            references = [e for e in endpoints if e.variant == STABLE and e.mode == "plain"]
+            references = [e for e in endpoints if e.variant in (STABLE, HOLDBACK) and e.mode == "plain"]
             if checks and references:
                 return replace(inputs, lossless=await self._lossless(resource, checks[0], references[0]))
             await self._apply_check_pod(resource, drafts.stable_draft(spec.draft, status))

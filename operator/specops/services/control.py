@@ -31,10 +31,10 @@ from specops.domain import collapse, drafts, learning, profile_prior
 from specops.domain import control_status as cs
 from specops.domain.calibration import CalibrationState, Fit
 from specops.domain.discovery import PodEndpoint
-from specops.domain.engines.schedule import Revision
+from specops.domain.engines.schedule import PLAIN, Revision
 from specops.domain.lifecycle import EventRecord
 from specops.domain.metrics import REASON_PENDING, Measurement
-from specops.domain.names import STABLE
+from specops.domain.names import HOLDBACK, STABLE
 from specops.domain.profile import ProfileError, ServingProfile
 from specops.domain.records import replace
 from specops.domain.revision_policy import BAND_EDGES, Evidence, SpeedupModel
@@ -173,14 +173,16 @@ class ControlLoop:
         self._memory.pop((namespace, name), None)
         self._profiles.pop((namespace, name), None)
 
-    def _measure(self, resource: SpeculativeDeployment, draft_length: int, now: datetime) -> Measurement:
-        """The stable variant's latest measurement, from the metrics hub's memory."""
+    def _measure(
+        self, resource: SpeculativeDeployment, draft_length: int, now: datetime, variant: str = STABLE
+    ) -> Measurement:
+        """A variant's latest measurement, from the metrics hub's memory."""
         spec = resource.spec
         return self.metrics.lookup(
             spec.metrics.prometheus,
             spec.serving.backend,
             *_key(resource),
-            STABLE,
+            variant,
             now,
             draft_length=draft_length or None,
         )
@@ -224,9 +226,17 @@ class ControlLoop:
         state = cs.state_from_status(status.speculation, status.baseline, config, prior_model, now)
         current = state.revision
         mine = [e for e in endpoints if e.variant == STABLE]
+        held = [e for e in endpoints if e.variant == HOLDBACK]
         on_revision = sum(1 for e in mine if e.revision == current.digest)
         wanted = spec.serving.replicas
-        rollout_running = on_revision < wanted or len(mine) > wanted
+        stable_wanted = wanted - 1 if state.holdback else wanted
+        held_wanted = 1 if state.holdback else 0
+        rollout_running = (
+            on_revision < stable_wanted
+            or len(mine) > stable_wanted
+            or sum(1 for e in held if e.revision == PLAIN.digest) < held_wanted
+            or len(held) > held_wanted
+        )
         measurement = self._measure(resource, 0, now)
         if measurement.ok and current.schedule is not None and measurement.batch is not None:
             # engines that count tokens but not steps: acceptance at the K the schedule gives here
@@ -263,6 +273,7 @@ class ControlLoop:
             )
             held = ControlResult(status.model_copy(update={"speculation": speculation}), updates, events)
             if status.speculation.revision is None:  # a new resource: its first revision is recorded
+                held.roll_to = current
                 held.status = held.status.model_copy(
                     update={
                         "speculation": speculation.model_copy(
@@ -293,6 +304,12 @@ class ControlLoop:
         knowledge = remembered.knowledge
         batch = measurement.batch or 0.0
         readings = [r for r in _readings(measurement, mine, revisions) if not collapsing.suspect(r.pod)]
+        plain_tpot_s = None
+        if held:  # the holdback pod: plain speed where the load is
+            plain = self._measure(resource, 0, now, HOLDBACK)
+            if plain.ok:
+                readings += _readings(plain, held, {PLAIN.digest: PLAIN})
+                plain_tpot_s = plain.tpot_mean_s or plain.tpot_p50_s
         tracks = learning.track_pods(remembered.tracks, readings, learn, now)
         learned, at_zero = learning.learn_pods(
             knowledge.calibration, readings, tracks, config.setup, learn, now
@@ -309,7 +326,11 @@ class ControlLoop:
         k0 = tuple(learning.k0_ratios(at_zero, fitted)) if learn.enabled else ()
 
         inputs = cs.inputs_from(
-            measurement, rollout_running=rollout_running, canary_running=canary_running, k0_ratios=k0
+            measurement,
+            rollout_running=rollout_running,
+            canary_running=canary_running,
+            k0_ratios=k0,
+            plain_tpot_p50_s=plain_tpot_s,
         )
         decision = step(config, state, inputs, model, now)
         alpha = decision.state.alpha if decision.state.alpha is not None else PRIOR_ALPHA
@@ -342,7 +363,9 @@ class ControlLoop:
             )
             pods = PodsApplied(desired=wanted, applied=0)
         updates.append(cs.applied_condition(wanted, pods.applied, decision.state.revision))
-        speculation = cs.speculation_status(decision, inputs, now, pods, rollout)
+        speculation = cs.speculation_status(
+            decision, inputs, now, pods, rollout, replicas=resource.spec.serving.replicas
+        )
         calibration = learning.to_status(
             knowledge,
             fitted,
@@ -372,8 +395,10 @@ class ControlLoop:
                 "observed": cs.observed_status(measurement),
             }
         )
+        # the first record renders too: the pods came up on the reconciler's roofline prior
+        first = status.speculation.revision is None
         return ControlResult(
-            new_status, updates, events, decision.state.revision if decision.changed else None
+            new_status, updates, events, decision.state.revision if decision.changed or first else None
         )
 
     async def _restart_collapsed(

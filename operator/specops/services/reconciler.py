@@ -22,9 +22,16 @@ from specops.api.status import SpeculativeDeploymentStatus
 from specops.domain import drafts, lifecycle, phases, profile_prior
 from specops.domain.calibration import CalibrationConfig
 from specops.domain.control_status import for_draft, revision_from_status
-from specops.domain.engines.schedule import Revision
+from specops.domain.engines.schedule import PLAIN, Revision
 from specops.domain.lifecycle import EventRecord
-from specops.domain.names import LABEL_DEPLOYMENT, STABLE, label_value, selector_labels, service_name
+from specops.domain.names import (
+    HOLDBACK,
+    LABEL_DEPLOYMENT,
+    STABLE,
+    label_value,
+    selector_labels,
+    service_name,
+)
 from specops.domain.render import (
     RenderError,
     RenderOptions,
@@ -111,17 +118,28 @@ def endpoint_url(resource: SpeculativeDeployment, options: RenderOptions) -> str
 def stable_revision(resource: SpeculativeDeployment) -> Revision:
     """The revision recorded in status, else the one a new resource starts with (plain through its
     baseline, or the roofline prior's first schedule)."""
+    return stable_plan(resource)[0]
+
+
+def stable_plan(resource: SpeculativeDeployment) -> tuple[Revision, bool]:
+    """The stable pods' revision and whether one pod is held back plain beside them (as status
+    records them, else as a new resource starts)."""
     recorded = revision_from_status(resource.status.speculation.revision)
     draft = drafts.stable_draft(resource.spec.draft, resource.status)
     if recorded is not None:
-        return for_draft(recorded, drafts.draft_identity(draft) if draft.uri else None)
+        holdback = resource.status.speculation.holdback is not None and resource.spec.serving.replicas >= 2
+        return for_draft(recorded, drafts.draft_identity(draft) if draft.uri else None), holdback
     config = config_from_spec(
         resource.spec,
-        drafts.stable_draft(resource.spec.draft, resource.status),
-        off_reason=None if drafts.speculation_allowed(resource.status) else "unchecked",
+        draft,
+        # a new resource's first draft is checked before speculation goes on (Reconciler.write_status)
+        off_reason=None
+        if resource.status.draft.version and drafts.speculation_allowed(resource.status)
+        else "unchecked",
     )
     prior = profile_prior.prior_model(config.setup, CalibrationConfig(), None)
-    return initial_state(config, prior, datetime.now(UTC)).revision
+    state = initial_state(config, prior, datetime.now(UTC))
+    return state.revision, state.holdback
 
 
 class Reconciler:
@@ -190,7 +208,8 @@ class Reconciler:
         if not (never_reconciled and len(report.created) == len(children)):
             # (a resource never reconciled whose children were all created just now has nothing
             # of its own to prune: what another incarnation left is garbage-collected by owner)
-            await self.prune(namespace, name, {_key(c) for c in children}, report)
+            for variant in (STABLE, HOLDBACK):
+                await self.prune(namespace, name, {_key(c) for c in children}, report, variant)
         events += await self.write_status(resource, children, report, now, base=body)
         return events
 
@@ -199,16 +218,28 @@ class Reconciler:
     ) -> list[dict[str, Any]]:
         """The stable variant serves the draft and the revision recorded in status (spec.draft only
         reaches it through a canary; a revision only through the control loop)."""
-        return render_children(
-            resource,
-            self.render_options,
-            stable_revision(resource),
-            draft=drafts.stable_draft(resource.spec.draft, resource.status),
+        revision, holdback = stable_plan(resource)
+        draft = drafts.stable_draft(resource.spec.draft, resource.status)
+        replicas = resource.spec.serving.replicas
+        children = render_children(
+            resource, self.render_options, revision, draft=draft, replicas=replicas - 1 if holdback else None
         )
+        if holdback:  # one plain pod beside the others, in the shared Service: an even share of traffic
+            children += render_children(
+                resource, self.render_options, PLAIN, variant=HOLDBACK, draft=draft, replicas=1
+            )
+        return children
 
     async def roll_stable(self, resource: SpeculativeDeployment) -> ApplyReport:
-        """Render the stable variant from status again: a new revision rolls out pod by pod."""
-        return await self.apply(self.render_stable(resource), resource.metadata.get("uid", ""))
+        """Render the stable variant from status again: a new revision rolls out pod by pod, and a
+        holdback that ended is removed."""
+        children = self.render_stable(resource)
+        report = await self.apply(children, resource.metadata.get("uid", ""))
+        meta = resource.metadata
+        await self.prune(
+            str(meta["namespace"]), str(meta["name"]), {_key(c) for c in children}, report, HOLDBACK
+        )
+        return report
 
     async def refresh(
         self,
@@ -277,8 +308,10 @@ class Reconciler:
                 report.updated.append(key)
         return report
 
-    async def prune(self, namespace: str, name: str, keep: set[str], report: ApplyReport) -> None:
-        labels = selector_labels(name, STABLE)
+    async def prune(
+        self, namespace: str, name: str, keep: set[str], report: ApplyReport, variant: str = STABLE
+    ) -> None:
+        labels = selector_labels(name, variant)
         for api_version, kind in MANAGED_KINDS:
             if kind == "PodMonitor" and not self.render_options.pod_monitor:
                 continue
