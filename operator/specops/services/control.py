@@ -226,7 +226,7 @@ class ControlLoop:
         state = cs.state_from_status(status.speculation, status.baseline, config, prior_model, now)
         current = state.revision
         mine = [e for e in endpoints if e.variant == STABLE]
-        held = [e for e in endpoints if e.variant == HOLDBACK]
+        held_back = [e for e in endpoints if e.variant == HOLDBACK]
         on_revision = sum(1 for e in mine if e.revision == current.digest)
         wanted = spec.serving.replicas
         stable_wanted = wanted - 1 if state.holdback else wanted
@@ -234,8 +234,8 @@ class ControlLoop:
         rollout_running = (
             on_revision < stable_wanted
             or len(mine) > stable_wanted
-            or sum(1 for e in held if e.revision == PLAIN.digest) < held_wanted
-            or len(held) > held_wanted
+            or sum(1 for e in held_back if e.revision == PLAIN.digest) < held_wanted
+            or len(held_back) > held_wanted
         )
         measurement = self._measure(resource, 0, now)
         if measurement.ok and current.schedule is not None and measurement.batch is not None:
@@ -305,10 +305,10 @@ class ControlLoop:
         batch = measurement.batch or 0.0
         readings = [r for r in _readings(measurement, mine, revisions) if not collapsing.suspect(r.pod)]
         plain_tpot_s = None
-        if held:  # the holdback pod: plain speed where the load is
+        if held_back:  # the holdback pod: plain speed where the load is
             plain = self._measure(resource, 0, now, HOLDBACK)
             if plain.ok:
-                readings += _readings(plain, held, {PLAIN.digest: PLAIN})
+                readings += _readings(plain, held_back, {PLAIN.digest: PLAIN})
                 plain_tpot_s = plain.tpot_mean_s or plain.tpot_p50_s
         tracks = learning.track_pods(remembered.tracks, readings, learn, now)
         learned, at_zero = learning.learn_pods(
