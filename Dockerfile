@@ -1,13 +1,14 @@
 # The specops operator image: `make image` (Docker or Podman). Multi-stage: the final stage has the
-# installed package and its dependencies only (no pip cache, no build tools, no source tree), runs
-# as a non-root user and needs nothing writable but /tmp (the chart mounts an emptyDir there).
+# installed operator and its dependencies only (no pip cache, no build tools, no source tree, no
+# local stack: that is its own distribution, local/), runs as a non-root user and needs nothing
+# writable but /tmp (the chart mounts an emptyDir there).
 ARG PYTHON_IMAGE=python:3.11-slim
 
 FROM ${PYTHON_IMAGE} AS build
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src
 COPY pyproject.toml README.md ./
-COPY operator ./operator
+COPY operator/specops ./operator/specops
 RUN python -m venv /opt/specops \
  && /opt/specops/bin/pip install --no-compile . \
  && /opt/specops/bin/pip uninstall -y pip setuptools \

@@ -9,15 +9,17 @@ STAMP   := $(VENV)/.installed
 .PHONY: help install prometheus kubectl test test-cluster lint fmt crds demo bench soak image clean
 
 help: ## list targets
-	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{gsub(/\$$\$$/, "$$", $$2); printf "  %-14s %s\n", $$1, $$2}'
 
-$(STAMP): pyproject.toml
+# Two distributions, both editable: the operator (pyproject.toml) with the test tools, and the local
+# stack (local/pyproject.toml: emulated API server, simulated engines, demo, soak).
+$(STAMP): pyproject.toml local/pyproject.toml local/hatch_build.py
 	$(PY_BOOT) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[dev]'
+	$(PY) -m pip install -q -e '.[dev]' -e ./local
 	touch $(STAMP)
 
-install: $(STAMP) prometheus kubectl ## create .venv with the operator and test tools, Prometheus and kubectl
+install: $(STAMP) prometheus kubectl ## create .venv with the operator, the local stack and test tools, Prometheus and kubectl
 
 prometheus: ## make sure Debian's prometheus is installed (apt-get when root)
 	@scripts/ensure-prometheus.sh
@@ -36,14 +38,14 @@ test-cluster: install ## run the end-to-end tests against the cluster in $$KUBEC
 	$(PY) -m pytest tests/e2e -q --cluster
 
 lint: $(STAMP) ## ruff, mypy, import-linter
-	$(VENV)/bin/ruff check operator tests
-	$(VENV)/bin/ruff format --check operator tests
+	$(VENV)/bin/ruff check operator local tests
+	$(VENV)/bin/ruff format --check operator local tests
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
 
 fmt: $(STAMP) ## format and autofix
-	$(VENV)/bin/ruff format operator tests
-	$(VENV)/bin/ruff check --fix operator tests
+	$(VENV)/bin/ruff format operator local tests
+	$(VENV)/bin/ruff check --fix operator local tests
 
 crds: $(STAMP) ## regenerate crds/ (and the chart's copy) from the pydantic models
 	$(PY) -m specops.api.crd crds/specops.dev_speculativedeployments.yaml charts/specops/crds/specops.dev_speculativedeployments.yaml

@@ -1,10 +1,9 @@
 """The `specops` command: run the operator, plan drafts, set canary gates, benchmark, print the CRD, and
-drive the local stack (`specops local ...`, from the optional `specops[local]` package)."""
+drive the local stack (`specops local ...`, added by the specops-local distribution when installed)."""
 
 from __future__ import annotations
 
 import asyncio
-import importlib
 import importlib.metadata
 import sys
 from typing import Any
@@ -19,14 +18,11 @@ from specops.operations import (
     set_canary_gate,
 )
 from specops.plan import plan_command
+from specops.plugins import COMMANDS, LOCAL_STACK_MISSING, provider, registered
 
 __all__ = ["CANARY_ANNOTATIONS", "main", "set_canary_gate"]
 
 CONTEXT_SETTINGS: dict[str, Any] = {"help_option_names": ["-h", "--help"], "max_content_width": 110}
-LOCAL_MISSING = (
-    "the local stack is not installed: install the extra with  pip install 'specops[local]'  "
-    "(in a clone: make install)"
-)
 
 
 def version() -> str:
@@ -36,7 +32,31 @@ def version() -> str:
         return "unknown"
 
 
-@click.group(context_settings=CONTEXT_SETTINGS)
+class PluginGroup(click.Group):
+    """The top-level group: its own commands, then those other distributions register under
+    `specops.commands` (loaded only when named or listed). `local` stays reachable without the local
+    stack, to say how to install it."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*super().list_commands(ctx), *registered(COMMANDS), "local"})
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        command = super().get_command(ctx, cmd_name)
+        if command is not None:
+            return command
+        point = registered(COMMANDS).get(cmd_name)
+        if point is None:
+            return local_missing if cmd_name == "local" else None
+        try:
+            loaded: click.Command = point.load()
+        except ImportError as error:
+            raise click.ClickException(
+                f"cannot load `specops {cmd_name}` from {provider(point)}: {error}"
+            ) from None
+        return loaded
+
+
+@click.group(cls=PluginGroup, context_settings=CONTEXT_SETTINGS)
 @click.version_option(version(), "--version", prog_name="specops", message="%(prog)s %(version)s")
 def main() -> None:
     """specops: LLM serving with speculative decoding as a self-tuning Kubernetes service."""
@@ -285,14 +305,20 @@ for _action in CANARY_OPERATIONS:
 
 def bench_help() -> str:
     from specops.bench import BENCHMARKS
+    from specops.plugins import local_stack_installed
 
-    names = ", ".join(sorted(BENCHMARKS))
-    return (
+    names = ", ".join(BENCHMARKS)
+    text = (
         "Run a benchmark: specops bench NAME [ARGS] (NAME --help for its options), or "
         "specops bench all --out DIR for every one.\n\n"
         f"Benchmarks: {names}. Each prints a table and writes --json PATH. The reaction benchmark runs "
         "the whole local stack: specops local reaction."
     )
+    if not local_stack_installed():
+        text += (
+            f"\n\nThe local stack adds the benchmarks that run an emulated cluster; {LOCAL_STACK_MISSING}."
+        )
+    return text
 
 
 @main.command(
@@ -577,43 +603,19 @@ def measure_profile(
         click.echo(f"wrote {out}")
 
 
-# ---------------------------------------------------------------- local (the optional package)
+# ---------------------------------------------------------------- local (its own distribution)
 
 
-class LocalStackGroup(click.Group):
-    """`specops local ...`: commands of the specops_local package, loaded only when used."""
-
-    def _local(self) -> click.Group | None:
-        try:
-            # A name, not an import statement: the operator package never depends on specops_local.
-            module = importlib.import_module("specops_local.cli")
-        except ModuleNotFoundError as error:
-            if error.name and error.name.split(".")[0] in ("specops_local", "kmock", "matplotlib", "celpy"):
-                return None
-            raise
-        group: click.Group = module.local
-        return group
-
-    def list_commands(self, ctx: click.Context) -> list[str]:
-        local = self._local()
-        return local.list_commands(ctx) if local is not None else []
-
-    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
-        local = self._local()
-        if local is None:
-            raise click.ClickException(LOCAL_MISSING)
-        return local.get_command(ctx, cmd_name)
-
-    def format_help(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
-        super().format_help(ctx, formatter)
-        if self._local() is None:
-            formatter.write_paragraph()
-            formatter.write_text(LOCAL_MISSING)
-
-
-@main.group(cls=LocalStackGroup, context_settings=CONTEXT_SETTINGS)
-def local() -> None:
-    """The local stack: an emulated Kubernetes API, Debian's Prometheus, simulated pods, the operator."""
+@click.command(
+    "local",
+    context_settings={"ignore_unknown_options": True, "allow_extra_args": True},
+    add_help_option=False,
+    short_help="the local stack (not installed: pip install -e ./local in a clone)",
+)
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+def local_missing(args: tuple[str, ...]) -> None:
+    """Stands in for `specops local` while the local stack is not installed."""
+    raise click.ClickException(LOCAL_STACK_MISSING)
 
 
 if __name__ == "__main__":

@@ -330,13 +330,19 @@ async def test_plugin_watch_prints_the_view_again_when_it_changes(cluster: Emula
         await process.wait()
 
 
-def test_local_says_how_to_install_the_extra_when_it_is_missing(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(sys.modules, "specops_local.cli", None)  # as if specops[local] were not installed
+def test_a_local_stack_that_does_not_load_is_one_line_naming_its_distribution(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # (without the local stack installed at all: tests/unit/test_packaging.py, on the operator's wheel)
+    monkeypatch.setitem(sys.modules, "specops_local.cli", None)  # as if its files were gone
     result = CliRunner().invoke(specops, ["local", "up"])
     assert result.exit_code == 1
-    assert "pip install 'specops[local]'" in result.output
-    help_text = " ".join(CliRunner().invoke(specops, ["local", "--help"]).output.split())
-    assert "the local stack is not installed" in help_text and "pip install 'specops[local]'" in help_text
+    assert result.output.startswith("Error: cannot load `specops local` from specops-local 0.1.0: ")
+    assert len(result.output.strip().splitlines()) == 1
+    monkeypatch.setitem(sys.modules, "specops_local.scale", None)
+    scale = CliRunner().invoke(specops, ["bench", "scale"])
+    assert scale.exit_code == 2
+    assert scale.output.startswith("specops bench: cannot load benchmark 'scale' from specops-local 0.1.0: ")
 
 
 # ---------------------------------------------------------------- errors: one line, no traceback
