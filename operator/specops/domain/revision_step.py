@@ -496,8 +496,7 @@ def _held_back(
         config.slowdown_guard
         and measured is not None
         and measured < 1.0 - config.margin
-        and state.baseline.samples >= BASELINE_SAMPLES
-        and not _plain_unmeasured(model, seen)
+        and state.baseline.samples >= BASELINE_SAMPLES  # the holdback pod serves and was measured
     )
     elapsed = (now - state.phase_since).total_seconds()
     held = f"{config.replicas - 1} of {config.replicas} pods run {current.describe()} beside a plain holdback pod"
