@@ -129,6 +129,8 @@ async def serve_until_stopped(workdir: Path, announce: Any) -> list[Path]:
             recording.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await recording
+            with contextlib.suppress(Exception):  # a last sample: what happened since the previous one
+                await recorder.sample()
             await recorder.close()
             recorder.finish()
     return draw_timelines(recorder, workdir)
