@@ -153,6 +153,8 @@ class ServingSet:
     template_key: str | None = None
     seen_version: str | None = None
     """The Deployment's resourceVersion template_key was taken from."""
+    uid: str | None = None
+    """The Deployment's uid: one deleted and created again under its name is another Deployment."""
     serial: int = 0
 
     @property
@@ -292,10 +294,20 @@ class ServingController:
             label,
         )
         serving = self.sets.get(key)
+        uid = deployment["metadata"].get("uid")
+        if serving is not None and serving.uid != uid:
+            # deleted and created again between two passes: its pods went with the old one (a
+            # real cluster's garbage collector deletes them with their ReplicaSet)
+            for slot in list(serving.slots):
+                await self._remove(serving, slot)
+            serial, serving = serving.serial, None
+        else:
+            serial = 0
         if serving is None:
             serving = self.sets[key] = ServingSet(
-                namespace, name, owner, labels.get(VARIANT_LABEL, "stable"), label=label
+                namespace, name, owner, labels.get(VARIANT_LABEL, "stable"), label=label, uid=uid
             )
+            serving.serial = serial  # the new pods' names are new (a real cluster's are random)
         version = deployment["metadata"].get("resourceVersion")
         if version is None or version != serving.seen_version or serving.template_key is None:
             serving.template_key = _template_key(deployment["spec"]["template"])

@@ -227,6 +227,33 @@ async def test_an_idle_resource_repairs_a_route_that_still_names_the_canary(
     assert again.events == []
 
 
+async def test_an_action_set_while_no_canary_runs_is_removed_from_the_resource(
+    cluster: EmulatedCluster, kube: KubeClient
+) -> None:
+    # Given the spec draft serves, no canary runs, and someone set specops.dev/canary-action: abort
+    _, service = await given_a_canary(cluster, kube)
+    await kube.patch(
+        "specops.dev/v1alpha1",
+        "SpeculativeDeployment",
+        NAMESPACE,
+        NAME,
+        {"metadata": {"annotations": {"specops.dev/canary-action": "abort"}}},
+        content_type="application/merge-patch+json",
+    )
+    live = SpeculativeDeployment.model_validate(cluster.get("speculativedeployments", NAME))
+    v4 = live.status.canary.draft if live.status.canary is not None else None
+    idle = live.status.model_copy(update={"canary": None, "phase": "Dynamic", "draft": v4})
+
+    # When it ticks
+    result = await service.tick(live, idle, [], T0)
+
+    # Then the annotation is gone from the resource, unacted on, and a Warning Event says so
+    stored = cluster.get("speculativedeployments", NAME) or {}
+    assert "specops.dev/canary-action" not in (stored["metadata"].get("annotations") or {})
+    assert ("Warning", "CanaryActionIgnored") in [(e.type, e.reason) for e in result.events]
+    assert result.status.canary is None
+
+
 async def test_deletion_waits_while_the_route_cannot_be_released(
     cluster: EmulatedCluster, kube: KubeClient, failing_route_writes: dict[str, bool]
 ) -> None:

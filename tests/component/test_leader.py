@@ -7,14 +7,18 @@ import time
 from typing import Any
 
 import kmock
+import kopf
 import pytest
 
 from specops.adapters.kube import KubeClient
 from specops.adapters.leader import LEASE_API, LEASE_KIND, LeadershipLost, LeaseElector, LeaseTimings, lead
+from specops.handlers.lifecycle import login
 from specops.ports import KubeApiError
 
 FAST = LeaseTimings(lease_duration_s=3.0, renew_deadline_s=2.0, retry_period_s=0.5)
 NAME = "specops-operator"
+HANDLED = "kopf.zalando.org/last-handled-configuration"
+"""What Kopf writes on an object once its create handlers succeeded."""
 
 
 def elector(kube: KubeClient, identity: str) -> LeaseElector:
@@ -143,3 +147,56 @@ async def test_a_leader_resumed_past_its_renew_deadline_writes_nothing_more(
     assert after and set(after) == {"NotLeader"}, f"a deposed leader wrote {after.count('sent')} more time(s)"
     state = await kube.get("v1", "ConfigMap", "default", "state")
     assert state is not None and state["data"]["tick"] == str(len(before))
+
+
+async def test_kopfs_own_writes_stop_at_the_renew_deadline_too(cluster: Any, kube: KubeClient) -> None:
+    # Given a leader running Kopf through specops' login (its session), with a handler under way
+    clock = FrozenClock()
+    leader = LeaseElector(kube, namespace="default", identity="a", timings=FAST, clock=clock)
+    deposed = asyncio.Event()
+    registry = kopf.OperatorRegistry()
+    kopf.on.login(registry=registry)(login)
+
+    @kopf.on.create("v1", "configmaps", registry=registry)
+    async def created(body: kopf.Body, **_: Any) -> None:
+        if body["metadata"]["name"] == "after":
+            await deposed.wait()  # returns only once the leader is deposed
+        kopf.info(body, reason="Handled", message="posted by Kopf")
+
+    @kopf.on.delete("v1", "configmaps", registry=registry)
+    async def deleted(**_: Any) -> None:
+        pass
+
+    async def operate(stop_flag: asyncio.Event) -> None:
+        await kopf.operator(registry=registry, namespaces=["default"], standalone=True, stop_flag=stop_flag)
+
+    task = asyncio.ensure_future(lead(leader, operate, stop_grace_s=2.0))
+    for name in ("before", "after"):
+        await kube.create({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name}})
+
+    async def handled(name: str) -> bool:
+        found = await kube.get("v1", "ConfigMap", "default", name) or {}
+        return HANDLED in (found.get("metadata", {}).get("annotations") or {})
+
+    async def finalized(name: str) -> bool:
+        found = await kube.get("v1", "ConfigMap", "default", name) or {}
+        return bool(found.get("metadata", {}).get("finalizers"))
+
+    async def posted() -> set[str]:
+        return {e["involvedObject"]["name"] for e in await kube.list("v1", "Event", "default")}
+
+    async with asyncio.timeout(15):
+        while not (await handled("before") and await finalized("after") and await posted()):  # noqa: ASYNC110
+            await asyncio.sleep(0.05)
+
+    # When it is frozen past its Lease (its clock jumps, another replica takes the Lease) and its
+    # handler then completes
+    clock.offset += FAST.lease_duration_s + 1.0
+    await kube.patch(LEASE_API, LEASE_KIND, "default", NAME, {"spec": {"holderIdentity": "b"}})
+    deposed.set()
+
+    # Then Kopf records nothing more (no progress annotation, no Event), and the operator steps down
+    with pytest.raises(LeadershipLost):
+        await asyncio.wait_for(task, timeout=10)
+    assert not await handled("after")
+    assert await posted() == {"before"}

@@ -22,21 +22,28 @@ from typing import Any, TypeVar
 
 import httpx
 import pytest
+import yaml
 from aiohttp import web
 
 from specops.adapters import log_redaction
 from specops.adapters.prometheus import MetricsHub, PrometheusPoller
+from specops.api import conditions as cond
+from specops.api.models import SpeculativeDeployment
+from specops.api.status import SpeculationStatus, SpeculativeDeploymentStatus
 from specops.domain import perf
 from specops.domain.metrics import (
     PROFILES,
+    REASON_INVALID,
     REASON_METRICS_UNAVAILABLE,
     BackendProfile,
     Measurement,
     Snapshot,
 )
+from specops.services.control import ControlLoop
 from specops_local.prometheus import PrometheusProcess, run_prometheus
 from specops_local.sim import LoadPoint, SimEngine, launch
-from specops_local.sim.metrics import TPOT_BUCKETS
+from specops_local.sim.metrics import CORRUPTIONS, TPOT_BUCKETS
+from tests.conftest import EXAMPLES
 from tests.secret_shapes import URL_SHAPES, SecretShape
 
 pytestmark = pytest.mark.timeout(60)
@@ -312,6 +319,60 @@ async def test_a_new_canary_is_measured_on_its_own_drafts_series_only(
         assert max(whole) > 0.65, whole  # the old series were really there
     finally:
         await hub.close()
+
+
+def resource_named(name: str, prometheus_url: str) -> SpeculativeDeployment:
+    """The example resource, on vLLM, in team-a, reading ``prometheus_url`` every POLL_INTERVAL_S."""
+    body = yaml.safe_load((EXAMPLES / "dense-70b-7b.yaml").read_text())
+    body["metadata"] = {"name": name, "namespace": "team-a", "uid": f"u-{name}"}
+    body["spec"]["serving"]["backend"] = BACKEND
+    body["spec"]["metrics"] = {"prometheus": {"url": prometheus_url}, "interval": "1s"}
+    return SpeculativeDeployment.model_validate(body)
+
+
+async def test_an_exporter_answering_nan_inf_or_negative_values_is_a_metrics_outage_of_its_own(
+    prom: PrometheusProcess, pods: Callable[..., Any], hub: MetricsHub
+) -> None:
+    # Given one resource per spoiled value and one healthy resource, each measured fully first
+    names = {corruption: f"spoiled-{corruption}" for corruption in CORRUPTIONS}
+    engines = {name: await pods(f"{name}-0", batch=10) for name in [*names.values(), "healthy"]}
+    prom.set_targets([target_group(engine, "team-a", name, "stable") for name, engine in engines.items()])
+    resources = {name: resource_named(name, prom.url) for name in engines}
+    for name, sdep in resources.items():
+        hub.register(("team-a", name), sdep.spec.metrics.prometheus, BACKEND, POLL_INTERVAL_S)
+
+    def read(name: str) -> Callable[[], Measurement]:
+        source = resources[name].spec.metrics.prometheus
+        return lambda: hub.lookup(source, BACKEND, "team-a", name, "stable", now())
+
+    for name in engines:
+        await eventually(read(name), fully_measured, 25)
+
+    # When their engines export NaN, +Inf or negative values for every sample
+    for corruption, name in names.items():
+        engines[name].metrics_fault = corruption
+
+    # Then each is a metrics outage with its own reason within a few cycles (count() and
+    # histogram_quantile() still answer finite numbers over such samples), the healthy one is not
+    for name in names.values():
+        spoiled = await eventually(read(name), lambda m: not m.ok, 10)
+        assert spoiled.reason == REASON_INVALID, (name, spoiled)
+    assert fully_measured(read("healthy")())
+    # and the control loop holds its revision and says so in MetricsUnavailable, status shows no value
+    loop = ControlLoop(hub)
+    fresh = SpeculativeDeploymentStatus(phase="Baseline", speculation=SpeculationStatus())
+    for name in names.values():
+        result = await loop.tick(resources[name], fresh, [], now(), draft_stale=False)
+        unavailable = [u for u in result.updates if u.type == cond.METRICS_UNAVAILABLE]
+        assert [(u.status, u.reason) for u in unavailable] == [("True", REASON_INVALID)], name
+        assert "no finite, non-negative value" in unavailable[0].message
+        assert result.status.observed.batch is None and result.status.observed.request_rate is None
+
+    # When the exporters heal, the resources are measured again once the window holds good samples only
+    for name in names.values():
+        engines[name].metrics_fault = None
+    for name in names.values():
+        await eventually(read(name), fully_measured, RATE_WINDOW_S + 10)
 
 
 async def test_prometheus_outage_reads_as_metrics_unavailable_then_recovers(

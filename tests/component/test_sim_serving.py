@@ -248,3 +248,25 @@ def test_rolling_update_bounds() -> None:
     assert bounds(0, 0, 3) == (0, 1)
     assert bounds(2, 1, 3) == (2, 1)
     assert json.dumps(rolling_update_bounds({"spec": {}}, 1)) == "[1, 0]"
+
+
+async def test_a_deployment_deleted_and_created_again_under_its_name_gets_new_pods(
+    cluster: EmulatedCluster,
+) -> None:
+    # Given a one-pod Deployment serving (a draft's check pod)
+    cluster.create("configmaps", config_map("chat-a", EAGLE3), namespace=NAMESPACE)
+    cluster.create("deployments", deployment("rev-a", "chat-a", replicas=1), namespace=NAMESPACE)
+    async with ServingController(cluster, Targets(), restart_s=RESTART_S, poll_s=0.02):
+        await until(lambda: len(pods(cluster)) == 1 and ready(pods(cluster)[0]))
+        first = pods(cluster)[0]["metadata"]["name"]
+        # When it is deleted and created again under the same name and template at once, between
+        # two of the controller's passes
+        cluster.emulator.delete_object(cluster.resource("deployments"), NAMESPACE, "chat")
+        cluster.create("deployments", deployment("rev-a", "chat-a", replicas=1), namespace=NAMESPACE)
+        # Then the new Deployment gets a pod of its own (the old one went with the old Deployment),
+        # ready once its engine started, as a real cluster's would be
+        await until(lambda: [p["metadata"]["name"] for p in pods(cluster)] not in ([], [first]), within_s=10)
+        assert not ready(pods(cluster)[0])
+        await until(lambda: len(pods(cluster)) == 1 and ready(pods(cluster)[0]), within_s=10)
+        status = cluster.get("deployments", "chat", NAMESPACE)["status"]  # type: ignore[index]
+        assert status["readyReplicas"] == 1 and status["updatedReplicas"] == 1

@@ -346,6 +346,24 @@ def test_abort_and_promote_annotations_act_once_and_are_cleared_after_they_took_
     assert promoted.status.canary is not None and promoted.status.canary.phase == "Promoting"
 
 
+@pytest.mark.parametrize("action", ["abort", "promote"])
+def test_an_action_set_while_no_canary_runs_is_removed_with_a_warning_and_spares_the_next_canary(
+    action: str,
+) -> None:
+    # Given a stray specops.dev/canary-action while the spec draft serves and no canary runs
+    idle = serving(observed_spec_draft="v4@pvc://engines/d/v4")
+    cleared = rollout.step(inputs(idle, action=action))
+    # Then it is removed unacted on, and an Event says so
+    assert cleared.status == idle and cleared.actions == (ClearAction(),)
+    assert [(e.type, e.reason) for e in cleared.events] == [("Warning", "CanaryActionIgnored")]
+    assert f"canary-action: {action} ignored" in cleared.events[0].message
+    # And a canary starting at that tick starts as it would without it: the action does not end it
+    started = rollout.step(inputs(serving(), action=action))
+    assert started.status.canary is not None and started.status.canary.phase == "LosslessCheck"
+    assert started.actions == (ApplyCanary(SPEC.draft, receives_traffic=False), ClearAction())
+    assert [e.reason for e in started.events] == ["CanaryStarted", "CanaryActionIgnored"]
+
+
 def test_a_paused_canary_holds_everything() -> None:
     status = serving(canary=canary_status())
     step = rollout.step(inputs(status, paused=True, now=T0 + timedelta(hours=1)))

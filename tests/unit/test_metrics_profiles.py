@@ -27,6 +27,7 @@ from specops.domain.metrics import (
     Q_PODS,
     Q_REQUESTS,
     Q_TOKENS,
+    Q_TPOT_MEAN,
     Q_TPOT_P50,
     Q_TPOT_P95,
     Q_TPOT_P99,
@@ -96,7 +97,7 @@ def test_every_query_is_grouped_by_resource_variant_and_draft(backend: str) -> N
         assert "[60s]" in promql or "rate(" not in promql, (quantity, promql)
     for quantile in (Q_TPOT_P50, Q_TPOT_P95, Q_TPOT_P99):
         assert re.match(
-            r"histogram_quantile\(0\.\d+, sum by \(.*, le\) \(rate\(\S+_bucket\[60s\]\)\)\)",
+            r"histogram_quantile\(0\.\d+, sum by \(.*, le\) \(rate\(\S+_bucket\[60s\]\) >= 0 < \+Inf\)\)",
             queries[quantile],
         )
 
@@ -514,6 +515,31 @@ def test_a_cycle_with_no_finite_possible_value_is_an_outage_of_its_own(value: st
     assert "no finite" in (measured.error or "")
     by_draft = build_snapshot(PROFILES["vllm"], raw, T0).by_draft[KEY]
     assert all(not m.ok and m.reason == REASON_INVALID for m in by_draft.values())
+
+
+@pytest.mark.parametrize("value", ["NaN", "+Inf", "-17"])
+def test_a_pod_count_alone_does_not_make_spoiled_values_readable(value: str) -> None:
+    # Given what Prometheus answers over an exporter spoiling every sample: count() still counts
+    # the pod, the quantiles and the mean (their rates filtered) answer nothing
+    raw = every_value(raw_for("vllm", 0.74, 4), value)
+    raw[Q_PODS] = [sample(1)]
+    for quantity in (Q_TPOT_P50, Q_TPOT_P95, Q_TPOT_P99, Q_TPOT_MEAN):
+        raw[quantity] = []
+
+    measured = build_snapshot(PROFILES["vllm"], raw, T0).lookup(*KEY, now=T0, max_age_s=30)
+
+    # Then the resource is blind, not measured with one pod and no values
+    assert not measured.ok and measured.reason == REASON_INVALID
+
+
+@pytest.mark.parametrize("backend", sorted(PROFILES))
+def test_quotients_and_quantiles_read_finite_non_negative_rates_only(backend: str) -> None:
+    # Two negative rates divide into a positive mean, and histogram_quantile over NaN buckets
+    # answers the top bucket's bound: their rates are filtered before they are combined
+    queries = PROFILES[backend].queries(10)
+    for quantity in (Q_TPOT_MEAN, Q_TPOT_P50, Q_TPOT_P99):
+        promql = queries[quantity]
+        assert promql.count("rate(") == promql.count("]) >= 0 < +Inf)") > 0, promql
 
 
 def test_negative_gauges_and_rates_are_refused_and_the_rest_stands() -> None:

@@ -40,6 +40,8 @@ __all__ = [
     "WRITE_GATE",
     "KubeApiError",
     "KubeClient",
+    "WriteRefused",
+    "gated_session",
     "load_connection_settings",
     "write_refusal",
 ]
@@ -224,6 +226,36 @@ def write_refusal() -> str | None:
     """Why a write may not leave now (None: it may), as the current context's gate says."""
     gate = WRITE_GATE.get()
     return gate() if gate is not None else None
+
+
+class WriteRefused(aiohttp.ClientResponseError):
+    """A write the gate kept from leaving (`refuse_gated_writes`); nothing was sent."""
+
+
+async def refuse_gated_writes(
+    request: aiohttp.ClientRequest, handler: aiohttp.ClientHandlerType
+) -> aiohttp.ClientResponse:
+    """An aiohttp client middleware: no request but a GET leaves while the gate refuses writes.
+
+    Kopf's own session carries it (handlers/lifecycle.py `login`), so Kopf's finalizer, progress
+    and Event writes stop with the operator's: its tasks run in the context that `lead` gated.
+    A refused Event is logged by Kopf and dropped; a refused patch fails Kopf's worker, which stops
+    the operator, as stepping down would."""
+    if request.method != "GET" and (refusal := write_refusal()) is not None:
+        operator_metrics.count_error("kubernetes", "NotLeader")
+        raise WriteRefused(
+            request.request_info, (), message=f"{request.method} {request.url.path} not sent: {refusal}"
+        )
+    return await handler(request)
+
+
+def gated_session(ssl_context: ssl.SSLContext | bool, headers: Mapping[str, str]) -> aiohttp.ClientSession:
+    """A session like Kopf's own (no connection limit) whose writes pass the write gate."""
+    return aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=0, ssl=ssl_context),
+        headers=dict(headers),
+        middlewares=(refuse_gated_writes,),
+    )
 
 
 def _not_sent(method: str, path: str, wait: float) -> bytes:

@@ -10,8 +10,9 @@ the Lease exactly one wins (the other gets 409 Conflict).
 
 The operator's own writes run under the Lease's write gate (kube.WRITE_GATE): each is checked
 just before it leaves, and none leaves once the last renewal (timed from when it was sent) is
-older than the renew deadline. A leader frozen past its Lease and resumed writes nothing before
-it notices it was deposed.
+older than the renew deadline. Kopf's writes (finalizers, progress, Events) pass the same gate: its
+session carries kube.refuse_gated_writes. A leader frozen past its Lease and resumed writes
+nothing before it notices it was deposed.
 
 ``lead`` runs a coroutine (the Kopf operator) only while the Lease is held: it waits for the
 Lease, runs the operator, renews meanwhile, and on loss stops the operator and raises
@@ -283,7 +284,14 @@ async def lead(
                 await asyncio.wait_for(asyncio.shield(operator), timeout=grace)
             operator.cancel()
             raise keeper.exception()  # type: ignore[misc]
-        await operator  # the operator ended by itself: re-raise its failure, if any
+        try:
+            await operator  # the operator ended by itself: re-raise its failure, if any
+        except Exception as error:
+            if (refusal := elector.write_refusal()) is None:
+                raise
+            # Kopf stops when a write of its own is refused (kube.refuse_gated_writes)
+            lost = True
+            raise LeadershipLost(f"the operator stopped, its writes refused: {refusal}") from error
     finally:
         keeper.cancel()
         if not operator.done():

@@ -85,6 +85,7 @@ class Reason:
     CANARY_ROLLED_BACK = "CanaryRolledBack"
     CANARY_ABORTED = "CanaryAborted"
     CANARY_SUPERSEDED = "CanarySuperseded"
+    CANARY_ACTION_IGNORED = "CanaryActionIgnored"
     LOSSLESS_CHECK_PASSED = "LosslessCheckPassed"
     LOSSLESS_CHECK_FAILED = "LosslessCheckFailed"
     LOSSLESS_CHECK_UNRUNNABLE = "LosslessCheckUnrunnable"

@@ -186,6 +186,14 @@ def step(inputs: CanaryInputs) -> CanaryStep:
     if inputs.action == "retry":
         return _retry(inputs)
     if canary is None:
+        if inputs.action is not None:  # promote or abort with no canary to act on: never kept for the next
+            ignored = step(replace(inputs, action=None))
+            message = f"specops.dev/canary-action: {inputs.action} ignored and removed: no canary runs"
+            return replace(
+                ignored,
+                actions=(*ignored.actions, ClearAction()),
+                events=(*ignored.events, EventRecord("Warning", Reason.CANARY_ACTION_IGNORED, message)),
+            )
         if status.draft.lossless_check == "Pending":
             return _first_draft_check(inputs)
         return _maybe_start(inputs)

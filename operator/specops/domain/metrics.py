@@ -79,6 +79,15 @@ RawVector = Sequence[Mapping[str, Any]]
 """A Prometheus instant-query vector: [{"metric": {...}, "value": [ts, "1.5"]}, ...]."""
 
 
+POSSIBLE = " >= 0 < +Inf"
+"""A PromQL filter keeping finite, non-negative samples only (NaN compares false). Applied to the
+rates fed to a quotient or a quantile: those launder impossible inputs into plausible outputs
+(two negative rates divide into a positive mean; histogram_quantile over NaN or infinite buckets
+answers the top bucket's bound), so impossible rates are dropped before them and the result is
+absent instead. Sums and gauges need no filter: an impossible input stays impossible in them and
+is refused when read (`_finite`)."""
+
+
 def rate_window_s(scrape_interval_s: float) -> float:
     """Rate window long enough to hold several scrapes, so one missed scrape does not blank a rate."""
     return max(4.0 * scrape_interval_s, 10.0)
@@ -115,14 +124,19 @@ class BackendProfile:
         """One PromQL instant query per quantity, each grouped so it answers for every resource at once."""
         w = _duration(window_s)
 
-        def summed_rate(selector: str) -> str:
-            return f"sum by ({_GROUP}) (rate({selector}[{w}]))"
+        def summed_rate(selector: str, by: str = _GROUP, possible: str = "") -> str:
+            return f"sum by ({by}) (rate({selector}[{w}]){possible})"
+
+        def mean(by: str) -> str:
+            histogram = self.tpot_histogram
+            return f"{summed_rate(histogram + '_sum', by, POSSIBLE)} / {summed_rate(histogram + '_count', by, POSSIBLE)}"
 
         def pod_rate(selector: str) -> str:
-            return f"sum by ({_GROUP}, pod) (rate({selector}[{w}]))"
+            return summed_rate(selector, f"{_GROUP}, pod")
 
         def quantile(q: float) -> str:
-            return f"histogram_quantile({q}, sum by ({_GROUP}, le) (rate({self.tpot_histogram}_bucket[{w}])))"
+            buckets = summed_rate(f"{self.tpot_histogram}_bucket", f"{_GROUP}, le", POSSIBLE)
+            return f"histogram_quantile({q}, {buckets})"
 
         per_pod_batch = f"max by ({_GROUP}, pod) ({self.batch_gauge})"
         result = {
@@ -133,10 +147,10 @@ class BackendProfile:
             Q_TPOT_P95: quantile(0.95),
             Q_TPOT_P99: quantile(0.99),
             # the exact mean (histogram sum / count): what calibration fits, free of bucket rounding
-            Q_TPOT_MEAN: f"{summed_rate(self.tpot_histogram + '_sum')} / {summed_rate(self.tpot_histogram + '_count')}",
+            Q_TPOT_MEAN: mean(_GROUP),
             # per pod, still one query for every resource: pods at different settings side by side
             Q_POD_BATCH: per_pod_batch,
-            Q_POD_TPOT_MEAN: f"{pod_rate(self.tpot_histogram + '_sum')} / {pod_rate(self.tpot_histogram + '_count')}",
+            Q_POD_TPOT_MEAN: mean(f"{_GROUP}, pod"),
         }
         if self.drafted_tokens is not None:
             result[Q_DRAFTED] = summed_rate(self.drafted_tokens)
@@ -351,7 +365,10 @@ def _number(sample: Mapping[str, Any]) -> float | None:
 
 
 Q_UNREADABLE = "_unreadable"
-"""Marks a series all of whose samples were NaN, infinite or negative (see `_finite`)."""
+"""Marks a series all of whose readings were NaN, infinite or negative (see `_finite`)."""
+COUNTS = frozenset({Q_PODS})
+"""Quantities that count series and read none of their values: a pod exporting NaN is counted
+like any other, so a count is no sign that anything was read."""
 
 
 def _grouped(
@@ -360,7 +377,7 @@ def _grouped(
     """The values of ``quantities`` by series (resource key and ``member``, the draft identity or
     the pod: "" for series without it), each a dict of quantity to value (NaN/Inf, e.g. a quantile
     with no observations, and negative values become None; a series none of whose values is
-    readable carries ``Q_UNREADABLE``); and each resource key's members in order.
+    readable, its `COUNTS` aside, carries ``Q_UNREADABLE``); and each resource key's members in order.
 
     One pass over every sample of the cycle (about 26,000 at 2,000 resources). The layout keeps
     what a snapshot holds for a cycle out of the collector's way (`Snapshot`): a dict of floats is
@@ -389,7 +406,7 @@ def _grouped(
                 else:
                     known.append(which)
             number = found[quantity] = _number(sample)
-            if number is not None:
+            if number is not None and quantity not in COUNTS:
                 readable.add(series)
     for series in values.keys() - readable:  # no finite, possible value at all
         values[series][Q_UNREADABLE] = None

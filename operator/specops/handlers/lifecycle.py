@@ -11,7 +11,7 @@ from typing import Any
 import kopf
 
 from specops.adapters import log_redaction, operator_metrics
-from specops.adapters.kube import load_connection_settings, write_refusal
+from specops.adapters.kube import gated_session, load_connection_settings, write_refusal
 from specops.api.models import GROUP, KIND, PLURAL, VERSION
 from specops.domain import lifecycle
 from specops.domain.lifecycle import EventRecord
@@ -104,10 +104,11 @@ async def close(memo: kopf.Memo, **_: Any) -> None:
 
 
 @kopf.on.login()
-def login(**_: Any) -> kopf.ConnectionInfo:
-    """Credentials from the service account or $KUBECONFIG, read now (not at import)."""
+async def login(**_: Any) -> kopf.AiohttpSession:
+    """Credentials from the service account or $KUBECONFIG, read now (not at import), in a session
+    whose writes pass the leader's write gate (kube.refuse_gated_writes), as specops' own do."""
     conn = load_connection_settings()
-    return kopf.ConnectionInfo(
+    info = kopf.ConnectionInfo(
         server=conn.server,
         scheme="Bearer" if conn.token else None,
         token=conn.token,
@@ -116,6 +117,8 @@ def login(**_: Any) -> kopf.ConnectionInfo:
         private_key_path=conn.key_file,
         insecure=not conn.verify,
     )
+    session = gated_session(info.as_ssl_context(), info.as_http_headers())
+    return kopf.AiohttpSession(server=info.server, aiohttp_session=session)
 
 
 @kopf.on.create(GROUP, VERSION, PLURAL)
