@@ -39,7 +39,7 @@ from specops.api.conditions import ConditionUpdate, Reason
 from specops.api.status import PodsApplied, RolloutStatus, SpeculativeDeploymentStatus
 from specops.domain import collapse, learning, profile_prior
 from specops.domain import control_status as cs
-from specops.domain.calibration import CalibrationState, Fit
+from specops.domain.calibration import CalibratedModel, CalibrationState, Fit
 from specops.domain.discovery import PodEndpoint
 from specops.domain.engines.schedule import Revision
 from specops.domain.lifecycle import EventRecord
@@ -474,15 +474,15 @@ BAND_TOLERANCE = 0.02
 BAND_BATCHES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 
 
-def _break_even_band(model: SpeedupModel, alpha: float, bounds: tuple[int, int]) -> list[int]:
+def _break_even_band(model: CalibratedModel, alpha: float, bounds: tuple[int, int]) -> list[int]:
     """[low, high] batches over which the best K's predicted speedup stays within BAND_TOLERANCE of 1,
-    when that spans more than a factor 2 (a break-even that is a band, not a batch); else []."""
-    predict = model.predict_speedup
-    near = []
-    for batch in BAND_BATCHES:
-        best = max(predict(alpha, k, float(batch)) for k in range(bounds[0], bounds[1] + 1))
-        if abs(best - 1.0) <= BAND_TOLERANCE:
-            near.append(batch)
+    when that spans more than a factor 2 (a break-even that is a band, not a batch); else []. Each
+    batch's lengths in one pass of the model (``speedup_table``: the same values as one by one)."""
+    near = [
+        batch
+        for batch in BAND_BATCHES
+        if abs(max(model.speedup_table(alpha, float(batch), bounds[0], bounds[1])) - 1.0) <= BAND_TOLERANCE
+    ]
     if len(near) >= 2 and near[-1] >= 2 * near[0]:
         return [near[0], near[-1]]
     return []
