@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import itertools
 import json
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -24,8 +25,8 @@ from specops.bench.policy import (
     shipped_traces,
     world_from,
 )
-from specops.domain import revision_step
-from specops.domain.engines.schedule import PLAIN, Schedule
+from specops.domain import control_step
+from specops.domain.engines.schedule import Schedule
 from specops.domain.perf import GPUS, ModelSetup
 
 SETUP = ModelSetup(GPUS["H100"], 70e9, 7e9)
@@ -191,22 +192,18 @@ def test_a_world_where_speculation_never_pays_ends_plain() -> None:
     assert result(run)["world_break_even_batch"] == 1
 
 
-def test_the_decision_is_productions_revision_step(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_decision_is_productions_control_step(monkeypatch: pytest.MonkeyPatch) -> None:
     world = world_from("roofline", SETUP)
     trace = [TracePoint(float(s), 16.0, 0.8) for s in range(600)]
     before = result(replay(world, trace, setup=SETUP, replicas=2, speculation=FAST))
     assert before["policy_speedup"] > 1.2
 
     def hold(
-        config: revision_step.StepConfig,
-        state: revision_step.StepState,
-        inputs: revision_step.StepInputs,
-        model: object,
-        now: object,
-    ) -> revision_step.Decision:
-        return revision_step.Decision(state, PLAIN, "Held", "held by the test")
+        state: control_step.ControlState | None, snapshot: control_step.Snapshot, now: datetime
+    ) -> tuple[control_step.ControlState, control_step.Actions]:
+        return state or control_step.restore(snapshot, now), control_step.NOTHING
 
-    monkeypatch.setattr(revision_step, "step", hold)
+    monkeypatch.setattr(control_step, "step", hold)
     after = result(replay(world, trace, setup=SETUP, replicas=2, speculation=FAST))
     assert after["policy_speedup"] == pytest.approx(1.0, abs=0.02)
     assert after["restarts_per_pod_hour"] == 0.0
