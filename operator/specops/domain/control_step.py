@@ -39,7 +39,7 @@ from specops.api.conditions import ConditionUpdate, Reason
 from specops.api.status import PodsApplied, RolloutStatus, SpeculativeDeploymentStatus
 from specops.domain import collapse, learning, profile_prior
 from specops.domain import control_status as cs
-from specops.domain.calibration import CalibratedModel, CalibrationState, Fit
+from specops.domain.calibration import CalibratedModel, CalibrationState, Confidence, Fit
 from specops.domain.discovery import PodEndpoint
 from specops.domain.engines.schedule import Revision
 from specops.domain.lifecycle import EventRecord
@@ -335,10 +335,18 @@ def _decided(
     if learned is not knowledge.calibration:
         knowledge = replace(knowledge, calibration=learned)
         fitted = profile_prior.model(config.setup, learned, learn.calibration, prior_stats, fitted.fit)
+    top = max(1, config.min_k, config.max_k)
     model: SpeedupModel = (
-        Evidence(fitted, prior_model, fitted, anchors=anchors, steps=fitted, prior_steps=prior_model)
+        Evidence(
+            _Tabled(fitted, top),
+            _Tabled(prior_model, top),
+            _Confident(fitted),
+            anchors=anchors,
+            steps=fitted,
+            prior_steps=prior_model,
+        )
         if learn.enabled
-        else prior_model
+        else _Tabled(prior_model, top)
     )
     k0 = tuple(learning.k0_ratios(at_zero, fitted)) if learn.enabled else ()
 
@@ -455,6 +463,46 @@ def due_at(config: StepConfig, state: StepState, now: datetime) -> datetime | No
 
 
 # ------------------------------------------------------------------ helpers
+
+
+class _Tabled:
+    """A calibrated model whose predictions at one (alpha, batch) come from one pass over every
+    length 1..top (``CalibratedModel.speedup_table``: the same values as one by one), kept for the
+    step: a decision asks for every length at each of 20 bands, and again for the schedules it
+    compares and the break-even shown."""
+
+    __slots__ = ("_model", "_rows", "_top")
+
+    def __init__(self, model: CalibratedModel, top: int) -> None:
+        self._model, self._top = model, top
+        self._rows: dict[tuple[float, float, float | None], tuple[float, ...]] = {}
+
+    def predict_speedup(
+        self, alpha: float, draft_length: int, batch: float, context_tokens: float | None = None
+    ) -> float:
+        if not 1 <= draft_length <= self._top:
+            return self._model.predict_speedup(alpha, draft_length, batch, context_tokens)
+        key = (alpha, batch, context_tokens)
+        row = self._rows.get(key)
+        if row is None:
+            row = self._rows[key] = self._model.speedup_table(alpha, batch, 1, self._top, context_tokens)
+        return row[draft_length - 1]
+
+
+class _Confident:
+    """A calibrated model's confidence by batch, kept for the step (it depends on the octave only)."""
+
+    __slots__ = ("_model", "_seen")
+
+    def __init__(self, model: CalibratedModel) -> None:
+        self._model = model
+        self._seen: dict[float, Confidence] = {}
+
+    def confidence(self, batch: float) -> Confidence:
+        found = self._seen.get(batch)
+        if found is None:
+            found = self._seen[batch] = self._model.confidence(batch)
+        return found
 
 
 def _prior_fields(
