@@ -16,7 +16,7 @@ from datetime import datetime
 
 from specops.api import conditions as cond
 from specops.api.conditions import ConditionUpdate, Reason
-from specops.api.models import SpeculativeDeployment
+from specops.api.models import DraftSpec, SpeculativeDeployment
 from specops.api.status import SpeculativeDeploymentStatus
 from specops.domain import control_status as cs
 from specops.domain import control_step, drafts, learning, profile_prior
@@ -57,6 +57,9 @@ class ControlLoop:
         self._profiles: dict[tuple[str, str], _LoadedProfile] = {}
         self.rate_window_s = rate_window_s  # what one measurement spans: samples wait for it to settle
         self._records: dict[tuple[str, str], ControlState] = {}
+        self._settings: dict[
+            tuple[str, str], tuple[object, DraftSpec, str | None, StepConfig, learning.LearningConfig]
+        ] = {}
 
     async def _profile(
         self,
@@ -128,6 +131,7 @@ class ControlLoop:
     def unsubscribe(self, namespace: str, name: str) -> None:
         self.metrics.unregister((namespace, name))
         self._records.pop((namespace, name), None)
+        self._settings.pop((namespace, name), None)
         self._profiles.pop((namespace, name), None)
 
     async def tick(
@@ -175,8 +179,7 @@ class ControlLoop:
         canary_running: bool,
     ) -> tuple[Snapshot, _LoadedProfile | None]:
         spec = resource.spec
-        config = config_from_spec(spec, drafts.stable_draft(spec.draft, status), off_reason=off_reason)
-        learn = cs.learning_config(spec, self.rate_window_s)
+        config, learn = self._configs(resource, drafts.stable_draft(spec.draft, status), off_reason)
         loaded = await self._profile(resource, config, learn, now)
         measurement = self.metrics.lookup(
             spec.metrics.prometheus.url, spec.serving.backend, *_key(resource), STABLE, now
@@ -195,6 +198,20 @@ class ControlLoop:
             profile_name=loaded.name if loaded is not None else None,
         )
         return snapshot, loaded
+
+    def _configs(
+        self, resource: SpeculativeDeployment, draft: DraftSpec, off_reason: str | None
+    ) -> tuple[StepConfig, learning.LearningConfig]:
+        """The step's and learning's settings, parsed again only when the spec object (typed once
+        per resourceVersion), the stable draft or the reason to hold off changed."""
+        key = _key(resource)
+        kept = self._settings.get(key)
+        if kept is not None and kept[0] is resource.spec and kept[1] == draft and kept[2] == off_reason:
+            return kept[3], kept[4]
+        config = config_from_spec(resource.spec, draft, off_reason=off_reason)
+        learn = cs.learning_config(resource.spec, self.rate_window_s)
+        self._settings[key] = (resource.spec, draft, off_reason, config, learn)
+        return config, learn
 
     async def _delete_pod(self, namespace: str, pod: str) -> str | None:
         """Delete a collapsed pod (its Deployment starts a fresh engine); why it failed, or None."""
