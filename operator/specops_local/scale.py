@@ -94,9 +94,9 @@ class ScaleResult:
     resource and cycle."""
     resources_stepping_at_start: int
     """Resources whose last decision changed their revision when the window began."""
-    rested_share: float
-    """The share of the window's ticks that rested (services.tick.SETTLED_DECISIONS_PER_S: none
-    up to 37 resources at 15 s; 82 % at 200 and 97-98 % at 2,000 in the runs of 2026-12-06)."""
+    unchanged_share: float
+    """The share of the window's ticks whose control inputs had not moved since the resource's last
+    step (domain.control_step's fast path: nothing decided again)."""
     machine_reference_cpu_seconds: float
     """The CPU a fixed piece of Python took right after the window, the stack still running
     (`machine_reference`): how fast the machine was then. The same code's cycle read 1.16-1.65
@@ -251,8 +251,7 @@ async def _wait_live(process: asyncio.subprocess.Process, url: str, log: Path) -
 async def _operator_counters(metrics_url: str) -> dict[str, float] | None:
     """From the operator's metrics endpoint: its time in the garbage collector so far
     (`specops_gc_seconds_total`, by generation as "gc0", "gc1", "gc2") and its ticks by outcome
-    (`specops_control_ticks_total`, as "decided" and "rested") and the rests its looks ended
-    (`specops_rests_ended_total`, as "ended: <why>"); None when it does not answer."""
+    (`specops_control_ticks_total`, as "decided" and "unchanged"); None when it does not answer."""
     async with httpx.AsyncClient(timeout=30.0) as http:
         try:
             answer = await http.get(metrics_url)
@@ -260,15 +259,13 @@ async def _operator_counters(metrics_url: str) -> dict[str, float] | None:
             return None
     if answer.status_code != 200:
         return None
-    counters = {"gc0": 0.0, "gc1": 0.0, "gc2": 0.0, "decided": 0.0, "rested": 0.0}
+    counters = {"gc0": 0.0, "gc1": 0.0, "gc2": 0.0, "decided": 0.0, "unchanged": 0.0}
     for family in text_string_to_metric_families(answer.text):
         for sample in family.samples:
             if sample.name == "specops_gc_seconds_total":
                 counters[f"gc{sample.labels['generation']}"] = sample.value
             elif sample.name == "specops_control_ticks_total":
                 counters[sample.labels["outcome"]] = sample.value
-            elif sample.name == "specops_rests_ended_total":
-                counters[f"ended: {sample.labels['why']}"] = sample.value
     return counters
 
 
@@ -474,7 +471,7 @@ STATUS_WRITES = "specops: PATCH speculativedeployments/status"
 STEPS_SETTLED = 0.025
 """... and at most this many revision changes per resource and cycle were made over the last
 STEP_LOOKBACK_INTERVALS (at least one step allowed, for tiny fleets). The share stepping is a
-snapshot of each status's last reason, which a rest leaves as it was: in one run it read 11 of
+snapshot of each status's last reason, which a status refresh may not have written yet: it read 11 of
 2,000 15 s after the fleet entered Dynamic, and the window then measured the fleet's first climb
 (0.099 steps per resource and cycle, against 0.011-0.022 once settled)."""
 STEP_LOOKBACK_INTERVALS = 6
@@ -576,7 +573,7 @@ DEFAULT_CYCLES = 12
 """Control cycles in the measured window. At 2,000 resources the same code read 2.16-3.58 CPU-s a
 cycle over 3-cycle windows, by what the fleet happened to do in those 45 s (a few dozen resources
 still stepping a length, a full collection more or less), and 1.65-1.91 over 12-cycle ones: 3
-minutes cover several of the collector's full passes and most resources' rest budget."""
+minutes cover several of the collector's full passes."""
 
 
 async def run_scale(
@@ -727,27 +724,11 @@ async def run_scale(
                 f"({100 * gc_s / cpu:.0f} % of its {cpu:.1f} CPU-s; young passes {young:.2f} s, "
                 f"middle {middle:.2f} s, full {full:.2f} s)"
             )
-        decided, rested = (
-            (after[k] - before[k] for k in ("decided", "rested"))
+        decided, unchanged = (
+            (after[k] - before[k] for k in ("decided", "unchanged"))
             if before is not None and after is not None
             else (0.0, 0.0)
         )
-        if before is not None and after is not None:
-            ended = {
-                key.removeprefix("ended: "): count - before.get(key, 0.0)
-                for key, count in after.items()
-                if key.startswith("ended: ") and count > before.get(key, 0.0)
-            }
-            say(
-                "rests ended per cycle in the window, by why (services/tick.py REST_ENDS): "
-                + (
-                    ", ".join(
-                        f"{why} {count / measured_cycles:.1f}"
-                        for why, count in sorted(ended.items(), key=lambda item: -item[1])
-                    )
-                    or "none"
-                )
-            )
         say(
             "the operator's API requests per resource and cycle in the window: "
             + ", ".join(
@@ -780,7 +761,7 @@ async def run_scale(
                 4,
             ),
             resources_stepping_at_start=stepping,
-            rested_share=round(rested / (decided + rested), 3) if decided + rested > 0 else 0.0,
+            unchanged_share=round(unchanged / (decided + unchanged), 3) if decided + unchanged > 0 else 0.0,
             machine_reference_cpu_seconds=round(reference_s, 3),
             machine_cpu=machine_cpu(),
         )
@@ -847,7 +828,7 @@ def report(result: ScaleResult) -> str:
         ("status writes per resource and cycle", f"{result.status_writes_per_resource_cycle:.3f}"),
         ("revision changes per resource and cycle", f"{result.length_steps_per_resource_cycle:.3f}"),
         ("resources stepping at the start", f"{result.resources_stepping_at_start}"),
-        ("ticks at rest", f"{100 * result.rested_share:.0f} %"),
+        ("ticks with inputs unchanged", f"{100 * result.unchanged_share:.0f} %"),
         ("machine reference (after the window)", f"{result.machine_reference_cpu_seconds:.3f} CPU-s"),
         ("machine's processor", result.machine_cpu),
     ]

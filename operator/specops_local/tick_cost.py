@@ -84,10 +84,9 @@ class TickCostResult:
     api_server_cpu_ms_per_tick: float
     status_writes_per_cycle: float
     events_per_cycle: float
-    rested_share: float
-    """The share of ticks that found their resource at rest and decided nothing
-    (services.tick.SETTLED_DECISIONS_PER_S, paced as in `--fleet`; the control loop keeps no rest
-    now, so this reads 0)."""
+    unchanged_share: float
+    """The share of ticks whose control inputs had not moved since the resource's last step (the
+    step's fast path: nothing decided again)."""
     rollouts_per_cycle: float
     """Revision changes (stable Deployment re-rendered) per cycle over the measured cycles."""
     status_digest: str
@@ -238,7 +237,7 @@ class _Fleet:
         self.now = T0
         self.writes = 0
         self.events = 0
-        self.rested = 0
+        self.unchanged = 0
         self.rollouts = 0
         self.reasons: collections.Counter[str] = collections.Counter()
 
@@ -256,10 +255,8 @@ class _Fleet:
             )
             self.events += len(outcome.events)
             self.reasons.update(event.reason for event in outcome.events)
-            self.rested += outcome.rested
-            if outcome.measured is not None:  # as handlers.control.tick_once
-                operator_metrics.observe_measurement(self.cluster.namespace, name, outcome.measured)
-            if outcome.body is not None and not outcome.rested:  # as handlers.control.tick_once
+            self.unchanged += outcome.unchanged
+            if outcome.body is not None and not outcome.unchanged:  # as handlers.control.tick_once
                 if body is None or outcome.body.get("metadata", {}).get("resourceVersion") != body.get(
                     "metadata", {}
                 ).get("resourceVersion"):
@@ -312,26 +309,14 @@ def _api_server_cpu(cluster: EmulatedCluster) -> Iterator[list[float]]:
 
 @contextlib.contextmanager
 def _refresh_budget_of(fleet: int, resources: int) -> Iterator[None]:
-    """Measurement refreshes and settled decisions paced as in a fleet of `fleet` resources (the tick
-    spaces them by active resources / REFRESH_WRITES_PER_S and / SETTLED_DECISIONS_PER_S): N
-    resources then write and rest as N of that fleet do."""
-    kept = (
-        tick_module.REFRESH_WRITES_PER_S,
-        tick_module.SETTLED_DECISIONS_PER_S,
-        tick_module.ROUTE_CHECKS_PER_S,
-    )
-    share = resources / max(resources, fleet)
-    tick_module.REFRESH_WRITES_PER_S = kept[0] * share
-    tick_module.SETTLED_DECISIONS_PER_S = kept[1] * share
-    tick_module.ROUTE_CHECKS_PER_S = kept[2] * share
+    """Measurement refreshes paced as in a fleet of `fleet` resources (the tick spaces them by active
+    resources / REFRESH_WRITES_PER_S): N resources then write as N of that fleet do."""
+    kept = tick_module.REFRESH_WRITES_PER_S
+    tick_module.REFRESH_WRITES_PER_S = kept * resources / max(resources, fleet)
     try:
         yield
     finally:
-        (
-            tick_module.REFRESH_WRITES_PER_S,
-            tick_module.SETTLED_DECISIONS_PER_S,
-            tick_module.ROUTE_CHECKS_PER_S,
-        ) = kept
+        tick_module.REFRESH_WRITES_PER_S = kept
 
 
 async def measure(
@@ -373,9 +358,8 @@ async def _measure(
                 for _ in range(settle_cycles):
                     await fleet.cycle(interval_s)
                 gc.collect()
-                fleet.writes = fleet.events = fleet.rested = fleet.rollouts = 0
+                fleet.writes = fleet.events = fleet.unchanged = fleet.rollouts = 0
                 fleet.reasons.clear()
-                services.ticker.rest_ends.clear()
                 profiler = cProfile.Profile() if profile_out is not None else None
                 with _api_server_cpu(cluster) as api_cpu:
                     start = time.process_time()
@@ -396,11 +380,6 @@ async def _measure(
                 await services.close()
     ticks = resources * cycles
     print("Events over the measured cycles:", dict(fleet.reasons.most_common()), file=sys.stderr)
-    print(
-        "Rests ended over the measured cycles:",
-        dict(services.ticker.rest_ends.most_common()),
-        file=sys.stderr,
-    )
     own = max(0.0, spent - api_cpu[0])
     return TickCostResult(
         resources=resources,
@@ -410,7 +389,7 @@ async def _measure(
         api_server_cpu_ms_per_tick=round(api_cpu[0] / ticks * 1000.0, 4),
         status_writes_per_cycle=round(fleet.writes / cycles, 2),
         events_per_cycle=round(fleet.events / cycles, 2),
-        rested_share=round(fleet.rested / ticks, 3),
+        unchanged_share=round(fleet.unchanged / ticks, 3),
         rollouts_per_cycle=round(fleet.rollouts / cycles, 2),
         status_digest=digest.hexdigest()[:16],
     )
@@ -430,7 +409,7 @@ def main(argv: list[str]) -> int:
         "--fleet",
         type=int,
         default=FLEET,
-        help=f"status refreshes and rests paced as in a fleet of this many resources (default {FLEET})",
+        help=f"status refreshes paced as in a fleet of this many resources (default {FLEET})",
     )
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--profile", type=Path, help="write a cProfile of the measured cycles here (pstats)")

@@ -43,8 +43,9 @@ def fast_resource(prometheus: PrometheusProcess, replicas: int = 1, soak: str = 
     body["spec"]["speculation"] = {
         "mode": "auto",
         "draftLength": {"initial": 3, "min": 1, "max": 8},
-        # a baseline longer than one rate window gives the fit clean samples of plain decoding
-        "rollout": {"baseline": "8s", "soak": soak},
+        # a baseline longer than the pods' first rate window and its settle time (5 s + 2
+        # intervals) gives the fit settled samples of plain decoding
+        "rollout": {"baseline": "16s", "soak": soak},
         "reconfigure": {"minInterval": "2s"},
         "calibration": {"halfLife": "10m"},
     }

@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import itertools
 import json
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,7 @@ from specops.bench.policy import (
     shipped_traces,
     world_from,
 )
-from specops.domain import revision_step
+from specops.domain import control_step
 from specops.domain.engines.schedule import PLAIN, Schedule
 from specops.domain.perf import GPUS, ModelSetup
 from specops.domain.records import replace
@@ -177,7 +178,8 @@ def test_result_json_has_exactly_the_contracts_keys(
     assert 0 < out["ratio_to_oracle"] <= 1.0
     assert out["plain_speedup"] == 1.0
     assert out["weight_changes_per_hour"] == 0.0
-    assert 0.0 < out["holdback_cost_fraction"] < 0.1  # one pod plain through the baselines only
+    # one pod of two held back plain through the baselines only, never for good
+    assert 0.0 < out["holdback_cost_fraction"] < 0.25
     assert out["restarts_per_pod_hour"] > 0
 
 
@@ -193,26 +195,23 @@ def test_a_world_where_speculation_never_pays_ends_plain() -> None:
     assert result(run)["world_break_even_batch"] == 1
 
 
-def test_the_decision_is_productions_revision_step(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_decision_is_productions_control_step(monkeypatch: pytest.MonkeyPatch) -> None:
     world = world_from("roofline", SETUP)
     trace = [TracePoint(float(s), 16.0, 0.8) for s in range(600)]
     before = result(replay(world, trace, setup=SETUP, replicas=2, speculation=FAST))
     assert before["policy_speedup"] > 1.2
 
     def hold(
-        config: revision_step.StepConfig,
-        state: revision_step.StepState,
-        inputs: revision_step.StepInputs,
-        model: object,
-        now: object,
-    ) -> revision_step.Decision:
-        plain = replace(state, revision=PLAIN, holdback=False)
-        return revision_step.Decision(plain, PLAIN, "Held", "held plain by the test", changed=state != plain)
+        state: control_step.ControlState | None, snapshot: control_step.Snapshot, now: datetime
+    ) -> tuple[control_step.ControlState, control_step.Actions]:
+        record = state or control_step.restore(snapshot, now)
+        plain = replace(record, decision=replace(record.decision, revision=PLAIN, holdback=False))
+        return plain, control_step.NOTHING
 
-    monkeypatch.setattr(revision_step, "step", hold)
+    monkeypatch.setattr(control_step, "step", hold)
     after = result(replay(world, trace, setup=SETUP, replicas=2, speculation=FAST))
-    assert after["policy_speedup"] < 1.05  # plain once the pods restarted onto it
-    assert after["restarts_per_pod_hour"] > 0.0
+    assert after["policy_speedup"] == pytest.approx(1.0, abs=0.02)
+    assert after["restarts_per_pod_hour"] == 0.0
 
 
 def test_no_pod_serving_counts_zero_and_references_never_restart() -> None:

@@ -11,7 +11,7 @@ import asyncio
 
 import pytest
 
-from specops.handlers.control import pause, rest_unless_stopped, tick_unless_stopped
+from specops.handlers.control import pause, tick_unless_stopped
 
 
 class Flag:
@@ -43,9 +43,9 @@ async def test_a_wait_that_runs_out_means_tick_again() -> None:
     assert await pause(Flag(), 0.01) is True  # type: ignore[arg-type]
 
 
-async def _a_tick_on_hold(release: asyncio.Event) -> tuple[float, bool, bool]:
+async def _a_tick_on_hold(release: asyncio.Event) -> tuple[float, bool]:
     await release.wait()  # a status write or a pod's reload in flight
-    return 15.0, False, True
+    return 15.0, False
 
 
 async def test_a_stop_during_a_tick_ends_the_daemon_without_a_cancellation() -> None:
@@ -68,23 +68,4 @@ async def test_a_cancellation_during_a_tick_without_a_stop_propagates() -> None:
 async def test_a_tick_that_finishes_hands_its_result_on() -> None:
     release = asyncio.Event()
     release.set()
-    assert await tick_unless_stopped(Flag(), _a_tick_on_hold(release)) == (15.0, False, True)  # type: ignore[arg-type]
-
-
-async def test_a_stop_during_a_rest_ends_the_daemon_without_a_cancellation() -> None:
-    stopped = Flag()
-    woken: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-    task = asyncio.create_task(rest_unless_stopped(stopped, woken))  # type: ignore[arg-type]
-    await asyncio.sleep(0)
-    stopped.set = True
-    task.cancel()
-    assert await task is False
-    assert woken.cancelled()  # the rest pass drops a hold whose daemon is gone
-
-
-async def test_a_rest_that_ends_means_tick_again() -> None:
-    woken: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-    task = asyncio.create_task(rest_unless_stopped(Flag(), woken))  # type: ignore[arg-type]
-    await asyncio.sleep(0)
-    woken.set_result(None)
-    assert await task is True
+    assert await tick_unless_stopped(Flag(), _a_tick_on_hold(release)) == (15.0, False)  # type: ignore[arg-type]

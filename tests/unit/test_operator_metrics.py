@@ -6,8 +6,6 @@ from __future__ import annotations
 import copy
 import json
 import socket
-from dataclasses import replace
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -19,14 +17,12 @@ from prometheus_client.parser import text_string_to_metric_families
 from specops.adapters import operator_metrics
 from specops.adapters.kube import ConnectionSettings, KubeApiError, KubeClient
 from specops.adapters.operator_metrics import OperatorMetrics, decision_action
-from specops.domain.metrics import Measurement
 
 STATUS: dict[str, Any] = json.loads(
     (Path(__file__).resolve().parents[1] / "data" / "status" / "canary-in-progress.json").read_text()
 )
 SPEC = {"slo": {"minAcceptance": 0.6, "perTokenLatencyP99": "45ms"}}
 CHAT = {"namespace": "ml", "name": "chat"}
-NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
 
 
 @pytest.fixture
@@ -298,37 +294,12 @@ def test_a_scrape_renders_one_family_at_a_time(metrics: OperatorMetrics) -> None
     assert all(chunk.count(b"# TYPE ") <= 2 for chunk in chunks)  # a counter's _created is its own family
 
 
-def test_ticks_are_counted_by_whether_they_decided_or_rested(metrics: OperatorMetrics) -> None:
-    metrics.count_tick(rested=False)
-    metrics.count_tick(rested=True)
-    metrics.count_tick(rested=True)
-    sample = metrics.registry.get_sample_value
-    assert sample("specops_control_ticks_total", {"outcome": "decided"}) == 1.0
-    assert sample("specops_control_ticks_total", {"outcome": "rested"}) == 2.0
-
-
-def test_a_rest_moves_the_measured_gauges_the_slo_alerts_read_and_only_of_resources_shown(
+def test_ticks_are_counted_by_whether_they_decided_or_found_their_inputs_unchanged(
     metrics: OperatorMetrics,
 ) -> None:
-    # Given a resource whose status was shown, and whose rests then measure a p99 past its SLO
-    metrics.observe_status("ml", "chat", STATUS, SPEC)
-    measured = Measurement(
-        phase="Ok", at=NOW, alpha=0.41, acceptance_rate=0.5, batch=12.0, request_rate=3.0, tpot_p99_s=0.09
-    )
-    metrics.observe_measurement("ml", "chat", measured)
-    # and a rest's measurement arriving for a resource already forgotten (its daemon stopped)
-    metrics.observe_measurement("ml", "gone", measured)
-
-    # Then the alerts' inputs carry the rest's figures at once, not the last written status's
-    assert value(metrics, "specops_acceptance_alpha") == 0.41
-    assert value(metrics, "specops_per_token_latency_p99_seconds") == 0.09
-    assert value(metrics, "specops_running_requests_per_pod") == 12.0
-    assert value(metrics, "specops_slo_per_token_latency_p99_seconds") == 0.045  # the SLO it is held to
-    # and a figure the rest lacks is removed rather than left stale
-    metrics.observe_measurement("ml", "chat", replace(measured, tpot_p99_s=None))
-    assert value(metrics, "specops_per_token_latency_p99_seconds") is None
-    # and a resource never shown gets no series
-    assert (
-        metrics.registry.get_sample_value("specops_acceptance_alpha", {"namespace": "ml", "name": "gone"})
-        is None
-    )
+    metrics.count_tick(unchanged=False)
+    metrics.count_tick(unchanged=True)
+    metrics.count_tick(unchanged=True)
+    sample = metrics.registry.get_sample_value
+    assert sample("specops_control_ticks_total", {"outcome": "decided"}) == 1.0
+    assert sample("specops_control_ticks_total", {"outcome": "unchanged"}) == 2.0

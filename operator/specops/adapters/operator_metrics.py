@@ -36,7 +36,6 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 from specops.api.models import SpeculativeDeploymentStatus
 from specops.api.units import parse_duration
-from specops.domain.metrics import Measurement
 
 DEFAULT_PORT = 8081
 PHASES: tuple[str, ...] = tuple(
@@ -263,18 +262,12 @@ class OperatorMetrics:
         )
         self.ticks = Counter(
             "specops_control_ticks",
-            "Resources' periodic ticks, by outcome: decided (the control loop ran), or rested (the last "
-            "decision was steady and its measurement had not moved, so nothing was decided again).",
+            "Resources' periodic ticks, by outcome: decided (the control loop's step ran in full), or "
+            "unchanged (its inputs had not moved since the last step: nothing was decided again).",
             ["outcome"],
             registry=r,
         )
-        self._tick_children = (self.ticks.labels("decided"), self.ticks.labels("rested"))
-        self.rests_ended = Counter(
-            "specops_rests_ended",
-            "Rests a look ended, sending the resource to a full tick, by why (services/tick.py REST_ENDS).",
-            ["why"],
-            registry=r,
-        )
+        self._tick_children = (self.ticks.labels("decided"), self.ticks.labels("unchanged"))
         self.errors = Counter(
             "specops_errors",
             "Errors talking to the Kubernetes API, Prometheus or Triton, by component and kind.",
@@ -412,20 +405,6 @@ class OperatorMetrics:
             seen["speculation"] = {field: speculation.get(field) for field in _REMEMBERED}
             seen["lastCanary"] = status.get("lastCanary") or None
 
-    def observe_measurement(self, namespace: str, name: str, measured: Measurement) -> None:
-        """Set the measured gauges of a resource at rest, whose status is not written every interval:
-        the SLO alerts compare them (acceptance, p99 token latency) and must not wait for the next
-        full tick. Only a resource whose status was observed once is set (a forgotten one stays so)."""
-        key = (namespace, name)
-        with self._lock:
-            if key not in self._seen:
-                return
-            self._set(self.alpha, key, measured.alpha)
-            self._set(self.acceptance_rate, key, measured.acceptance_rate)
-            self._set(self.batch, key, measured.batch)
-            self._set(self.request_rate, key, measured.request_rate)
-            self._set(self.tpot_p99, key, measured.tpot_p99_s)
-
     def observe_decision(self, namespace: str, name: str, action: str, reason: str) -> None:
         """Count one control-loop decision."""
         with self._lock:
@@ -504,13 +483,9 @@ class OperatorMetrics:
         finally:
             self.tick_duration.observe(time.perf_counter() - start)
 
-    def count_tick(self, rested: bool) -> None:
-        """One resource's tick ended, at rest or having decided."""
-        self._tick_children[1 if rested else 0].inc()
-
-    def count_rest_end(self, why: str) -> None:
-        """A look ended a resource's rest (``why``: a key of services/tick.py REST_ENDS)."""
-        self.rests_ended.labels(why).inc()
+    def count_tick(self, unchanged: bool) -> None:
+        """One resource's tick ended, having decided or finding its inputs unchanged."""
+        self._tick_children[1 if unchanged else 0].inc()
 
     def count_error(self, component: str, kind: str) -> None:
         """One failed call to ``component`` (kubernetes, prometheus, triton); ``kind`` says how it failed."""
@@ -607,13 +582,11 @@ METRICS = OperatorMetrics(REGISTRY)
 """The operator's metrics, in the process-wide registry (so process_* metrics are served too)."""
 
 observe_status = METRICS.observe_status
-observe_measurement = METRICS.observe_measurement
 observe_decision = METRICS.observe_decision
 forget = METRICS.forget
 time_reconcile = METRICS.time_reconcile
 time_tick = METRICS.time_tick
 count_error = METRICS.count_error
 count_tick = METRICS.count_tick
-count_rest_end = METRICS.count_rest_end
 count_gc = METRICS.count_gc
 serve = METRICS.serve

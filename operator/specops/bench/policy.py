@@ -15,11 +15,10 @@ The contract (docs/benchmarks.md):
   fleet carries N x batch. Each second every serving pod carries its share of that load (even
   weights over the pods that serve: a pod that is down leaves the split) and its engine applies
   its revision's schedule at the batch it carries.
-- **The operator** is production's decision path: a SpeculativeDeployment built from the flags
-  (the prior; the spec's defaults otherwise) gives `revision_step.config_from_spec`; the fitted
-  model is `profile_prior.model` fed by `learning.observe` exactly as `ControlLoop.tick` feeds it
-  (the K the engine used at the measured batch; K=0 inside a speculating revision is skipped;
-  nothing is learned while a rollout runs); `revision_step.step` decides every `--interval`. It
+- **The operator** is production's decision: a SpeculativeDeployment built from the flags (the
+  prior; the spec's defaults otherwise) gives the step's config, and `control_step.step`, the
+  pure step `ControlLoop.tick` calls (learning from each pod's window, the fitted model, the
+  revision step), decides every `--interval` on a snapshot of the pods and their readings. It
   sees, one scrape late (the window that ended one interval before the decision), per pod: batch
   x (1 + N(0, 0.05)), acceptance + N(0, 0.02) while drafting, mean per-token latency
   x (1 + N(0, 0.03)); the variant's measurement is their mean over the pods that served.
@@ -43,7 +42,7 @@ import math
 import random
 import sys
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from importlib import resources
 from pathlib import Path
@@ -51,11 +50,14 @@ from typing import Any
 
 from specops import profiles
 from specops.api.models import SpeculativeDeployment
+from specops.api.status import SpeculativeDeploymentStatus
 from specops.api.units import parse_duration
 from specops.cli_output import write_json
-from specops.domain import learning, profile_prior, revision_policy, revision_step
-from specops.domain.calibration import CalibrationState
+from specops.domain import control_status, control_step, learning, revision_step
+from specops.domain.discovery import PodEndpoint
 from specops.domain.engines.schedule import PLAIN, Revision, Schedule
+from specops.domain.metrics import REASON_PENDING, Measurement, PodMeasurement
+from specops.domain.names import HOLDBACK, STABLE
 from specops.domain.perf import GPUS, ModelSetup, expected_tokens
 from specops.domain.profile import ServingProfile, profile_from_setup
 from specops.domain.revision_policy import BAND_EDGES
@@ -375,6 +377,17 @@ def _pod_readings(
     return readings
 
 
+def _per_pod(readings: Sequence[learning.PodReading], pods: Iterable[int]) -> dict[str, PodMeasurement]:
+    """Each pod's own reading (every pod has series; one down or on another revision for part of
+    the window reads no batch, as a pod without a whole window reads in its own rate)."""
+    return {
+        f"pod-{i}": next(
+            (PodMeasurement(r.batch, r.tpot_s) for r in readings if r.pod == f"pod-{i}"), PodMeasurement()
+        )
+        for i in pods
+    }
+
+
 def _wanted(state: revision_step.StepState, pod: int, replicas: int) -> Revision:
     """The revision pod ``pod`` should run: the last pod is the plain holdback while one is held."""
     return PLAIN if state.holdback and pod == replicas - 1 else state.revision
@@ -397,80 +410,92 @@ def replay(
     resource = bench_resource(setup, backend, replicas, interval_s, gpu, speculation)
     spec = resource.spec
     config = revision_step.config_from_spec(spec, spec.draft)
-    learn = learning.learning_config(
-        enabled=spec.speculation.calibration.enabled,
-        guard=spec.speculation.calibration.slowdown_guard,
-        half_life_s=config.half_life_s,
-        interval_s=interval_s,
-        rate_window_s=interval_s,
+    learn = control_status.learning_config(spec, rate_window_s=interval_s)
+    snapshot = control_step.Snapshot(
+        uid="bench",
+        config=config,
+        learn=learn,
+        status=SpeculativeDeploymentStatus(),
+        measurement=Measurement.failed(EPOCH, REASON_PENDING, "no poll yet"),
+        pods=(),
+        replicas=replicas,
+        min_acceptance=spec.slo.min_acceptance,
     )
-    prior = profile_prior.prior_model(config.setup, learn.calibration, None)
-    calibration = CalibrationState()
-    tracks: dict[str, learning.PodTrack] = {}
-    anchors: dict[float, learning.Anchor] = {}
-    fitted = prior
-    state = revision_step.initial_state(config, prior, EPOCH)
+    record, first = control_step.step(None, snapshot, EPOCH)  # the first revision, recorded
+    snapshot = replace(snapshot, status=first.status or snapshot.status)
     run = Run(world, list(trace), replicas)
-    run.revisions[state.revision.digest] = state.revision
     rng = random.Random(seed)
     step_every = max(1, round(interval_s))
     restart_s = world.restart_s
-    bounds = (max(1, config.min_k), max(1, config.min_k, config.max_k))
 
-    pods = [Pod(_wanted(state, i, replicas)) for i in range(replicas)]
+    pods = [Pod(_wanted(record.decision, i, replicas)) for i in range(replicas)]
     run.revisions.update((pod.revision.digest, pod.revision) for pod in pods)
     for s, point in enumerate(trace):
         now = EPOCH + timedelta(seconds=s)
         if s % step_every == 0 and s > 0:
-            rollout_running = any(
-                p.revision != _wanted(state, i, replicas) or p.ready_at > s for i, p in enumerate(pods)
-            )
             window = range(s - 2 * step_every, s - step_every)
-            batch, alpha, tpot_s = _window_measurement(run, range(replicas), window.start, window.stop, rng)
-            plain_pods = [i for i, p in enumerate(pods) if p.revision.mode == "plain"]
-            plain_tpot_s = (
-                _window_measurement(run, plain_pods, window.start, window.stop, rng)[2]
-                if plain_pods
-                else None
-            )
-            # each pod's own window, as the operator reads it per pod (the same learning as ControlLoop.tick)
+            # the stable variant as the operator reads it; a holdback pod is a variant of its own
+            held = record.decision.holdback
+            stable = range(replicas - 1) if held else range(replicas)
+            batch, alpha, tpot_s = _window_measurement(run, stable, window.start, window.stop, rng)
+            # each pod's own window, as the operator reads it per pod
             readings = _pod_readings(run, pods, window, alpha, rng)
-            tracks = learning.track_pods(tracks, readings, learn, now)
-            learned, at_zero = learning.learn_pods(calibration, readings, tracks, config.setup, learn, now)
-            anchors = learning.anchor_pods(anchors, readings, tracks, revision_policy.BAND_EDGES, learn, now)
-            if learned is not calibration:
-                calibration = learned
-                fitted = profile_prior.model(config.setup, calibration, learn.calibration, None, fitted.fit)
-            model: revision_policy.SpeedupModel = (
-                revision_policy.Evidence(
-                    fitted, prior, fitted, anchors=anchors, steps=fitted, prior_steps=prior
-                )
-                if learn.enabled
-                else prior
-            )
-            inputs = revision_step.StepInputs(
+            measurement = Measurement(
+                phase="Ok",
+                at=now,
+                alpha=alpha,
                 batch=batch,
-                alpha=alpha if state.revision.mode == "spec" else None,
                 tpot_p50_s=tpot_s,
-                rollout_running=rollout_running,
-                k0_ratios=tuple(learning.k0_ratios(at_zero, fitted)) if learn.enabled else (),
-                plain_tpot_p50_s=plain_tpot_s,
+                per_pod=_per_pod(readings, stable),
             )
-            decision = revision_step.step(config, state, inputs, model, now)
-            state = decision.state
-            if decision.changed:
-                run.revisions[state.revision.digest] = state.revision
-                run.decisions.append((s, decision.reason, decision.message))
+            plain = None
+            if held:
+                plain_batch, _, plain_tpot = _window_measurement(
+                    run, [replicas - 1], window.start, window.stop, rng
+                )
+                plain = Measurement(
+                    phase="Ok",
+                    at=now,
+                    batch=plain_batch,
+                    tpot_p50_s=plain_tpot,
+                    per_pod=_per_pod(readings, [replicas - 1]),
+                )
+            ready = [
+                PodEndpoint(
+                    f"pod-{i}",
+                    "bench",
+                    "127.0.0.1",
+                    0,
+                    HOLDBACK if held and i == replicas - 1 else STABLE,
+                    revision=p.revision.digest,
+                )
+                for i, p in enumerate(pods)
+                if p.ready_at <= s
+            ]
+            snapshot = replace(
+                snapshot,
+                measurement=measurement,
+                pods=tuple(p for p in ready if p.variant == STABLE),
+                held=tuple(p for p in ready if p.variant == HOLDBACK),
+                plain=plain,
+            )
+            record, actions = control_step.step(record, snapshot, now)
+            if actions.status is not None:
+                snapshot = replace(snapshot, status=actions.status)
+            if actions.roll_to is not None:
+                decided = snapshot.status.speculation
+                run.revisions[actions.roll_to.digest] = actions.roll_to
+                run.decisions.append((s, decided.reason or "", decided.message or ""))
         # the rollout: one pod at a time, the next once the previous serves again
         if not any(p.ready_at > s for p in pods):
             for i, pod in enumerate(pods):
-                wanted = _wanted(state, i, replicas)
+                wanted = _wanted(record.decision, i, replicas)
                 if pod.revision != wanted:
                     run.revisions[wanted.digest] = wanted
                     pod.revision, pod.ready_at = wanted, s + restart_s
                     run.restarts += 1
                     break
-        if state.holdback and pods[-1].revision.mode == "plain" and pods[-1].ready_at <= s:
+        if record.decision.holdback and pods[-1].revision.mode == "plain" and pods[-1].ready_at <= s:
             run.holdback_seconds += 1
         serving = [i for i, p in enumerate(pods) if p.ready_at <= s]
         share = round(replicas * max(0.0, point.batch) / len(serving), 3) if serving else 0.0
@@ -492,8 +517,8 @@ def replay(
         run.configs.append([p.revision.digest for p in pods])
         run.speedups.append(_speedup(world, point, loads))
 
-    alpha = state.alpha if state.alpha is not None else revision_step.PRIOR_ALPHA
-    run.learned_break_even = revision_policy.break_even(model, alpha, bounds) if learn.enabled else None
+    shown = snapshot.status.speculation.calibration
+    run.learned_break_even = shown.break_even_batch if learn.enabled and shown.break_even_known else None
     return run
 
 

@@ -7,6 +7,7 @@ restart resumes exactly from what status recorded.
 
 from __future__ import annotations
 
+import functools
 from datetime import datetime
 
 from specops.api import conditions as cond
@@ -43,7 +44,10 @@ def learning_config(spec: SpeculativeDeploymentSpec, rate_window_s: float) -> Le
     )
 
 
+@functools.lru_cache(maxsize=4096)
 def revision_to_status(revision: Revision) -> RevisionStatus:
+    """status' form of a revision (one model per revision, shared: statuses are copied, never changed
+    in place)."""
     return RevisionStatus(
         digest=revision.digest,
         mode=revision.mode,

@@ -4,23 +4,17 @@ Ticks are spread out: the first comes after a random share of the interval (so t
 resources found at start-up do not all tick at once, nor during their own first reconcile), and
 every wait is jittered by a few percent, so that ticks that happen to line up drift apart again.
 
-While a resource is at rest its daemon does not wake each interval: it hands the resource to the
-operator's rest pass (services/rest_pass.py), one task that looks at every resting resource on its
-own schedule, and waits until a look ends the rest; then it ticks in full at once.
+Every tick runs the control loop's one pure step (domain.control_step), whose fast path makes
+the tick of a resource whose inputs did not move cheap: there is no second path for resources
+at rest.
 
-A new serving pod of a resource that speculates wakes its daemon at once, asleep or at rest
-(services/wakeups.py): the pod booted with speculation off, and would decode plain until the
-next interval.
-
-The liveness probe fails when a resource's tick (or a look at its rest) is long overdue: an
-operator whose watches keep running while its ticks are stuck (a jammed client, a livelock, a
-stalled rest pass) is restarted, not called healthy.
+The liveness probe fails when a resource's tick is long overdue: an operator whose watches keep
+running while its ticks are stuck (a jammed client, a livelock) is restarted, not called healthy.
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
 import math
 import random
 import time
@@ -35,7 +29,6 @@ from specops.domain.discovery import PodEndpoint, ready_endpoint
 from specops.domain.names import COMPONENT_SERVING, LABEL_COMPONENT, LABEL_DEPLOYMENT, label_value
 from specops.handlers.lifecycle import live_bodies, now, post_events
 from specops.services.container import Services
-from specops.services.rest_pass import Look
 from specops.services.tick import interval_of
 
 TICK_JITTER = 0.05
@@ -118,30 +111,17 @@ def ticks_on_time(memo: kopf.Memo, **_: Any) -> int:
 
 @kopf.index("", "v1", "pods", labels={LABEL_COMPONENT: COMPONENT_SERVING, LABEL_DEPLOYMENT: kopf.PRESENT})
 async def serving_pods(
-    namespace: str | None, labels: kopf.Labels, body: kopf.Body, memo: kopf.Memo, **kwargs: Any
+    namespace: str | None, labels: kopf.Labels, body: kopf.Body, **_: Any
 ) -> dict[tuple[str, str], PodEndpoint] | None:
     """Ready serving pods by (namespace, specops.dev/deployment): each tick reads its pods here, not
     with a LIST (the watch replaces one LIST per resource per interval). Pods not ready are left out.
-
-    A ready pod not seen before wakes its resource's daemon when the resource speculates
-    (services/wakeups.py): it booted with speculation off. Told here, in the handler Kopf already
-    runs for every serving pod's event, rather than in a second handler on the same events; the
-    wake waits until the index holds the pod (Kopf stores what this returns after it returns), so
-    the tick it brings forward lists the new pod.
 
     A coroutine although it awaits nothing: Kopf runs a plain function in its thread pool, a
     hand-off to another thread (and back) for every event of every serving pod."""
     endpoint = ready_endpoint(body)
     if endpoint is None or namespace is None:
         return None
-    pods = (namespace, str(labels[LABEL_DEPLOYMENT]))
-    services: Services | None = getattr(memo, "services", None)
-    index: kopf.Index[tuple[str, str], PodEndpoint] | None = kwargs.get("serving_pods")
-    if services is not None and index is not None:
-        services.wakeups.pod_ready(
-            pods, (endpoint.name, endpoint.incarnation), indexed=lambda: endpoint in index.get(pods, ())
-        )
-    return {pods: endpoint}
+    return {(namespace, str(labels[LABEL_DEPLOYMENT])): endpoint}
 
 
 async def pause(
@@ -157,7 +137,6 @@ async def pause(
     a cancellation, an eighth of the operator's CPU at 2,000 resources. A cancellation that comes
     with the stop flag is the normal end (a deleted resource, a shutdown): the daemon returns
     instead of re-raising, so Kopf does not log (and post as a Warning Event) "is cancelled".
-    ``sleep``: the daemon's, which a new serving pod ends early (services/wakeups.py).
     """
     try:
         await sleep(wait_s)
@@ -174,9 +153,8 @@ async def tick_once(
     name: str,
     body: kopf.Body,
     pods: kopf.Index[tuple[str, str], PodEndpoint] | None,
-) -> tuple[float, bool, bool]:
-    """One tick, its Events and metrics; (when to come back, whether the resource is gone, whether
-    the tick left it at rest).
+) -> tuple[float, bool]:
+    """One tick, its Events and metrics; (when to come back, whether the resource is gone).
 
     Its own function so that nothing the tick made (the status it computed, about 10 KiB) stays
     referenced from the daemon's frame while it sleeps: at 2,000 resources that was 20 MiB."""
@@ -184,62 +162,18 @@ async def tick_once(
         serving = None if pods is None else list(pods.get((namespace, label_value(name)), ()))
         # Kopf's live body and pod index: no GET, no LIST
         outcome = await services.tick(namespace, name, now, body, serving)
-    operator_metrics.count_tick(outcome.rested)
-    if outcome.measured is not None:
-        operator_metrics.observe_measurement(namespace, name, outcome.measured)
+    operator_metrics.count_tick(outcome.unchanged)
     if outcome.events:
         post_events(outcome.body or body, outcome.events)
-    if outcome.body is not None and not outcome.rested:  # at rest: the metrics shown still hold
+    if outcome.body is not None and not outcome.unchanged:  # unchanged: the metrics shown still hold
         shown = outcome.status if outcome.status is not None else outcome.body.get("status")
         operator_metrics.observe_status(namespace, name, shown or {}, outcome.body.get("spec"))
-    return outcome.interval_s, outcome.gone, outcome.at_rest
-
-
-def rest_look(
-    services: Services,
-    dog: TickWatchdog,
-    namespace: str,
-    name: str,
-    body: kopf.Body,
-    pods: kopf.Index[tuple[str, str], PodEndpoint] | None,
-    interval_s: float,
-) -> Look:
-    """The rest pass's look at one resource (services/rest_pass.py): what a tick that rests does,
-    without waking the daemon. The wait until the next look while it rests, None when it must
-    tick in full now."""
-    key, label = (namespace, name), (namespace, label_value(name))
-    loop = asyncio.get_running_loop()
-
-    def look() -> float | None:
-        serving = None if pods is None else list(pods.get(label, ()))
-        measured = services.rest(namespace, name, now, body, serving)
-        if measured is None:
-            operator_metrics.count_rest_end(services.ticker.last_rest_end)
-            return None
-        operator_metrics.count_tick(True)
-        operator_metrics.observe_measurement(namespace, name, measured)
-        wait_s = on_grid(loop.time(), jittered(interval_s), interval_s)
-        dog.expect(key, wait_s, interval_s)
-        return wait_s
-
-    return look
-
-
-async def rest_unless_stopped(stopped: kopf.DaemonStopped, woken: asyncio.Future[None]) -> bool:
-    """Wait while the rest pass looks at the resource, until a look ends the rest; False when Kopf
-    stopped the daemon meanwhile (quietly, as in ``pause``)."""
-    try:
-        await woken
-    except asyncio.CancelledError:
-        if stopped:
-            return False
-        raise
-    return True
+    return outcome.interval_s, outcome.gone
 
 
 async def tick_unless_stopped(
-    stopped: kopf.DaemonStopped, tick: Awaitable[tuple[float, bool, bool]]
-) -> tuple[float, bool, bool] | None:
+    stopped: kopf.DaemonStopped, tick: Awaitable[tuple[float, bool]]
+) -> tuple[float, bool] | None:
     """``tick``'s result, or None when Kopf stopped the daemon while it ran (a shutdown, a deletion):
     as in ``pause``, the stop's cancellation ends the daemon quietly instead of a Warning Event
     "is cancelled" on the resource at every rolling upgrade of the operator. What the tick had not
@@ -266,39 +200,25 @@ async def speculation_control(
     dog, key = watchdog(memo), (namespace, name)
     pods: kopf.Index[tuple[str, str], PodEndpoint] | None = kwargs.get("serving_pods")  # the index above
     live_bodies(memo)[key] = body
-    woken: asyncio.Future[None] | None = None
-    wakeups, indexed_as = services.wakeups, (namespace, label_value(name))
-    wakeups.watch(key, indexed_as)
-    sleep = functools.partial(wakeups.sleep, key)
     try:
         interval_s = interval_of(dict(body), services.config.default_interval_s)
         loop = asyncio.get_running_loop()
         wait_s = on_grid(loop.time(), first_tick_delay(interval_s), interval_s)
         dog.expect(key, wait_s, interval_s)
-        if not await pause(stopped, wait_s, sleep):
+        if not await pause(stopped, wait_s):
             return
         while not stopped:
             ticked = await tick_unless_stopped(stopped, tick_once(services, namespace, name, body, pods))
             if ticked is None:
                 return
-            interval_s, gone, at_rest = ticked
+            interval_s, gone = ticked
             if gone:
                 return
-            if wakeups.take_pending(key):
-                continue  # a new serving pod came while it ticked: tick again now
             wait_s = on_grid(loop.time(), jittered(interval_s), interval_s)
             dog.expect(key, wait_s, interval_s)
-            if at_rest:  # the rest pass looks at it until the rest ends: then it ticks in full
-                look = rest_look(services, dog, namespace, name, body, pods, interval_s)
-                woken = services.rests.hold(key, look, wait_s)
-                if not await rest_unless_stopped(stopped, woken):
-                    return
-            elif not await pause(stopped, wait_s, sleep):
+            if not await pause(stopped, wait_s):
                 return
     finally:
-        wakeups.forget(key, indexed_as)
-        if woken is not None:
-            services.rests.release(key, woken)
         if live_bodies(memo).get(key) is body:
             del live_bodies(memo)[key]
         dog.forget(key)

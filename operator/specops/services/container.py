@@ -7,7 +7,7 @@ the ports (specops.ports), which an import-linter contract enforces.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -17,17 +17,15 @@ from specops.adapters.prometheus import KubeCredentialReader, MetricsHub
 from specops.adapters.routing import GatewayApiRouter, ReplicaRatioRouter
 from specops.assets import llmapi_model_source
 from specops.domain.discovery import PodEndpoint
-from specops.domain.metrics import Measurement, rate_window_s
+from specops.domain.metrics import rate_window_s
 from specops.domain.render import RenderOptions
 from specops.ports import TrafficRouter, TrafficRouting
 from specops.services.canary import CanaryService
 from specops.services.config import OperatorConfig
 from specops.services.control import ControlLoop
 from specops.services.reconciler import Reconciler
-from specops.services.rest_pass import RestPass
 from specops.services.retraining import RetrainingService
 from specops.services.tick import ResourceTick, TickOutcome
-from specops.services.wakeups import Wakeups
 
 __all__ = ["Services", "TickOutcome", "build_services"]
 
@@ -43,13 +41,6 @@ class Services:
     canary: CanaryService
     ticker: ResourceTick
     engines: EngineHttpClient | None = None  # closed with the services
-    rests: RestPass = field(default_factory=RestPass)
-    """The daemons' shared look at resources at rest (handlers/control.py)."""
-    wakeups: Wakeups = field(init=False)
-    """Ticks brought forward when a resource's serving pods change (handlers/control.py)."""
-
-    def __post_init__(self) -> None:
-        self.wakeups = Wakeups(self.rests, self.control.speculating)
 
     async def tick(
         self,
@@ -62,25 +53,12 @@ class Services:
         """One resource's periodic tick; API errors are logged and retried next interval, never raised."""
         return await self.ticker.run(namespace, name, now(), watched, serving)
 
-    def rest(
-        self,
-        namespace: str,
-        name: str,
-        now: Callable[[], datetime],
-        watched: Mapping[str, Any],
-        serving: Sequence[PodEndpoint] | None,
-    ) -> Measurement | None:
-        """A look at a resource its last tick left at rest: the measurement it rested on; None when
-        it must tick in full now (see ResourceTick.rest)."""
-        return self.ticker.rest(namespace, name, watched, serving, now())
-
     def forget(self, namespace: str, name: str) -> None:
         """The resource's daemon stopped: stop polling for it and drop its in-memory state."""
         self.control.unsubscribe(namespace, name)
         self.ticker.forget(namespace, name)
 
     async def close(self) -> None:
-        await self.rests.close()
         await self.canary.checks.close()
         await self.metrics.close()
         if self.engines is not None:

@@ -15,7 +15,6 @@ A part whose API calls fail keeps its blocks as they were; the others still land
 
 from __future__ import annotations
 
-import collections
 import logging
 import math
 from collections.abc import Callable, Mapping, Sequence
@@ -34,7 +33,6 @@ from specops.api.units import parse_duration
 from specops.domain import drafts, lifecycle, phases
 from specops.domain.discovery import PodEndpoint, ready_endpoints, sorted_endpoints
 from specops.domain.lifecycle import EventRecord
-from specops.domain.metrics import Measurement
 from specops.domain.names import shared_selector_labels
 from specops.domain.status_patch import merge_patch, only_volatile
 from specops.ports import KubeApiError, KubePort
@@ -53,63 +51,8 @@ interval, active resources / REFRESH_WRITES_PER_S): one refresh a minute per res
 15 s interval, and never more than 5 refresh writes a second for the whole operator. At 2,000
 resources a refresh is 400 s apart: the API server is not asked for 33 writes a second (each of
 which comes back to every watcher as an event) to show numbers the operator's own metrics carry
-fresh every tick. Decisions, probes and conditions are written at once whatever the fleet size."""
+fresh every tick. Decisions and conditions are written at once whatever the fleet size."""
 WRITE_ATTEMPTS = 5
-
-SETTLED_DECISIONS_PER_S = 2.5
-"""A resource at rest (its last decision steady and the policy deciding the same on the measurement
-now, no slowdown the guard counts, no canary, retraining round or first-draft check under way, its
-resource and pods unchanged: ControlLoop.rest) is decided in full at least every max(interval,
-active resources / SETTLED_DECISIONS_PER_S): every interval up to 37 resources at the default 15 s,
-every 53rd (800 s) at 2,000. A tick at rest costs one policy decision on the model solved for
-the newest statistics, and the learning of its sample (a fraction of a tick), instead of probes,
-the status diff and the metrics; anything that would decide differently decides at once. What
-rest delays, by at most the rest: a probe's start and status refreshes (themselves spaced by
-REFRESH_WRITES_PER_S: so at 2,000 the measurements in status are refreshed every 800 s at rest,
-while the operator's per-resource gauges carry them fresh every interval), and the per-resource
-gauges other than the measured ones (a rest sets those: the decision's own do not move at rest).
-A pod whose serving container restarted ends the rest at once (ControlLoop.rest compares each
-pod's incarnation). The route check of a resource with no canary runs at every full tick: a
-resource that routes through Gateway API is decided in full at ROUTE_CHECKS_PER_S's pace instead.
-
-Measured in the policy worlds (`specops bench policy-worlds --rest-limit N`, N the rests in a
-row this allows at 2,000): while a rest decided on the model of the last full tick, 15 (N = 8)
-took the worst seed from 0.946 to 0.903 of the oracle, and 30 (N = 4) was kept; since a rest
-decides on the newest fit, every figure holds at N = 4, 8, 9, 14, 17, 19 and 26 (worst seed
-0.946, worst pair 0.954-0.957, mean 0.983, slower than plain 2.4-2.5 % of the time, 8.8 length
-steps an hour), at rest 65, 73, 74, 76, 78, 78 and 79 % of the intervals. 15 was the rule until
-rests were looked at by one task (services/rest_pass.py) and set the measured gauges; 5 (N = 26)
-until the length margin of 3 %. With it, N = 53 and 26 read the same (worst seed 0.944, worst
-pair 0.953, mean 0.982, slower than plain 2.5 %, 5.5 and 5.6 length steps an hour; at rest 85.4
-and 84.1 % of the intervals), and at 2,000 nearly every full tick of a resource at rest was also
-its refresh write: 2.5 halves both (in process at 200 paced as 2,000, four interleaved pairs:
-0.392 against 0.371 ms a tick)."""
-
-REST_ENDS = {
-    "budget": "decided in full on schedule (SETTLED_DECISIONS_PER_S, ROUTE_CHECKS_PER_S)",
-    "resource": "the resource changed (a new resourceVersion: spec, status or metadata)",
-    "pods": "other serving pods, or a serving container restarted",
-    "pods-unknown": "the operator's pod index had no answer",
-    "metrics": "no usable measurement (an outage, stale or missing series)",
-    "latency-reading": "a latency reading appeared where the decision had none",
-    "settled": "a setting applied before the rest has now held a full rate window",
-    "decision": "the policy decides otherwise on the measurement now",
-    "slowdown": "the measured-slowdown guard counts a slow reading",
-    "slower-unguarded": "speculating where the guard is blind, the token latency reads slower",
-    "deleting": "the resource is being deleted",
-    "not-at-rest": "the control loop holds no rest for it (restarted, or replaced)",
-}
-"""Why a look ends a rest and sends the resource to a full tick (``ResourceTick.rest_ends``, the
-operator's ``specops_rests_ended_total{why}``): each is a full tick, about ten looks' CPU."""
-
-
-ROUTE_CHECKS_PER_S = 15.0
-"""The full-decision pace of a resource at rest whose canaries route through Gateway API
-(spec.canary.trafficRouting.gatewayAPI): its full tick checks that the user's route sends no
-traffic to a canary Service while no canary runs (a hand edit, a write lost elsewhere) and repairs
-it, so that check waits at most max(interval, such resources / 15 s) at rest, 135 s at 2,000, as
-before rests were spaced further. A resource without a route has nothing to check."""
-
 
 # Status blocks each part owns: the tick writes these and only these (plus conditions and phase).
 CONTROL_BLOCKS = ("speculation", "baseline", "observed")
@@ -165,26 +108,9 @@ class TickOutcome:
     status: dict[str, Any] | None = None
     status_stored: bool = False
     """What the tick computed is in the resource's status (written, or nothing to write but
-    measurements not yet due): a status write that failed never leaves a resource at rest."""
-    at_rest: bool = False
-    """The tick left the resource at rest: its next looks may be rests (``ResourceTick.rest``)."""
-    measured: Measurement | None = None
-    """What a tick at rest measured (the operator's measurement gauges follow it)."""
-
-    @property
-    def rested(self) -> bool:
-        """The tick found the resource at rest and decided nothing (SETTLED_DECISIONS_PER_S)."""
-        return self.measured is not None
-
-
-@dataclass
-class _AtRest:
-    """A resource whose last tick left it at rest: the resourceVersion it ended on, its interval
-    then (the spec's, which moves only with the resourceVersion), ticks rested since."""
-
-    version: Any
-    interval_s: float
-    rested: int = 0
+    measurements not yet due)."""
+    unchanged: bool = False
+    """The control loop found its inputs as they were: nothing was decided (control_step's fast path)."""
 
 
 MIN_INTERVAL_S = 1.0
@@ -258,12 +184,8 @@ class ResourceTick:
         # of its status (what a status patch is computed against), dumped once for that version.
         self._resources: dict[tuple[str, str], _Validated] = {}
         self._specs = SharedModels()  # the kept specs' equal parts, held once across resources
-        self._at_rest: dict[tuple[str, str], _AtRest] = {}
         self._roll_pending: set[tuple[str, str]] = set()
         """Resources whose stable Deployment could not be rendered from a new revision yet."""
-        self.rest_ends: collections.Counter[str] = collections.Counter()
-        """Rests ended, by why (REST_ENDS): what sends a resource at rest to a full tick."""
-        self.last_rest_end = ""
 
     async def run(
         self,
@@ -327,76 +249,7 @@ class ResourceTick:
         """The resource's daemon stopped: drop its failure count and its validated copy."""
         self._failures.pop((namespace, name), None)
         self._resources.pop((namespace, name), None)
-        self._at_rest.pop((namespace, name), None)
         self._roll_pending.discard((namespace, name))
-
-    def rest(
-        self,
-        namespace: str,
-        name: str,
-        watched: Mapping[str, Any],
-        serving: Sequence[PodEndpoint] | None,
-        now: datetime,
-    ) -> Measurement | None:
-        """A tick at rest on its own (the daemons' shared rest pass, services/rest_pass.py): the
-        measurement the resource rested on (counted as a rested tick, as in ``run``); None when it
-        must be decided in full now, by a tick through ``run``.
-
-        The checks of a tick's start without its cost: ``watched`` (Kopf's live body) is not
-        copied, its interval not parsed again (the one the rest began with: the spec moves only
-        with the resourceVersion, which ends the rest), nothing is read or written."""
-        key = (namespace, name)
-        at_rest = self._at_rest.get(key)
-        if at_rest is None:
-            return None
-        metadata = watched.get("metadata") or {}
-        if not metadata.get("deletionTimestamp"):
-            body = self._caught_up(namespace, name, watched)
-            measured = self._rests(key, body, serving, at_rest.interval_s, now)
-            if measured is not None:
-                return measured
-        else:
-            self._rest_ended("deleting")
-        del self._at_rest[key]  # the tick that follows decides in full, without looking again
-        return None
-
-    def _rests(
-        self,
-        key: tuple[str, str],
-        body: Mapping[str, Any],
-        serving: Sequence[PodEndpoint] | None,
-        interval_s: float,
-        now: datetime,
-    ) -> Measurement | None:
-        """The measurement this tick rests on, if it may rest (see SETTLED_DECISIONS_PER_S): the last
-        tick left the resource at rest, nothing about it changed since (resourceVersion, serving
-        pods, measurement), and it has not rested as many ticks in a row as the fleet's size allows."""
-        at_rest = self._at_rest.get(key)
-        if at_rest is None:
-            return None
-        if serving is None:
-            self._rest_ended("pods-unknown")
-            return None
-        cached = self._resources.get(key)
-        version = (body.get("metadata") or {}).get("resourceVersion")
-        if cached is None or version != at_rest.version or cached.version != version:
-            self._rest_ended("resource")
-            return None
-        routed = cached.resource.spec.canary.traffic_routing.gateway_api is not None
-        pace = ROUTE_CHECKS_PER_S if routed else SETTLED_DECISIONS_PER_S
-        if at_rest.rested + 1 > len(self._resources) / (pace * interval_s):
-            self._rest_ended("budget")
-            return None
-        measured = self.control.rest(cached.resource, sorted_endpoints(serving), now)
-        if measured is not None:
-            at_rest.rested += 1
-        else:
-            self._rest_ended(self.control.rest_ended)
-        return measured
-
-    def _rest_ended(self, why: str) -> None:
-        self.last_rest_end = why
-        self.rest_ends[why] += 1
 
     def _validated(
         self, namespace: str, name: str, body: dict[str, Any]
@@ -498,11 +351,6 @@ class ResourceTick:
         body = caught_up if isinstance(caught_up, dict) else dict(caught_up)
         outcome.interval_s = interval_of(body, self.default_interval_s)
         outcome.body = body
-        outcome.measured = self._rests((namespace, name), body, serving, outcome.interval_s, now)
-        if outcome.measured is not None:
-            outcome.at_rest = True
-            return outcome
-        self._at_rest.pop((namespace, name), None)
         try:
             resource, status_wire = self._validated(namespace, name, body)
         except ValidationError:
@@ -599,22 +447,7 @@ class ResourceTick:
             except KubeApiError as error:
                 log.warning("canary of %s/%s: acting on the new status failed: %s", namespace, name, error)
         outcome.events = events
-        round_of = parts.get("retraining")
-        if (
-            not events
-            and canary is not None
-            and canary.status.canary is None
-            and not canary.after_write
-            and canary.status.draft.lossless_check != "Pending"
-            and round_of is not None
-            and round_of.active is None
-            and round_of.trained is None
-            and outcome.status_stored
-        ):
-            # nothing under way but the control loop's decision, whose own rest ControlLoop.rest tells
-            ended_on = (outcome.body.get("metadata") or {}).get("resourceVersion")
-            self._at_rest[(namespace, name)] = _AtRest(ended_on, outcome.interval_s)
-        outcome.at_rest = (namespace, name) in self._at_rest
+        outcome.unchanged = control.unchanged
         return outcome
 
     async def _write(

@@ -12,6 +12,7 @@ speculation) or spec (a method, a draft checkpoint, a schedule). Its digest is t
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from collections.abc import Iterable, Sequence
@@ -136,9 +137,10 @@ class Revision:
             "engine_args": [list(pair) for pair in self.engine_args],
         }
 
-    @property
+    @functools.cached_property
     def digest(self) -> str:
-        """10 hex digits of the canonical JSON: the pod label and the series label."""
+        """10 hex digits of the canonical JSON: the pod label and the series label (worked out once
+        per revision: a control step compares it with every pod's label)."""
         text = json.dumps(self.canonical(), sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(text.encode("utf-8")).hexdigest()[:10]
 
