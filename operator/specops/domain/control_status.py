@@ -182,16 +182,19 @@ def speculation_status(
         rollout=rollout,
         batch_seconds=list(state.batch_seconds),
         k0_cost=state.k0_cost,
-        holdback=_holdback(decision, replicas),
+        holdback=holdback_status(decision.state, replicas, decision.predicted_speedup),
     )
 
 
-def _holdback(decision: Decision, replicas: int) -> HoldbackStatus | None:
-    if not decision.state.holdback or replicas < 2:
+def holdback_status(
+    state: StepState, replicas: int, predicted_speedup: float | None
+) -> HoldbackStatus | None:
+    """status.speculation.holdback for ``state``: None unless a pod is held back."""
+    if not state.holdback or replicas < 2:
         return None
-    speedup = decision.predicted_speedup
+    speedup = predicted_speedup
     cost = None if speedup is None else round(max(0.0, speedup - 1.0) / replicas, 4)
-    return HoldbackStatus(pods=1, since=decision.state.phase_since, cost=cost)
+    return HoldbackStatus(pods=1, since=state.phase_since, cost=cost)
 
 
 def baseline_status(state: StepState, current: BaselineStatus) -> BaselineStatus:

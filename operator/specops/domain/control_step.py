@@ -289,10 +289,15 @@ def _held(snapshot: Snapshot, measurement: Measurement, state: StepState, now: d
                 f"{measurement.error}; holding revision {current.digest} ({current.describe()})",
             )
         )
+    previous = status.speculation.holdback
     update: dict[str, object] = {
         "pods": applied,
         "rollout": rollout,
         "revision": cs.revision_to_status(current),
+        # a holdback under way keeps what status says of it (its cost is a decision's prediction)
+        "holdback": previous
+        if state.holdback and previous is not None
+        else cs.holdback_status(state, snapshot.replicas, None),
     }
     if status.speculation.revision is None:  # a new resource: its first revision is recorded
         update.update(
