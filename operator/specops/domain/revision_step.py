@@ -485,6 +485,15 @@ def _held_back(
     Its end (or a measured slowdown) picks the revision every pod then runs; when that is the one
     already speculating, only the holdback pod restarts."""
     current = state.revision
+    held = f"{config.replicas - 1} of {config.replicas} pods run {current.describe()} beside a plain holdback pod"
+    if inputs.rollout_running and not state.baseline.samples:
+        # the baseline's time counts from when its pods serve (a pod starts in minutes)
+        return Decision(
+            replace(state, phase_since=now),
+            current,
+            "Baseline",
+            f"{held}; the baseline starts once they serve",
+        )
     if not inputs.rollout_running:
         plain = StepInputs(batch=inputs.batch, alpha=None, tpot_p50_s=inputs.plain_tpot_p50_s)
         state = replace(state, baseline=_accumulate(state.baseline, plain))
@@ -499,7 +508,6 @@ def _held_back(
         and state.baseline.samples >= BASELINE_SAMPLES  # the holdback pod serves and was measured
     )
     elapsed = (now - state.phase_since).total_seconds()
-    held = f"{config.replicas - 1} of {config.replicas} pods run {current.describe()} beside a plain holdback pod"
     if not slower and (
         elapsed < config.baseline_s
         or (state.baseline.samples < BASELINE_SAMPLES and elapsed < 3 * config.baseline_s)
