@@ -113,7 +113,7 @@ def state_from_status(
         decided_at=speculation.last_decision_time,
         baseline=recorded,
         k0_cost=speculation.k0_cost,
-        holdback=speculation.holdback is not None and config.replicas >= 2,
+        holdback=speculation.holdback is not None and config.holdback,
     )
 
 

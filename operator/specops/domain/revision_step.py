@@ -85,8 +85,10 @@ class StepConfig:
     """A revision measured slower than plain is replaced at once (spec.speculation.calibration
     .slowdownGuard); False: it waits for the soak and the minimum interval like any change."""
     replicas: int = 1
-    """Stable pods (spec.serving.replicas): with two or more, one is held back plain while the
-    others speculate through the Baseline phase."""
+    """Stable pods (spec.serving.replicas)."""
+    holdback: bool = False
+    """One pod may be held back plain beside the others: two or more replicas, and traffic that
+    reaches it (through the shared Service; an HTTPRoute naming the stable Service would not)."""
 
 
 @dataclass(frozen=True)
@@ -175,6 +177,7 @@ def config_from_spec(
         off_reason=off_reason,
         slowdown_guard=speculation.calibration.slowdown_guard,
         replicas=spec.serving.replicas,
+        holdback=spec.serving.replicas >= 2 and spec.canary.traffic_routing.gateway_api is None,
         fixed_k=draft.method not in engine_for(spec.serving.backend).scheduled_methods,
     )
 
@@ -189,7 +192,7 @@ def initial_state(config: StepConfig, model: SpeedupModel, now: datetime) -> Ste
     at once (no baseline)."""
     if config.mode == "off" or config.off_reason:
         return StepState(phase="Baseline", phase_since=now, revision=PLAIN)
-    if config.baseline_s > 0 and config.replicas >= 2:
+    if config.baseline_s > 0 and config.holdback:
         first = first_revision(config, model)
         return StepState(phase="Baseline", phase_since=now, revision=first, last_change=now, holdback=True)
     if config.baseline_s > 0:
@@ -312,7 +315,7 @@ def step(
         return _held_back(config, state, inputs, model, now)
     if (
         state.phase == "Baseline"
-        and config.replicas >= 2
+        and config.holdback
         and config.baseline_s > 0
         and not (inputs.canary_running or inputs.rollout_running)
     ):
@@ -408,7 +411,7 @@ def step(
         # a revision measured slower than plain is replaced mid-rollout (its pods restart again)
         rollout_running=inputs.rollout_running and not slowdown,
     )
-    unmeasured = _plain_unmeasured(model, seen) if config.replicas >= 2 and result.roll else []
+    unmeasured = _plain_unmeasured(model, seen) if config.holdback and result.roll else []
     if proposed != current and unmeasured:
         # the load sits where no pod measured plain speed, so no decision there rests on evidence:
         # one pod runs plain beside the others first (one restart, not every pod's)
