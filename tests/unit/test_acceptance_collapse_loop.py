@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 from specops.api.status import SpeculativeDeploymentStatus
@@ -22,9 +22,9 @@ from specops.domain.perf import expected_tokens
 from specops.domain.profile import profile_from_setup
 from specops.ports import KubeApiError
 from specops.services.control import ControlLoop
-from specops.services.reconciler import stable_plan
-from tests.unit.test_control_loop import ALPHA, T0, World, fresh, setup
+from tests.unit.test_control_loop import ALPHA, World, fresh, setup
 from tests.unit.test_control_loop import resource as one_resource
+from tests.unit.test_control_loop import run as run_world
 
 PODS = 4
 COLLAPSE_AT = 60  # seconds: the prior's schedule has rolled out well before
@@ -125,20 +125,8 @@ class Kube:
 
 async def run(loop: ControlLoop, fleet: Fleet, seconds: int, events: list[Any],
               status: SpeculativeDeploymentStatus | None = None, start: int = 0) -> SpeculativeDeploymentStatus:  # fmt: skip
-    status = status or fresh()
     sdep = one_resource(PODS, rollout={"baseline": "0s", "soak": "20s"})  # every pod speculates at once
-    if status.speculation.revision is None:  # as the reconciler first renders the pods
-        fleet.revision = stable_plan(sdep)[0]
-    for second in range(start, start + seconds):
-        fleet.second = second
-        result = await loop.tick(
-            sdep, status, fleet.pods(), T0 + timedelta(seconds=second), draft_stale=False
-        )
-        events.extend(result.events)
-        status = result.status
-        if result.roll_to is not None:  # the rollout completes by the next tick
-            fleet.revision = result.roll_to
-    return status
+    return await run_world(loop, fleet, status or fresh(), start, seconds, events, sdep)
 
 
 def collapses(events: list[Any]) -> list[Any]:

@@ -259,7 +259,7 @@ def step(state: ControlState | None, snapshot: Snapshot, now: datetime) -> tuple
 def _pods(snapshot: Snapshot, state: StepState, now: datetime) -> tuple[PodsApplied, RolloutStatus | None]:
     """How many stable pods run the revision in force, and the rollout while some do not."""
     current, pods, wanted = state.revision, snapshot.pods, snapshot.replicas
-    held = 1 if state.holdback and wanted >= 2 else 0  # the holdback pod runs plain, not ``current``
+    held = _held_pods(state, wanted)  # the holdback pod runs plain, not ``current``
     on_revision = sum(1 for p in pods if p.revision == current.digest)
     plain_held = sum(1 for p in snapshot.held if p.revision == PLAIN.digest)
     applied = PodsApplied(desired=wanted - held, applied=on_revision)
@@ -273,6 +273,11 @@ def _pods(snapshot: Snapshot, state: StepState, now: datetime) -> tuple[PodsAppl
     return applied, RolloutStatus(
         target=current.digest, started_at=started, updated=on_revision, ready=on_revision, replicas=wanted
     )
+
+
+def _held_pods(state: StepState, replicas: int) -> int:
+    """Pods held back plain beside the stable ones (1 through a holdback baseline, else 0)."""
+    return 1 if state.holdback and replicas >= 2 else 0
 
 
 def _held(snapshot: Snapshot, measurement: Measurement, state: StepState, now: datetime) -> Actions:
@@ -410,8 +415,7 @@ def _decided(
         rollout = RolloutStatus(
             target=decision.state.revision.digest, started_at=now, updated=0, ready=0, replicas=wanted
         )
-        held = 1 if decision.state.holdback and wanted >= 2 else 0
-        applied = PodsApplied(desired=wanted - held, applied=0)
+        applied = PodsApplied(desired=wanted - _held_pods(decision.state, wanted), applied=0)
     conditions = (
         ConditionUpdate(cond.METRICS_UNAVAILABLE, "False", Reason.METRICS_OK, ""),
         cs.acceptance_condition(decision.state, snapshot.min_acceptance),

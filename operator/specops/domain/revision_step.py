@@ -177,7 +177,7 @@ def config_from_spec(
         off_reason=off_reason,
         slowdown_guard=speculation.calibration.slowdown_guard,
         replicas=spec.serving.replicas,
-        holdback=spec.serving.replicas >= 2 and spec.canary.traffic_routing.gateway_api is None,
+        holdback=holds_back(spec),
         fixed_k=draft.method not in engine_for(spec.serving.backend).scheduled_methods,
     )
 
@@ -345,9 +345,7 @@ def step(
         if not inputs.rollout_running:
             state = replace(state, baseline=_accumulate(state.baseline, inputs))
         elapsed = (now - state.phase_since).total_seconds()
-        if elapsed < config.baseline_s or (
-            state.baseline.samples < BASELINE_SAMPLES and elapsed < 3 * config.baseline_s
-        ):
+        if _measuring(config, state, now):
             return Decision(
                 state,
                 PLAIN,
@@ -481,6 +479,21 @@ def _propose(
     return proposed, explorer
 
 
+def _measuring(config: StepConfig, state: StepState, now: datetime) -> bool:
+    """A baseline still measuring plain: before rollout.baseline, or short of BASELINE_SAMPLES
+    readings for up to three times that."""
+    elapsed = (now - state.phase_since).total_seconds()
+    return elapsed < config.baseline_s or (
+        state.baseline.samples < BASELINE_SAMPLES and elapsed < 3 * config.baseline_s
+    )
+
+
+def holds_back(spec: SpeculativeDeploymentSpec) -> bool:
+    """Whether a baseline may hold one pod back plain: two or more replicas, and traffic that
+    reaches it through the shared Service (an HTTPRoute names the stable Service only)."""
+    return spec.serving.replicas >= 2 and spec.canary.traffic_routing.gateway_api is None
+
+
 def _held_back(
     config: StepConfig, state: StepState, inputs: StepInputs, model: SpeedupModel, now: datetime
 ) -> Decision:
@@ -511,10 +524,7 @@ def _held_back(
         and state.baseline.samples >= BASELINE_SAMPLES  # the holdback pod serves and was measured
     )
     elapsed = (now - state.phase_since).total_seconds()
-    if not slower and (
-        elapsed < config.baseline_s
-        or (state.baseline.samples < BASELINE_SAMPLES and elapsed < 3 * config.baseline_s)
-    ):
+    if not slower and _measuring(config, state, now):
         return Decision(
             state,
             current,

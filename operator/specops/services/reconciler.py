@@ -39,7 +39,7 @@ from specops.domain.render import (
     render_children,
     serving_deployment_name,
 )
-from specops.domain.revision_step import config_from_spec, initial_state
+from specops.domain.revision_step import config_from_spec, holds_back, initial_state
 from specops.domain.status_patch import merge_patch
 from specops.ports import KubeApiError, KubePort
 
@@ -127,7 +127,7 @@ def stable_plan(resource: SpeculativeDeployment) -> tuple[Revision, bool]:
     recorded = revision_from_status(resource.status.speculation.revision)
     draft = drafts.stable_draft(resource.spec.draft, resource.status)
     if recorded is not None:
-        holdback = resource.status.speculation.holdback is not None and resource.spec.serving.replicas >= 2
+        holdback = resource.status.speculation.holdback is not None and holds_back(resource.spec)
         return for_draft(recorded, drafts.draft_identity(draft) if draft.uri else None), holdback
     config = config_from_spec(
         resource.spec,
