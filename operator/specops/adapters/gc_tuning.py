@@ -4,7 +4,7 @@ A full pass scans every tracked object of the oldest generation. The operator's 
 Kopf, pydantic's schemas and the other imported modules are about 380,000 of them, none of which
 will ever be garbage: `gc.freeze()` once the handlers are imported moves them out of every later
 pass (at 2,000 resources a full pass covers about a million objects, so this is about a third of
-each). Two further tunings were measured at 2,000 resources and left out (docs/scale.md#garbage-collection):
+each). Two further tunings were measured at 2,000 resources and left out:
 a young threshold of 50,000 with full passes on a timer, and freezing the survivors of every full
 pass (thawed every 15 minutes). Neither moved the cycle's CPU beyond the run-to-run spread, and
 both held 60-80 MiB more: cyclic garbage waiting for its pass.
@@ -12,7 +12,7 @@ both held 60-80 MiB more: cyclic garbage waiting for its pass.
 Full passes come after every FULL_PASS_AFTER_MIDDLE middle-generation passes instead of CPython's
 10: a census at 2,000 resources found each full pass scanning about 380,000 objects to free about
 3,000 (the objects it saw promoted were medium-lived and acyclic, already freed by reference
-counting), two passes every 30 s. See docs/scale.md#garbage-collection.
+counting), two passes every 30 s. See docs/scale.md#what-the-operator-does-for-scale.
 
 Collection time by generation is counted in `specops_gc_seconds_total` (young passes sampled).
 """
