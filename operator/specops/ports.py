@@ -143,6 +143,17 @@ class TrafficRouter(Protocol):
         ...
 
 
+class RouteWeights(Protocol):
+    """Backend weights on a user's HTTPRoute: one of our Services beside the stable one."""
+
+    async def set_route_weight(
+        self, namespace: str, route: str, stable_service: str, other_service: str, weight: int
+    ) -> RouteResult:
+        """Give ``other_service`` ``weight`` % of what the rules naming ``stable_service`` carry (0:
+        drop it from them); written, then read back: only a route seen to carry it counts."""
+        ...
+
+
 @dataclass(frozen=True)
 class GenerateOutput:
     """One greedy completion from a serving engine; ``ok=False`` carries the error as text."""

@@ -62,6 +62,8 @@ class Reason:
     ACCEPTANCE_BELOW_SLO = "AcceptanceBelowSLO"
     ACCEPTANCE_OK = "AcceptanceOK"
     ACCEPTANCE_COLLAPSED = "AcceptanceCollapsed"
+    TRAFFIC_MOVED = "TrafficMoved"
+    HOLDBACK_WEIGHT_NOT_SET = "HoldbackWeightNotSet"
     NOT_SPECULATING = "NotSpeculating"
     PROMETHEUS_UNREACHABLE = "PrometheusUnreachable"
     METRICS_OK = "MetricsOK"

@@ -170,6 +170,13 @@ class HoldbackStatus(ApiModel):
         description="Predicted per-token latency the fleet gives up while holding back, as a fraction "
         "of what it would be with every pod speculating: (predicted speedup - 1) x pods / replicas.",
     )
+    weight: int | None = Field(
+        default=None,
+        ge=0,
+        le=100,
+        description="Percent of the traffic the holdback pods carry: the HTTPRoute weight of the holdback "
+        "Service, moved every interval toward the faster pods; behind the shared Service, their even share.",
+    )
 
 
 class SpeculationStatus(ApiModel):

@@ -12,9 +12,10 @@ The contract (docs/benchmarks.md):
   revision changes is down for `restart_s` (default 120 s).
 - **Trace**: `t_seconds,batch,alpha`, one row per second (a coarser trace is held per second):
   `batch` is the running requests per replica with traffic split evenly over N replicas, so the
-  fleet carries N x batch. Each second every serving pod carries its share of that load (even
-  weights over the pods that serve: a pod that is down leaves the split) and its engine applies
-  its revision's schedule at the batch it carries.
+  fleet carries N x batch. Each second every serving pod carries its share of that load and its
+  engine applies its revision's schedule at the batch it carries: the pods are behind an HTTPRoute,
+  a plain holdback pod carries the weight the operator sets on its Service (every interval), the
+  stable pods share the rest evenly, and a pod that is down leaves the split.
 - **The operator** is production's decision: a SpeculativeDeployment built from the flags (the
   prior; the spec's defaults otherwise) gives the step's config, and `control_step.step`, the
   pure step `ControlLoop.tick` calls (learning from each pod's window, the fitted model, the
@@ -393,6 +394,23 @@ def _wanted(state: revision_step.StepState, pod: int, replicas: int) -> Revision
     return PLAIN if state.holdback and pod == replicas - 1 else state.revision
 
 
+def _shares(load: float, serving: Sequence[int], replicas: int, held: bool, weight: int) -> dict[int, float]:
+    """Each serving pod's batch: the holdback pod (the last, while one is held) carries ``weight`` %
+    of the fleet's ``load`` (the route's weight of its Service), the stable pods share the rest
+    evenly; a variant with no pod serving leaves its share to the other (and so does a weight of 0)."""
+    holdback = replicas - 1 if held and weight > 0 else None
+    stable = [i for i in serving if i != holdback]
+    plain = [i for i in serving if i == holdback]
+    if not stable or not plain:
+        each = round(load / len(serving), 3) if serving else 0.0
+        return {i: each for i in serving}
+    held_load = load * weight / 100.0
+    return {
+        **{i: round((load - held_load) / len(stable), 3) for i in stable},
+        **{i: round(held_load / len(plain), 3) for i in plain},
+    }
+
+
 def replay(
     world: World,
     trace: Sequence[TracePoint],
@@ -419,6 +437,7 @@ def replay(
         measurement=Measurement.failed(EPOCH, REASON_PENDING, "no poll yet"),
         pods=(),
         replicas=replicas,
+        weighted=True,
         min_acceptance=spec.slo.min_acceptance,
     )
     record, first = control_step.step(None, snapshot, EPOCH)  # the first revision, recorded
@@ -427,6 +446,7 @@ def replay(
     rng = random.Random(seed)
     step_every = max(1, round(interval_s))
     restart_s = world.restart_s
+    weight = 0  # the holdback's route weight in force (0: no holdback backend on the route)
 
     pods = [Pod(_wanted(record.decision, i, replicas)) for i in range(replicas)]
     run.revisions.update((pod.revision.digest, pod.revision) for pod in pods)
@@ -480,6 +500,11 @@ def replay(
                 plain=plain,
             )
             record, actions = control_step.step(record, snapshot, now)
+            if actions.weight is not None:  # the route carries it from now on
+                record = record.weighted(actions.weight)
+                if actions.weight != weight:
+                    run.weight_changes += weight > 0 or actions.weight > 0
+                    weight = actions.weight
             if actions.status is not None:
                 snapshot = replace(snapshot, status=actions.status)
             if actions.roll_to is not None:
@@ -498,13 +523,16 @@ def replay(
         if record.decision.holdback and pods[-1].revision.mode == "plain" and pods[-1].ready_at <= s:
             run.holdback_seconds += 1
         serving = [i for i, p in enumerate(pods) if p.ready_at <= s]
-        share = round(replicas * max(0.0, point.batch) / len(serving), 3) if serving else 0.0
+        shares = _shares(
+            replicas * max(0.0, point.batch), serving, replicas, record.decision.holdback, weight
+        )
         row: list[Second] = []
         loads: list[tuple[float, float]] = []
         for i, pod in enumerate(pods):
             if i not in serving:
                 row.append(Second("down", None, 0.0, None, None))
                 continue
+            share = shares[i]
             revision = pod.revision
             k = revision.schedule.k_at(share) if revision.schedule else 0
             tpot = world.tpot_ms(revision, k, share, point.alpha)

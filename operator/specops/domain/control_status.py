@@ -157,8 +157,10 @@ def speculation_status(
     rollout: RolloutStatus | None,
     calibration: object | None = None,
     replicas: int = 1,
+    holdback_weight: int | None = None,
 ) -> SpeculationStatus:
-    """status.speculation for a decision (calibration is set by the caller)."""
+    """status.speculation for a decision (calibration is set by the caller); ``holdback_weight``:
+    the holdback's route weight (None: its even share behind the shared Service)."""
     state = decision.state
     revision = state.revision
     speedup = measured_speedup(state.baseline, inputs.tpot_p50_s) if revision.mode == "spec" else None
@@ -182,19 +184,21 @@ def speculation_status(
         rollout=rollout,
         batch_seconds=list(state.batch_seconds),
         k0_cost=state.k0_cost,
-        holdback=holdback_status(decision.state, replicas, decision.predicted_speedup),
+        holdback=holdback_status(decision.state, replicas, decision.predicted_speedup, holdback_weight),
     )
 
 
 def holdback_status(
-    state: StepState, replicas: int, predicted_speedup: float | None
+    state: StepState, replicas: int, predicted_speedup: float | None, weight: int | None = None
 ) -> HoldbackStatus | None:
-    """status.speculation.holdback for ``state``: None unless a pod is held back."""
+    """status.speculation.holdback for ``state``: None unless a pod is held back. ``weight``: the
+    percent of traffic the holdback carries (None: its even share behind the shared Service)."""
     if not state.holdback or replicas < 2:
         return None
-    speedup = predicted_speedup
-    cost = None if speedup is None else round(max(0.0, speedup - 1.0) / replicas, 4)
-    return HoldbackStatus(pods=1, since=state.phase_since, cost=cost)
+    share = 1.0 / replicas if weight is None else weight / 100.0
+    cost = None if predicted_speedup is None else round(max(0.0, predicted_speedup - 1.0) * share, 4)
+    shown = round(100 / replicas) if weight is None else weight
+    return HoldbackStatus(pods=1, since=state.phase_since, cost=cost, weight=shown)
 
 
 def baseline_status(state: StepState, current: BaselineStatus) -> BaselineStatus:

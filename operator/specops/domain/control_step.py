@@ -37,7 +37,7 @@ from datetime import datetime, timedelta
 from specops.api import conditions as cond
 from specops.api.conditions import ConditionUpdate, Reason
 from specops.api.status import PodsApplied, RolloutStatus, SpeculativeDeploymentStatus
-from specops.domain import collapse, learning, profile_prior
+from specops.domain import collapse, learning, profile_prior, traffic
 from specops.domain import control_status as cs
 from specops.domain.calibration import CalibratedModel, CalibrationState, Confidence, Fit
 from specops.domain.discovery import PodEndpoint
@@ -73,6 +73,9 @@ class Snapshot:
     plain: Measurement | None = None
     """The holdback variant's latest measurement (None: no holdback pod runs)."""
     canary_running: bool = False
+    weighted: bool = False
+    """The holdback's share of traffic is a route weight this step sets (an HTTPRoute); False: the
+    pods share the Service evenly."""
     min_acceptance: float = 0.0
     prior: CalibrationState | None = None
     """A calibration profile's prior statistics; None: the roofline is the prior."""
@@ -96,6 +99,7 @@ class Snapshot:
                 self.held,
                 self.replicas,
                 self.canary_running,
+                self.weighted,
                 self.min_acceptance,
                 self.prior,
                 self.profile_name,
@@ -137,6 +141,12 @@ class ControlState:
     """The digest of the snapshot last decided on (None: decide in full)."""
     due: datetime | None = None
     """When time alone may change the decision (a phase ends, the minimum interval passes)."""
+    weight: int | None = None
+    """The holdback's route weight as last confirmed on the route (None: not known yet)."""
+    wanted_weight: int | None = None
+    """The holdback's route weight the step decided (None: nothing to set, the route is not ours)."""
+    weight_failure: str | None = None
+    """Why the last weight write failed (None: it did not)."""
 
     def shown_by(self, status: SpeculativeDeploymentStatus) -> bool:
         """Whether status shows this record's decision (else the record is restored from it)."""
@@ -160,6 +170,13 @@ class ControlState:
     def retrying(self, failed: Mapping[str, str]) -> ControlState:
         """The record after its restarts were tried: those that failed are tried again next step."""
         return replace(self, restarts=dict(failed)) if failed != self.restarts else self
+
+    def weighted(self, confirmed: int | None, failure: str | None = None) -> ControlState:
+        """The record after a weight write: ``confirmed`` is what the route now carries (the last
+        confirmed weight when the write failed, ``failure`` saying why: the step sets it again)."""
+        if confirmed == self.weight and failure == self.weight_failure:
+            return self
+        return replace(self, weight=confirmed, weight_failure=failure)
 
 
 def restore(snapshot: Snapshot, now: datetime) -> ControlState:
@@ -206,6 +223,9 @@ class Actions:
     roll_to: Revision | None = None
     """A new revision for the stable pods: rendered once the status naming it is written."""
     restarts: tuple[Restart, ...] = ()
+    weight: int | None = None
+    """The holdback's route weight to set, in percent (0: take the holdback out of the route);
+    None: the route stands."""
 
 
 NOTHING = Actions()
@@ -239,6 +259,8 @@ def step(state: ControlState | None, snapshot: Snapshot, now: datetime) -> tuple
         state = replace(state, decision=_recorded(snapshot, now), digest=None)
     digest = snapshot.digest()
     if state.digest == digest and not state.restarts and (state.due is None or now < state.due):
+        if state.wanted_weight is not None and state.weight != state.wanted_weight:
+            return state, Actions(weight=state.wanted_weight)  # a weight write that failed, again
         return state, NOTHING
     config = snapshot.config
     decision_state = state.decision
@@ -421,7 +443,18 @@ def _decided(
         cs.acceptance_condition(decision.state, snapshot.min_acceptance),
         cs.applied_condition(wanted, applied.applied, decision.state.revision),
     )
-    speculation = cs.speculation_status(decision, inputs, now, applied, rollout, replicas=wanted)
+    split = (
+        _holdback_weight(snapshot, state, decision.state, measurement, fitted, rollout is not None)
+        if snapshot.weighted
+        else None
+    )
+    weight = None if split is None else split.weight
+    moved_weight = _weight_event(state.wanted_weight, split, measurement, snapshot.plain)
+    if moved_weight is not None:
+        events.append(moved_weight)
+    speculation = cs.speculation_status(
+        decision, inputs, now, applied, rollout, replicas=wanted, holdback_weight=weight
+    )
     calibration = learning.to_status(
         knowledge,
         fitted,
@@ -467,6 +500,9 @@ def _decided(
         restarts,
         digest,
         due_at(config, decision.state, now),
+        state.weight,
+        weight,
+        state.weight_failure,
     )
     actions = Actions(
         status=new_status,
@@ -475,8 +511,69 @@ def _decided(
         # the first record renders too: the pods came up on the reconciler's roofline prior
         roll_to=decision.state.revision if decision.changed or status.speculation.revision is None else None,
         restarts=restart_actions,
+        weight=weight if weight is not None and weight != state.weight else None,
     )
     return next_state, actions
+
+
+def _holdback_weight(
+    snapshot: Snapshot,
+    state: ControlState,
+    decided: StepState,
+    measurement: Measurement,
+    fitted: CalibratedModel,
+    rolling: bool,
+) -> traffic.Split:
+    """The holdback's route weight: 0 once no pod is held back; while one is, the split the
+    measured speedup of the speculating pods favours (traffic.holdback_weight), its even share
+    until both variants were measured, and the weight in force while stable pods roll."""
+    held_pods = _held_pods(decided, snapshot.replicas)
+    if not held_pods:
+        return traffic.Split(0)
+    even = traffic.even_weight(snapshot.replicas - held_pods, held_pods)
+    in_force = traffic.Split(state.wanted_weight if state.wanted_weight else even)
+    plain = snapshot.plain
+    stable_tpot = measurement.tpot_mean_s or measurement.tpot_p50_s
+    plain_tpot = None if plain is None or not plain.ok else plain.tpot_mean_s or plain.tpot_p50_s
+    if (
+        rolling
+        or not snapshot.pods
+        or not snapshot.held
+        or plain is None
+        or plain.batch is None
+        or plain_tpot is None
+        or measurement.batch is None
+        or stable_tpot is None
+    ):
+        return in_force
+    return traffic.holdback_weight(
+        stable_pods=len(snapshot.pods),
+        held_pods=len(snapshot.held),
+        stable_batch=measurement.batch,
+        stable_tpot_s=stable_tpot,
+        plain_batch=plain.batch,
+        plain_tpot_s=plain_tpot,
+        plain_step_s=lambda batch: fitted.step_s(0, batch),
+        margin=snapshot.config.margin,
+    )
+
+
+def _weight_event(
+    before: int | None, split: traffic.Split | None, measurement: Measurement, plain: Measurement | None
+) -> EventRecord | None:
+    """The Event of a holdback weight that moved on a measurement (None: it did not move, or it
+    was only set to its even share or released)."""
+    if split is None or before is None or split.weight == before or split.speedup is None:
+        return None
+    where = ""
+    if measurement.batch is not None and plain is not None and plain.batch is not None:
+        where = f" (speculating pods at batch {measurement.batch:.1f}, the holdback at {plain.batch:.1f})"
+    found = f"the speculating pods measured {split.speedup - 1:+.1%} against plain{where}"
+    return EventRecord(
+        "Warning" if split.weight > before else "Normal",
+        Reason.TRAFFIC_MOVED,
+        f"{found}: the holdback's route weight moves from {before}% to {split.weight}%",
+    )
 
 
 def due_at(config: StepConfig, state: StepState, now: datetime) -> datetime | None:

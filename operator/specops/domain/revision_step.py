@@ -87,8 +87,7 @@ class StepConfig:
     replicas: int = 1
     """Stable pods (spec.serving.replicas)."""
     holdback: bool = False
-    """One pod may be held back plain beside the others: two or more replicas, and traffic that
-    reaches it (through the shared Service; an HTTPRoute naming the stable Service would not)."""
+    """One pod may be held back plain beside the others (two or more replicas: ``holds_back``)."""
 
 
 @dataclass(frozen=True)
@@ -489,9 +488,16 @@ def _measuring(config: StepConfig, state: StepState, now: datetime) -> bool:
 
 
 def holds_back(spec: SpeculativeDeploymentSpec) -> bool:
-    """Whether a baseline may hold one pod back plain: two or more replicas, and traffic that
-    reaches it through the shared Service (an HTTPRoute names the stable Service only)."""
-    return spec.serving.replicas >= 2 and spec.canary.traffic_routing.gateway_api is None
+    """Whether a baseline may hold one pod back plain: two or more replicas. Traffic reaches it
+    through the shared Service (an even share), or through the HTTPRoute, on which the control loop
+    weights the holdback Service beside the stable one (``routes_holdback``)."""
+    return spec.serving.replicas >= 2
+
+
+def routes_holdback(spec: SpeculativeDeploymentSpec) -> bool:
+    """Whether the holdback's share of traffic is a route weight (an HTTPRoute names the stable
+    Service), moved every interval; otherwise it is its even share of the shared Service."""
+    return spec.canary.traffic_routing.gateway_api is not None
 
 
 def _held_back(

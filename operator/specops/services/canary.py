@@ -53,6 +53,7 @@ from specops.ports import (
     KubeApiError,
     KubePort,
     MetricsSource,
+    RouteResult,
     TrafficRouter,
     TrafficRouting,
 )
@@ -427,14 +428,32 @@ class CanaryService:
         except ValueError:
             return []
         canary = resource.status.canary
-        if canary is None:
-            return []
-        router = self.routers[canary.traffic_routing]
         meta = resource.metadata
-        result = await router.set_weight(meta["namespace"], meta["name"], resource.spec, 0)
-        if result.ok:
-            return [EventRecord("Normal", Reason.ROUTE_RELEASED, result.message)] if result.message else []
-        canary_service = variant_service_name(meta["name"], CANARY)
+        gateway_api = resource.spec.canary.traffic_routing.gateway_api
+        results: list[tuple[str, RouteResult]] = []
+        if canary is not None:
+            router = self.routers[canary.traffic_routing]
+            result = await router.set_weight(meta["namespace"], meta["name"], resource.spec, 0)
+            results.append((variant_service_name(meta["name"], CANARY), result))
+        if (
+            resource.status.speculation.holdback is not None
+            and gateway_api is not None
+            and self.reconciler.routes
+        ):
+            # a holdback's Service on the route: dropped from it like the canary's
+            held = variant_service_name(meta["name"], HOLDBACK)
+            result = await self.reconciler.routes.set_route_weight(
+                meta["namespace"], gateway_api.http_route, variant_service_name(meta["name"], STABLE), held, 0
+            )
+            results.append((held, result))
+        failed = [(service, result) for service, result in results if not result.ok]
+        if not failed:
+            return [
+                EventRecord("Normal", Reason.ROUTE_RELEASED, result.message)
+                for _, result in results
+                if result.message
+            ]
+        canary_service, result = failed[0]
         if waited_s >= self.release_timeout_s:
             return [
                 EventRecord(

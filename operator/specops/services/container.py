@@ -82,14 +82,16 @@ async def build_services(config: OperatorConfig | None = None) -> Services:
         credentials=KubeCredentialReader(kube),
     )
     engines = EngineHttpClient()
-    reconciler = Reconciler(kube, options)
+    reconciler = Reconciler(kube, options, routes=GatewayApiRouter(kube))
+    gateway = GatewayApiRouter(kube)
     control = ControlLoop(
         metrics,
         rate_window_s=config.rate_window_s or rate_window_s(config.scrape_interval_s),
         kube=kube,
+        routes=gateway,
     )
     routers: dict[TrafficRouting, TrafficRouter] = {
-        "GatewayAPI": GatewayApiRouter(kube),
+        "GatewayAPI": gateway,
         "ReplicaRatio": ReplicaRatioRouter(),
     }
     gateway_api = await kube.api_served("gateway.networking.k8s.io/v1")

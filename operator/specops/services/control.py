@@ -25,10 +25,10 @@ from specops.domain.control_step import ControlState, Snapshot
 from specops.domain.discovery import PodEndpoint
 from specops.domain.engines.schedule import Revision
 from specops.domain.lifecycle import EventRecord
-from specops.domain.names import HOLDBACK, STABLE
+from specops.domain.names import HOLDBACK, STABLE, variant_service_name
 from specops.domain.profile import ProfileError, ServingProfile
-from specops.domain.revision_step import StepConfig, config_from_spec
-from specops.ports import KubeApiError, KubePort, MetricsSource
+from specops.domain.revision_step import StepConfig, config_from_spec, routes_holdback
+from specops.ports import KubeApiError, KubePort, MetricsSource, RouteWeights
 
 PROFILE_REFRESH_S = 60.0  # a calibration profile's ConfigMap is read again at most this often
 
@@ -50,10 +50,16 @@ class ControlLoop:
     """One tick = gather, step, act for one resource."""
 
     def __init__(
-        self, metrics: MetricsSource, *, rate_window_s: float = 60.0, kube: KubePort | None = None
+        self,
+        metrics: MetricsSource,
+        *,
+        rate_window_s: float = 60.0,
+        kube: KubePort | None = None,
+        routes: RouteWeights | None = None,
     ) -> None:
         self.metrics = metrics
         self.kube = kube  # reads a calibration profile's ConfigMap, deletes collapsed pods
+        self.routes = routes  # the holdback's weight on a user's HTTPRoute
         self._profiles: dict[tuple[str, str], _LoadedProfile] = {}
         self.rate_window_s = rate_window_s  # what one measurement spans: samples wait for it to settle
         self._records: dict[tuple[str, str], ControlState] = {}
@@ -158,14 +164,46 @@ class ControlLoop:
             event = control_step.restart_event(restart, key[0], failure)
             if event is not None:
                 events.append(event)
-        self._records[key] = state.retrying(failed)
+        state = state.retrying(failed)
+        new_status = actions.status
+        if actions.weight is not None:
+            confirmed, failure = await self._set_holdback_weight(resource, actions.weight, state.weight)
+            if failure is not None:
+                if state.weight_failure is None:  # said once, until the route carries a weight again
+                    events.append(EventRecord("Warning", Reason.HOLDBACK_WEIGHT_NOT_SET, failure))
+                new_status = _with_holdback_weight(new_status, confirmed)
+            state = state.weighted(confirmed, failure)
+        self._records[key] = state
         updates = [loaded.condition] if loaded is not None else []
         return ControlResult(
-            actions.status or status,
+            new_status or status,
             updates + list(actions.conditions),
             events,
             actions.roll_to,
-            unchanged=actions.status is None,
+            unchanged=new_status is None,
+        )
+
+    async def _set_holdback_weight(
+        self, resource: SpeculativeDeployment, weight: int, confirmed: int | None
+    ) -> tuple[int | None, str | None]:
+        """Set the holdback Service's weight on the resource's HTTPRoute, read back; the weight the
+        route now carries and, when the write failed, why (the step sets it again next tick)."""
+        gateway_api = resource.spec.canary.traffic_routing.gateway_api
+        if self.routes is None or gateway_api is None:
+            return confirmed, "no HTTPRoute to weight"
+        namespace, name = _key(resource)
+        result = await self.routes.set_route_weight(
+            namespace,
+            gateway_api.http_route,
+            variant_service_name(name, STABLE),
+            variant_service_name(name, HOLDBACK),
+            weight,
+        )
+        if result.ok:
+            return weight, None
+        return confirmed, (
+            f"could not set the holdback Service's weight to {weight}% on HTTPRoute "
+            f"{namespace}/{gateway_api.http_route}: {result.message}; tried again every interval"
         )
 
     async def _gather(
@@ -200,6 +238,7 @@ class ControlLoop:
             plain=plain,
             replicas=spec.serving.replicas,
             canary_running=canary_running,
+            weighted=self.routes is not None and routes_holdback(spec),
             min_acceptance=spec.slo.min_acceptance,
             prior=loaded.statistics if loaded is not None else None,
             profile_name=loaded.name if loaded is not None else None,
@@ -249,6 +288,19 @@ def _off_reason(resource: SpeculativeDeployment, draft_stale: bool, draft_unchec
     if draft_stale and resource.spec.retraining.while_stale == "off":
         return "the draft is stale for the target version (retraining.whileStale: off): the pods run plain"
     return None
+
+
+def _with_holdback_weight(
+    status: SpeculativeDeploymentStatus | None, weight: int | None
+) -> SpeculativeDeploymentStatus | None:
+    """``status`` showing the holdback weight the route carries (a write that failed leaves it)."""
+    holdback = None if status is None else status.speculation.holdback
+    if status is None or holdback is None:
+        return status
+    speculation = status.speculation.model_copy(
+        update={"holdback": holdback.model_copy(update={"weight": weight})}
+    )
+    return status.model_copy(update={"speculation": speculation})
 
 
 def _key(resource: SpeculativeDeployment) -> tuple[str, str]:

@@ -31,6 +31,7 @@ from specops.domain.names import (
     label_value,
     selector_labels,
     service_name,
+    variant_service_name,
 )
 from specops.domain.render import (
     RenderError,
@@ -41,7 +42,7 @@ from specops.domain.render import (
 )
 from specops.domain.revision_step import config_from_spec, holds_back, initial_state
 from specops.domain.status_patch import merge_patch
-from specops.ports import KubeApiError, KubePort
+from specops.ports import KubeApiError, KubePort, RouteWeights
 
 log = logging.getLogger(__name__)
 
@@ -142,12 +143,21 @@ def stable_plan(resource: SpeculativeDeployment) -> tuple[Revision, bool]:
     return state.revision, state.holdback
 
 
+def _route(resource: SpeculativeDeployment) -> str | None:
+    """The user's HTTPRoute naming the stable Service, if the spec gives one."""
+    gateway_api = resource.spec.canary.traffic_routing.gateway_api
+    return None if gateway_api is None else gateway_api.http_route
+
+
 class Reconciler:
     """Owns the stable variant's serving objects and the lifecycle part of status."""
 
-    def __init__(self, kube: KubePort, render_options: RenderOptions) -> None:
+    def __init__(
+        self, kube: KubePort, render_options: RenderOptions, *, routes: RouteWeights | None = None
+    ) -> None:
         self.kube = kube
         self.render_options = render_options
+        self.routes = routes  # takes an ended holdback out of the user's HTTPRoute before its Service goes
 
     async def reconcile(self, body: Mapping[str, Any], now: datetime) -> list[EventRecord]:
         meta = body["metadata"]
@@ -209,7 +219,9 @@ class Reconciler:
             # (a resource never reconciled whose children were all created just now has nothing
             # of its own to prune: what another incarnation left is garbage-collected by owner)
             for variant in (STABLE, HOLDBACK):
-                await self.prune(namespace, name, {_key(c) for c in children}, report, variant)
+                await self.prune(
+                    namespace, name, {_key(c) for c in children}, report, variant, route=_route(resource)
+                )
         events += await self.write_status(resource, children, report, now, base=body)
         return events
 
@@ -237,7 +249,12 @@ class Reconciler:
         report = await self.apply(children, resource.metadata.get("uid", ""))
         meta = resource.metadata
         await self.prune(
-            str(meta["namespace"]), str(meta["name"]), {_key(c) for c in children}, report, HOLDBACK
+            str(meta["namespace"]),
+            str(meta["name"]),
+            {_key(c) for c in children},
+            report,
+            HOLDBACK,
+            route=_route(resource),
         )
         return report
 
@@ -309,17 +326,46 @@ class Reconciler:
         return report
 
     async def prune(
-        self, namespace: str, name: str, keep: set[str], report: ApplyReport, variant: str = STABLE
+        self,
+        namespace: str,
+        name: str,
+        keep: set[str],
+        report: ApplyReport,
+        variant: str = STABLE,
+        *,
+        route: str | None = None,
     ) -> None:
+        """Delete the variant's objects not in ``keep``. A holdback's go only once ``route`` (the
+        user's HTTPRoute, if any) no longer names its Service: a route naming a Service that is gone
+        fails its share of requests. A release that fails raises, and the prune is tried again."""
         labels = selector_labels(name, variant)
+        released = route is None or variant != HOLDBACK
         for api_version, kind in MANAGED_KINDS:
             if kind == "PodMonitor" and not self.render_options.pod_monitor:
                 continue
             for live in await self.kube.list(api_version, kind, namespace, labels):
                 key = f"{kind}/{live['metadata']['name']}"
-                if key not in keep:
-                    await self.kube.delete(api_version, kind, namespace, live["metadata"]["name"])
-                    report.pruned.append(key)
+                if key in keep:
+                    continue
+                if not released:
+                    await self._release_holdback(namespace, name, str(route))
+                    released = True
+                await self.kube.delete(api_version, kind, namespace, live["metadata"]["name"])
+                report.pruned.append(key)
+
+    async def _release_holdback(self, namespace: str, name: str, route: str) -> None:
+        if self.routes is None:
+            return
+        result = await self.routes.set_route_weight(
+            namespace, route, variant_service_name(name, STABLE), variant_service_name(name, HOLDBACK), 0
+        )
+        if not result.ok:
+            raise KubeApiError(
+                503,
+                "RouteNotReleased",
+                f"the holdback of {namespace}/{name} stays until HTTPRoute {route} drops its Service: "
+                f"{result.message}",
+            )
 
     async def cleanup(self, body: Mapping[str, Any]) -> list[EventRecord]:
         """On delete: remove every object labelled with this resource, whatever its variant.
