@@ -20,6 +20,7 @@ from specops.domain.revision_step import (
     StepState,
     config_from_spec,
     initial_state,
+    routes_holdback,
     step,
 )
 from specops.domain.status_patch import merge_patch, only_volatile
@@ -163,15 +164,14 @@ def test_one_plain_pod_with_a_paying_curve_waits_for_its_baseline_then_speculate
     assert decision.reason == "BaselineRecorded" and "plain p50 20.00 ms/token" in decision.message
 
 
-def test_traffic_through_an_httproute_holds_nothing_back_the_baseline_runs_plain() -> None:
-    # the route names the stable Service: a holdback pod (a Service of its own) would get no traffic
+def test_traffic_through_an_httproute_holds_one_pod_back_too() -> None:
+    # the route names the stable Service: the control loop weights the holdback's Service beside it
     body = spec().model_dump(by_alias=True, exclude_none=True)
     body["canary"]["trafficRouting"] = {"gatewayAPI": {"httpRoute": "chat-route"}}
     routed = type(spec()).model_validate(body)
     config = config_from_spec(routed, routed.draft)
-    assert config.replicas >= 2 and not config.holdback
-    state = cs.state_from_status(SpeculationStatus(), BaselineStatus(), config, Flat(), T0)
-    assert state.phase == "Baseline" and state.revision == PLAIN and not state.holdback
+    assert config.replicas >= 2 and config.holdback
+    assert routes_holdback(routed) and not routes_holdback(spec())
 
 
 def test_plain_pods_whose_draft_passed_its_check_start_the_baseline_with_a_holdback_at_once() -> None:
