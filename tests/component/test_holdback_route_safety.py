@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from specops.adapters.kube import KubeClient, KubeApiError, load_connection_settings
+from specops.adapters.kube import KubeApiError, KubeClient, load_connection_settings
 from specops.adapters.routing import GatewayApiRouter, ReplicaRatioRouter
 from specops.api.models import SpeculativeDeployment
 from specops.assets import llmapi_model_source
