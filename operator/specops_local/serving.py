@@ -34,6 +34,7 @@ import posixpath
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from specops.domain import perf
@@ -128,6 +129,9 @@ class PodSlot:
     pending: str | None = None
     """A volume could not be mounted yet (retried at every sync)."""
     published: str | None = None
+    transitioned: str | None = None
+    """When the Ready condition last changed (RFC 3339), as a kubelet reports it."""
+    was_ready: bool = False
 
     @property
     def ready(self) -> bool:
@@ -531,6 +535,9 @@ class ServingController:
         }
 
     async def _publish_pod(self, serving: ServingSet, slot: PodSlot) -> None:
+        if slot.transitioned is None or slot.ready != slot.was_ready:
+            slot.was_ready = slot.ready
+            slot.transitioned = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         status = pod_status(slot)
         digest = json.dumps(status, sort_keys=True)
         if digest == slot.published:
@@ -653,9 +660,15 @@ def pod_status(slot: PodSlot) -> Body:
         container["started"] = engine is not None and engine.running
         phase = "Running"
     reason = None if ready else "ContainersNotReady"
+    since = {"lastTransitionTime": slot.transitioned} if slot.transitioned else {}
     conditions: list[Body] = [
-        {"type": "Ready", "status": "True" if ready else "False", **({"reason": reason} if reason else {})},
-        {"type": "ContainersReady", "status": "True" if ready else "False"},
+        {
+            "type": "Ready",
+            "status": "True" if ready else "False",
+            **({"reason": reason} if reason else {}),
+            **since,
+        },
+        {"type": "ContainersReady", "status": "True" if ready else "False", **since},
     ]
     status: Body = {"phase": phase, "conditions": conditions, "containerStatuses": [container]}
     if phase == "Running":

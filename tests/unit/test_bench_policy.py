@@ -6,6 +6,7 @@ import csv
 import itertools
 import json
 from datetime import datetime
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,8 @@ from specops.domain.perf import GPUS, ModelSetup
 from specops.domain.records import replace
 
 SETUP = ModelSetup(GPUS["H100"], 70e9, 7e9)
+CONTRACT_WORLD = "llama70b-small-draft-4xh100"
+CONTRACT_RESTART_S = 20
 FAST = {"rollout": {"baseline": "60s", "soak": "60s"}, "reconfigure": {"minInterval": "2m"}}
 """Short phases so that a few minutes of trace see several revisions."""
 
@@ -71,12 +74,15 @@ def contract_run(
 ) -> tuple[list[dict[str, str]], dict[str, Any], Path]:
     folder = tmp_path_factory.mktemp("policy")
     trace = write_trace(folder / "trace.csv", swinging_trace())
+    world = folder / "world.json"  # restarts quick enough for a few minutes of trace to pay several back
+    body = json.loads(resources.files("specops.profiles").joinpath(f"{CONTRACT_WORLD}.json").read_text())
+    world.write_text(json.dumps({**body, "restart_s": CONTRACT_RESTART_S}))
     out = {name: folder / name for name in ("timeline.csv", "configs.jsonl", "result.json")}
     code = bench.main(
         [
             "policy",
             "--world",
-            "llama70b-small-draft-4xh100",
+            str(world),
             "--trace",
             str(trace),
             "--backend",
@@ -149,7 +155,7 @@ def test_a_revision_change_is_down_for_restart_s_one_pod_at_a_time(
     contract_run: tuple[list[dict[str, str]], dict[str, Any], Path],
 ) -> None:
     rows, configs, _ = contract_run
-    restart = round(profiles.load_builtin("llama70b-small-draft-4xh100").restart_seconds)
+    restart = CONTRACT_RESTART_S
     changes = 0
     for i in range(3):
         for t in range(1, len(rows)):

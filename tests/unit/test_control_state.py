@@ -6,6 +6,7 @@ from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import pytest
 import yaml
 
 from specops.api.models import SpeculativeDeployment, SpeculativeDeploymentSpec
@@ -20,6 +21,7 @@ from specops.domain.revision_step import (
     StepState,
     config_from_spec,
     initial_state,
+    restart_cost,
     routes_holdback,
     step,
 )
@@ -206,6 +208,36 @@ def test_the_holdback_ends_after_the_baseline_and_only_the_holdback_pod_restarts
     assert state.revision == first  # a flat curve: nothing better, so only the holdback pod moves
     assert state.baseline.p50_s == 0.02  # the holdback pod's plain latency, not the fleet's
     assert "plain p50 20.00 ms/token on the holdback pod" in decision.message
+
+
+class Better:
+    """A curve on which K=6 pays 10 % more than the revision in force (K=4 to batch 16, K=1 to 64)."""
+
+    def predict_speedup(
+        self, alpha: float, draft_length: int, batch: float, context_tokens: float | None = None
+    ) -> float:
+        return {0: 1.0, 6: 1.65}.get(draft_length, 1.5)
+
+
+@pytest.mark.parametrize(
+    ("restart_s", "rolls"),
+    [(60.0, True), (None, True), (600.0, False)],
+    ids=["quick restarts pay back", "the assumed restart pays back", "slow restarts do not"],
+)
+def test_a_gain_rolls_out_only_when_it_pays_its_restarts_back(restart_s: float | None, rolls: bool) -> None:
+    # minInterval 30 m; rollouts take pods down (no GPUs to surge on)
+    config = replace(config_from_spec(spec(), spec().draft), restarts_down=True)
+    state = StepState("Dynamic", T0, SPEC_REVISION, T0, 0.7, (), T0)
+    later = T0 + timedelta(hours=1)
+    inputs = StepInputs(batch=8, alpha=0.7, tpot_p50_s=0.01, restart_s=restart_s)
+    decision = step(config, state, inputs, Better(), later)
+    assert decision.changed == rolls
+    if not rolls:  # every pod down 600 s of the next 30 minutes: a third of the time
+        assert decision.reason == "GainBelowThreshold" and "+33.3%" in decision.message
+    assert restart_cost(config, 2, 600.0) == pytest.approx(1 / 3)
+    surging = replace(config, restarts_down=False)  # the old pods serve until the new are Ready
+    assert restart_cost(surging, 2, 600.0) == 0.0
+    assert step(surging, state, inputs, Better(), later).changed
 
 
 def test_only_measurements_moving_is_not_a_significant_status_change() -> None:

@@ -457,6 +457,18 @@ def test_ready_endpoints_reads_the_engine_http_port_and_variant() -> None:
     assert ready_endpoints([pod("a")]) == [PodEndpoint("a", "ns", "10.0.0.1", 8123, "canary")]
 
 
+def test_a_pods_start_time_is_creation_to_ready() -> None:
+    body = pod("a")
+    body["metadata"]["creationTimestamp"] = "2026-12-01T12:00:00Z"
+    body["status"]["conditions"][0]["lastTransitionTime"] = "2026-12-01T12:03:05Z"
+    found = ready_endpoint(body)
+    assert found is not None and found.start_s == 185.0
+    body["status"]["conditions"][0]["lastTransitionTime"] = "soon"
+    unreadable = ready_endpoint(body)
+    assert unreadable is not None and unreadable.start_s is None
+    assert (ready_endpoint(pod("b")) or PodEndpoint("", "", "", 0, "")).start_s is None  # not given
+
+
 def test_a_restarted_serving_container_is_a_new_incarnation_of_the_pod() -> None:
     body = pod("a")
     body["metadata"]["uid"] = "u1"

@@ -602,7 +602,8 @@ class Reconfigure(ApiModel):
         ge=0.0,
         le=1.0,
         description="A new revision (schedule or plain) rolls out only when its predicted gain over the one "
-        "serving, weighted by the batches the deployment saw, exceeds this fraction.",
+        "serving, weighted by the batches the deployment saw, exceeds this fraction and, where rollouts take "
+        "pods down (serving.maxUnavailable > 0), the share of pod-time its restarts cost over minInterval.",
     )
     min_interval: CooldownDuration = Field(
         default="30m",

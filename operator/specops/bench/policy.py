@@ -249,6 +249,9 @@ def bench_resource(
             "serving": {
                 "backend": backend,
                 "replicas": replicas,
+                # the replay's rollout: pod by pod, one down at a time, no spare GPUs to surge on
+                "maxSurge": 0,
+                "maxUnavailable": 1,
                 "gpu": {"type": gpu, "count": setup.tensor_parallel},
                 "tensorParallel": setup.tensor_parallel,
             },
@@ -488,6 +491,7 @@ def replay(
                     0,
                     HOLDBACK if held and i == replicas - 1 else STABLE,
                     revision=p.revision.digest,
+                    start_s=float(restart_s),  # creation to Ready, as the pod's conditions tell
                 )
                 for i, p in enumerate(pods)
                 if p.ready_at <= s

@@ -124,6 +124,7 @@ def inputs_from(
     canary_running: bool,
     k0_ratios: tuple[float, ...] = (),
     plain_tpot_p50_s: float | None = None,
+    restart_s: float | None = None,
 ) -> StepInputs:
     return StepInputs(
         batch=measurement.batch,
@@ -136,6 +137,7 @@ def inputs_from(
         canary_running=canary_running,
         k0_ratios=k0_ratios,
         plain_tpot_p50_s=plain_tpot_p50_s,
+        restart_s=restart_s,
     )
 
 

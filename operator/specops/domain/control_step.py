@@ -411,6 +411,7 @@ def _decided(
         canary_running=snapshot.canary_running,
         k0_ratios=k0,
         plain_tpot_p50_s=plain_tpot_s,
+        restart_s=_start_seconds((*pods, *snapshot.held)),
     )
     decision = decide(config, state.decision, inputs, model, now)
     alpha = decision.state.alpha if decision.state.alpha is not None else PRIOR_ALPHA
@@ -514,6 +515,12 @@ def _decided(
         weight=weight if weight is not None and weight != state.weight else None,
     )
     return next_state, actions
+
+
+def _start_seconds(pods: Sequence[PodEndpoint]) -> float | None:
+    """The median time the ready pods took from creation to Ready (None: none says)."""
+    seconds = sorted(p.start_s for p in pods if p.start_s is not None)
+    return seconds[len(seconds) // 2] if seconds else None
 
 
 def _holdback_weight(

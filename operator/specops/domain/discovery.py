@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 VARIANT_LABEL = "specops.dev/variant"
@@ -39,6 +40,8 @@ class PodEndpoint:
     """The pod's ``specops.dev/backend`` label: which engine API it speaks."""
     mode: str = ""
     """The pod's ``specops.dev/mode`` label: plain or spec."""
+    start_s: float | None = None
+    """Seconds from the pod's creation to its Ready condition: what one restart of it costs."""
 
     @property
     def url(self) -> str:
@@ -83,7 +86,26 @@ def ready_endpoint(pod: Mapping[str, Any]) -> PodEndpoint | None:
         revision=str((metadata.get("labels") or {}).get(REVISION_LABEL, "")),
         backend=str((metadata.get("labels") or {}).get(BACKEND_LABEL, "")),
         mode=str((metadata.get("labels") or {}).get(MODE_LABEL, "")),
+        start_s=_start_seconds(pod),
     )
+
+
+def _start_seconds(pod: Mapping[str, Any]) -> float | None:
+    """Seconds from creationTimestamp to the Ready condition's lastTransitionTime (None: unknown)."""
+    created = (pod.get("metadata") or {}).get("creationTimestamp")
+    conditions = (pod.get("status") or {}).get("conditions") or []
+    ready = next((c.get("lastTransitionTime") for c in conditions if c.get("type") == "Ready"), None)
+    if not isinstance(created, str) or not isinstance(ready, str):
+        return None
+    try:
+        seconds = (_timestamp(ready) - _timestamp(created)).total_seconds()
+    except ValueError:
+        return None
+    return seconds if seconds >= 0 else None
+
+
+def _timestamp(text: str) -> datetime:
+    return datetime.fromisoformat(text.replace("Z", "+00:00"))
 
 
 def _incarnation(pod: Mapping[str, Any]) -> str:

@@ -86,6 +86,9 @@ class StepConfig:
     .slowdownGuard); False: it waits for the soak and the minimum interval like any change."""
     replicas: int = 1
     """Stable pods (spec.serving.replicas)."""
+    restarts_down: bool = False
+    """A rollout takes pods out of service while they restart (serving.maxUnavailable > 0); with
+    surge only, the old pods serve until the new ones are Ready and a restart costs no capacity."""
     holdback: bool = False
     """One pod may be held back plain beside the others (two or more replicas: ``holds_back``)."""
 
@@ -131,6 +134,8 @@ class StepInputs:
     """Speculating pods at K=0: their latency over the fitted plain latency at their batch."""
     plain_tpot_p50_s: float | None = None
     """The plain pods' own per-token latency (the holdback pod's while one is held back)."""
+    restart_s: float | None = None
+    """How long the pods took from creation to Ready (None: unknown): what a restart costs."""
 
 
 @dataclass(frozen=True)
@@ -176,6 +181,7 @@ def config_from_spec(
         off_reason=off_reason,
         slowdown_guard=speculation.calibration.slowdown_guard,
         replicas=spec.serving.replicas,
+        restarts_down=spec.serving.max_unavailable > 0,
         holdback=holds_back(spec),
         fixed_k=draft.method not in engine_for(spec.serving.backend).scheduled_methods,
     )
@@ -399,7 +405,10 @@ def step(
         proposed.schedule,
         current_speed,
         proposed_speed,
-        min_gain=config.min_gain,
+        # a gain must pay its restarts back; leaving a measured slowdown need not
+        min_gain=config.min_gain
+        if slowdown
+        else max(config.min_gain, restart_cost(config, config.replicas, inputs.restart_s)),
         # the revision set before this phase began was judged by its soak: the first change is free
         min_interval_s=0.0 if slowdown or first_change else config.min_interval_s,
         last_change=state.last_change,
@@ -448,6 +457,20 @@ def step(
         changed=True,
         warning=slowdown,
     )
+
+
+DEFAULT_RESTART_S = 120.0
+"""A pod's restart (creation to Ready) assumed until the pods say how long theirs took."""
+
+
+def restart_cost(config: StepConfig, restarting: int, restart_s: float | None) -> float:
+    """The share of the fleet's pod-time over the next minimum interval that ``restarting`` pods
+    spend down: a rollout's predicted gain must exceed it (and minGain) to pay its restarts back.
+    0 where rollouts surge (the old pods serve until the new ones are Ready)."""
+    if not config.restarts_down or config.min_interval_s <= 0 or config.replicas <= 0 or restarting <= 0:
+        return 0.0
+    seconds = DEFAULT_RESTART_S if restart_s is None else restart_s
+    return seconds * restarting / (config.replicas * config.min_interval_s)
 
 
 def _propose(
@@ -547,7 +570,8 @@ def _held_back(
     current_speed = expected_speedup(explorer, alpha, current.schedule, seen, k0_cost)
     proposed_speed = expected_speedup(explorer, alpha, proposed.schedule, seen, k0_cost)
     gain = proposed_speed / current_speed - 1.0 if current_speed > 0 else 0.0
-    chosen = proposed if slower or gain > config.min_gain else current
+    needed = max(config.min_gain, restart_cost(config, config.replicas - 1, inputs.restart_s))
+    chosen = proposed if slower or gain > needed else current
     p50 = state.baseline.p50_s
     found = (
         f"plain p50 {p50 * 1000:.2f} ms/token on the holdback pod"
