@@ -7,7 +7,9 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from specops.domain.engines.schedule import Schedule
-from specops.domain.revision_policy import best_schedule, expected_speedup, verdict
+from specops.domain.learning import Anchor
+from specops.domain.perf import expected_tokens
+from specops.domain.revision_policy import Evidence, best_schedule, expected_speedup, verdict
 
 NOW = datetime(2026, 12, 6, 12, 0, tzinfo=UTC)
 
@@ -88,3 +90,29 @@ def test_verdict(kwargs: dict[str, object], roll: bool, reason: str) -> None:
     result = verdict(**args)  # type: ignore[arg-type]
     assert (result.roll, result.reason) == (roll, reason)
     assert result.message
+
+
+class Steps:
+    """Step times whose round grows steeply with K (a fit that overstates the draft's cost)."""
+
+    def step_s(self, draft_length: int, batch: float, context_tokens: float | None = None) -> float:
+        return 0.010 * (1 + draft_length)
+
+    def predict_speedup(
+        self, alpha: float, draft_length: int, batch: float, context_tokens: float | None = None
+    ) -> float:
+        return 1.0
+
+
+class Sure:
+    def confidence(self, batch: float) -> object:
+        return None
+
+
+def test_no_prediction_beats_the_tokens_a_round_is_expected_to_give() -> None:
+    # a band measured at K=4 (round 20 ms, plain 10 ms); scaled down the steep shape to K=1 the
+    # round would take less than a plain step, and K=1 would promise more than its 1.8 tokens
+    anchor = Anchor(plain_s=0.010, k=4, round_s=0.020)
+    model = Evidence(Steps(), Steps(), Sure(), anchors={48.0: anchor}, steps=Steps())
+    assert model.predict_speedup(0.8, 1, 48.0) == pytest.approx(expected_tokens(0.8, 1))
+    assert model.predict_speedup(0.8, 4, 48.0) == pytest.approx(expected_tokens(0.8, 4) * 0.010 / 0.020)

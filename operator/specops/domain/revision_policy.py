@@ -249,6 +249,13 @@ class Evidence:
     def predict_speedup(
         self, alpha: float, draft_length: int, batch: float, context_tokens: float | None = None
     ) -> float:
+        found = self._predict(alpha, draft_length, batch, context_tokens)
+        # a round verifies K+1 tokens in at least one target step: never more than its expected tokens
+        return min(found, expected_tokens(alpha, draft_length)) if draft_length > 0 else found
+
+    def _predict(
+        self, alpha: float, draft_length: int, batch: float, context_tokens: float | None = None
+    ) -> float:
         anchored = self._anchored(alpha, draft_length, batch, context_tokens)
         if anchored is not None:
             return anchored
