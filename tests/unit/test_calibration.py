@@ -43,7 +43,7 @@ from specops.domain.perf import (
     speedup,
     target_step_time,
 )
-from specops.domain.profile import ServingProfile
+from specops.domain.profile import ServingProfile, profile_from_setup
 
 PRIOR = ModelSetup(GPUS["H100"], 70e9, 7e9)
 BATCHES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
@@ -130,8 +130,14 @@ def test_a_sample_loses_half_its_weight_per_half_life() -> None:
 def test_after_the_engine_changes_recent_samples_win_within_a_few_half_lives() -> None:
     config = CalibrationConfig(half_life_s=600.0)
     before = profiles.load_builtin("qwen3-32b-eagle3-2xh200")
-    # an engine upgrade: speculative rounds 35 % cheaper, plain steps unchanged
-    after = replace(before, round_ms={g: tuple(0.65 * t for t in ts) for g, ts in before.round_ms.items()})
+    # an engine upgrade: what a speculative round adds to a plain step halves, plain steps unchanged
+    after = replace(
+        before,
+        round_ms={
+            g: tuple(p + 0.5 * (t - p) for t, p in zip(ts, before.plain_ms, strict=True))
+            for g, ts in before.round_ms.items()
+        },
+    )
     state = sample_world(before, 200, seed=1, config=config)  # 50 minutes of the old engine
     old = CalibratedModel(PRIOR, state, config)
     assert old.predict_speedup(0.65, 3, 64) == pytest.approx(before.speedup(0.65, 3, 64), rel=0.05)
@@ -477,3 +483,14 @@ def test_the_posterior_solve_solves_the_system_it_is_given(size: int, seed: int,
     x = np.array(solved)
     residual = float(np.abs(a @ x - b).max())
     assert residual <= 1e-9 * (float(np.abs(a).max()) * float(np.abs(x).max()) + float(np.abs(b).max()))
+
+
+def test_a_fit_from_one_batch_never_makes_a_round_cheaper_than_a_plain_step() -> None:
+    # the prior's own world, measured only near batch 48, plain and at K=3 and 4: away from that
+    # batch the fit must not buy a cheap K=1 with a negative fixed cost per round
+    truth = profile_from_setup("truth", PRIOR)
+    model = CalibratedModel(PRIOR, sample_world(truth, 80, seed=3, batches=(48,), lengths=(0, 3, 4)))
+    for batch in (4, 16, 48, 96):
+        plain = model.step_s(0, batch)
+        assert all(model.step_s(k, batch) >= plain for k in range(1, 9))
+    assert model.predict_speedup(0.75, 1, 16) <= expected_tokens(0.75, 1)

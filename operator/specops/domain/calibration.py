@@ -12,7 +12,7 @@ The model of both is linear in six parameters, with the roofline as one feature:
   including its compute knee, where data is thin;
 - `p0` a fixed cost per step (launches, scheduling, sampling; prior 0);
 - `p1` a cost per sequence per step (KV reads, attention; prior 0);
-- `q0` a fixed cost per speculative round (rejection sampling, bookkeeping; prior 0);
+- `q0` a fixed cost per speculative round (rejection sampling, bookkeeping; prior 0, never below);
 - `q1` a cost per draft token (the draft's launch floor, per-token overhead; prior 0);
 - `q2` a cost per draft token per sequence (verification compute, the draft's own batch
   cost; prior 0).
@@ -44,8 +44,10 @@ from specops.domain.records import replace
 
 PARAMETERS = ("s", "p0", "p1", "q0", "q1", "q2")
 N_PARAMS = len(PARAMETERS)
-# p1 and q2, the per-sequence costs, set how the fit extrapolates in batch: kept >= 0 (below)
-NON_NEGATIVE = (2, 5)
+# p1 and q2, the per-sequence costs, set how the fit extrapolates in batch; q0, what a round adds to
+# a step, is no saving: all kept >= 0 (a fit from one batch would otherwise buy cheap short rounds
+# elsewhere with a negative q0, and a K=1 round would come out faster than a plain step)
+NON_NEGATIVE = (2, 3, 5)
 UNMEASURED_BELOW = 0.5  # effective on-samples near a batch below which its rounds count as unmeasured
 TABLES_KEPT = 4
 """Speedup tables one model remembers (`CalibratedModel.speedup_table`)."""
