@@ -143,3 +143,14 @@ def test_no_holdback_takes_it_out_of_the_route_once_and_unrouted_resources_write
     assert unrouted.weight is None
     assert unrouted.status is not None and unrouted.status.speculation.holdback is not None
     assert unrouted.status.speculation.holdback.weight == 25  # the even share behind the Service
+
+
+def test_a_draft_canary_on_the_same_route_freezes_the_holdback_weight() -> None:
+    # the canary's weights and the holdback's share the stable backend: one writer at a time
+    poll = replace(routed(0.015), canary_running=True)
+    after, actions = step(record(BASELINE, weight=30, wanted_weight=35), poll, NOW)
+    assert actions.weight is None and after.wanted_weight == 35
+    assert actions.status is not None and actions.status.speculation.holdback is not None
+    assert actions.status.speculation.holdback.weight == 30  # what the route carries
+    _, again = step(after, replace(poll, status=actions.status), NOW + timedelta(seconds=5))
+    assert again.weight is None  # the failed write is not retried either while the canary runs

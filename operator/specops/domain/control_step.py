@@ -259,7 +259,11 @@ def step(state: ControlState | None, snapshot: Snapshot, now: datetime) -> tuple
         state = replace(state, decision=_recorded(snapshot, now), digest=None)
     digest = snapshot.digest()
     if state.digest == digest and not state.restarts and (state.due is None or now < state.due):
-        if state.wanted_weight is not None and state.weight != state.wanted_weight:
+        if (
+            state.wanted_weight is not None
+            and state.weight != state.wanted_weight
+            and not snapshot.canary_running
+        ):
             return state, Actions(weight=state.wanted_weight)  # a weight write that failed, again
         return state, NOTHING
     config = snapshot.config
@@ -444,9 +448,10 @@ def _decided(
         cs.acceptance_condition(decision.state, snapshot.min_acceptance),
         cs.applied_condition(wanted, applied.applied, decision.state.revision),
     )
+    # a draft canary weights the same route: the holdback's weight holds until it ends
     split = (
         _holdback_weight(snapshot, state, decision.state, measurement, fitted, rollout is not None)
-        if snapshot.weighted
+        if snapshot.weighted and not snapshot.canary_running
         else None
     )
     weight = None if split is None else split.weight
@@ -454,7 +459,13 @@ def _decided(
     if moved_weight is not None:
         events.append(moved_weight)
     speculation = cs.speculation_status(
-        decision, inputs, now, applied, rollout, replicas=wanted, holdback_weight=weight
+        decision,
+        inputs,
+        now,
+        applied,
+        rollout,
+        replicas=wanted,
+        holdback_weight=weight if weight is not None or not snapshot.weighted else state.weight,
     )
     calibration = learning.to_status(
         knowledge,
@@ -502,7 +513,7 @@ def _decided(
         digest,
         due_at(config, decision.state, now),
         state.weight,
-        weight,
+        state.wanted_weight if snapshot.canary_running else weight,
         state.weight_failure,
     )
     actions = Actions(
