@@ -154,3 +154,14 @@ def test_a_draft_canary_on_the_same_route_freezes_the_holdback_weight() -> None:
     assert actions.status.speculation.holdback.weight == 30  # what the route carries
     _, again = step(after, replace(poll, status=actions.status), NOW + timedelta(seconds=5))
     assert again.weight is None  # the failed write is not retried either while the canary runs
+
+
+def test_a_holdback_pod_not_ready_gets_no_route_weight() -> None:
+    # a route naming a Service with no Ready pod fails that share of requests
+    starting = replace(routed(0.015), held=())
+    _, actions = step(record(BASELINE, weight=25, wanted_weight=25), starting, NOW)
+    assert actions.weight == 0
+    _, fresh = step(record(BASELINE), starting, NOW)
+    assert fresh.weight == 0
+    _, serving = step(record(BASELINE, weight=0, wanted_weight=0), routed(0.007), NOW)
+    assert serving.weight == 25  # Ready: its even share

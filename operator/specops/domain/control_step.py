@@ -542,12 +542,13 @@ def _holdback_weight(
     fitted: CalibratedModel,
     rolling: bool,
 ) -> traffic.Split:
-    """The holdback's route weight: 0 once no pod is held back; while one is, the split the
-    measured speedup of the speculating pods favours (traffic.holdback_weight), its even share
-    until both variants were measured, and the weight in force while stable pods roll."""
+    """The holdback's route weight: 0 while no holdback pod is Ready (none held back, or it is
+    starting); while one serves, the split the measured speedup of the speculating pods favours
+    (traffic.holdback_weight), its even share until both variants were measured, and the weight
+    in force while stable pods roll."""
     held_pods = _held_pods(decided, snapshot.replicas)
-    if not held_pods:
-        return traffic.Split(0)
+    if not held_pods or not snapshot.held:
+        return traffic.Split(0)  # no holdback, or none Ready: the route must not send it requests
     even = traffic.even_weight(snapshot.replicas - held_pods, held_pods)
     in_force = traffic.Split(state.wanted_weight if state.wanted_weight else even)
     plain = snapshot.plain
