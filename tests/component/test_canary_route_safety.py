@@ -9,7 +9,7 @@ repairs a route that still names the canary; deletion waits for the route.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Hashable
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import httpx
@@ -351,3 +351,37 @@ def service_of(cluster: EmulatedCluster, kube: KubeClient) -> CanaryService:
         routers={"GatewayAPI": GatewayApiRouter(kube), "ReplicaRatio": ReplicaRatioRouter()},
         gateway_api=True,
     )
+
+
+async def test_a_pending_first_check_applies_its_check_pod_once_until_its_inputs_move(
+    cluster: EmulatedCluster, kube: KubeClient
+) -> None:
+    # Given a resource whose first draft waits for its check pod
+    cluster.create("speculativedeployments", resource_body("u-1"))
+    live = cluster.get("speculativedeployments", NAME)
+    assert live is not None
+    resource = SpeculativeDeployment.model_validate(live)
+    service = service_of(cluster, kube)
+    gets: list[str] = []
+
+    def counted(request: Any) -> bool:
+        if request.method == "GET" and "/deployments/" in str(request.url):
+            gets.append(str(request.url))
+        return False
+
+    cluster.emulator[counted] << 200  # never answers: only counts
+    draft = resource.spec.draft
+    await service._apply_check_pod(resource, draft, T0)
+    assert any(d["metadata"]["name"].endswith("-canary") for d in cluster.objects("deployments", NAMESPACE))
+    first = len(gets)
+    # When ticks come while nothing it is rendered from moved, nothing is read or written again
+    for second in range(1, 30):
+        await service._apply_check_pod(resource, draft, T0 + timedelta(seconds=second))
+    assert len(gets) == first
+    # Then a minute on it is applied again (a pod deleted by hand comes back), and a new spec at once
+    await service._apply_check_pod(resource, draft, T0 + timedelta(seconds=61))
+    assert len(gets) > first
+    moved = SpeculativeDeployment.model_validate({**live, "metadata": {**live["metadata"], "generation": 2}})
+    before = len(gets)
+    await service._apply_check_pod(moved, draft, T0 + timedelta(seconds=62))
+    assert len(gets) > before

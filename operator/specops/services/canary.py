@@ -62,6 +62,9 @@ from specops.services.reconciler import Reconciler, stable_revision, status_chan
 
 log = logging.getLogger(__name__)
 
+CHECK_POD_REFRESH_S = 60.0
+"""A first-draft check pod whose inputs did not move is applied again at most this often."""
+
 PAUSED_ANNOTATION = "specops.dev/canary-paused"
 ACTION_ANNOTATION = "specops.dev/canary-action"
 
@@ -114,6 +117,8 @@ class CanaryService:
         self.engine_deadline_s = engine_deadline_s
         """How long one golden prompt may take on one pod (a hung pod fails the try, not the tick forever)."""
         self.checks: Outlasting[rollout.LosslessOutcome] = Outlasting()
+        self._check_pods: dict[tuple[str, str], tuple[tuple[object, ...], datetime]] = {}
+        """First-draft check pods as last applied: what they were rendered from, and when."""
         """Lossless checks under way: each tick waits for one at most half its resource's interval."""
         self.reconciler = reconciler
         self.routers = routers
@@ -225,7 +230,7 @@ class CanaryService:
             references = [e for e in endpoints if e.variant in (STABLE, HOLDBACK) and e.mode == "plain"]
             if checks and references:
                 return replace(inputs, lossless=await self._lossless(resource, checks[0], references[0]))
-            await self._apply_check_pod(resource, drafts.stable_draft(spec.draft, status))
+            await self._apply_check_pod(resource, drafts.stable_draft(spec.draft, status), now)
             return inputs
         if canary is None or inputs.action in ("promote", "abort") or inputs.paused:
             return inputs
@@ -401,11 +406,35 @@ class CanaryService:
         )
         await self.reconciler.apply(children, resource.metadata.get("uid", ""))
 
-    async def _apply_check_pod(self, resource: SpeculativeDeployment, draft: DraftSpec) -> None:
-        """The first draft's check pod: one canary-variant pod speculating with it, out of traffic."""
+    async def _apply_check_pod(
+        self, resource: SpeculativeDeployment, draft: DraftSpec, now: datetime
+    ) -> None:
+        """The first draft's check pod: one canary-variant pod speculating with it, out of traffic.
+
+        Rendered and applied again only when what it is rendered from moved (the spec's
+        generation, the draft, the stable revision in status) or CHECK_POD_REFRESH_S passed (a
+        pod deleted by hand comes back): a fleet starting up waits for thousands of them, and
+        rendering and comparing each every tick was most of a tick's CPU."""
+        meta = resource.metadata
+        key = (
+            str(meta.get("uid", "")),
+            meta.get("generation"),
+            drafts.draft_identity(draft),
+            resource.status.speculation.revision.digest if resource.status.speculation.revision else None,
+        )
+        where = (str(meta["namespace"]), str(meta["name"]))
+        applied = self._check_pods.get(where)
+        if (
+            applied is not None
+            and applied[0] == key
+            and (now - applied[1]).total_seconds() < CHECK_POD_REFRESH_S
+        ):
+            return
         await self._apply_canary(resource, draft, replicas=1, traffic=False)
+        self._check_pods[where] = (key, now)
 
     async def _delete_canary(self, namespace: str, name: str) -> None:
+        self._check_pods.pop((namespace, name), None)
         labels = {LABEL_DEPLOYMENT: label_value(name), LABEL_VARIANT: CANARY}
         for api_version, kind in (("apps/v1", "Deployment"), ("v1", "Service"), ("v1", "ConfigMap")):
             for obj in await self.kube.list(api_version, kind, namespace, labels):
