@@ -108,3 +108,39 @@ async def test_a_refused_weight_is_said_once_shown_as_not_set_and_written_again(
     assert len(route.writes) >= 4  # tried again every tick until the route took it
     assert route.weight > 0 and status.speculation.holdback is not None
     assert status.speculation.holdback.weight == route.weight
+
+
+class Services:
+    """The API server as far as the holdback's Service goes: absent until ``created``."""
+
+    def __init__(self) -> None:
+        self.created = False
+
+    async def get(self, api_version: str, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+        assert (kind, name) == ("Service", "llama-70b-chat-holdback")
+        return {"metadata": {"name": name}} if self.created else None
+
+
+async def test_the_holdback_joins_the_route_only_once_its_service_exists() -> None:
+    sdep = routed()
+    world = Fleet(slow_world(), batch=48)
+    world.revision, world.holdback = stable_plan(sdep)
+    route, services = Route(), Services()
+    loop = ControlLoop(world, rate_window_s=2.0, routes=route, kube=services)  # type: ignore[arg-type]
+    status, events = fresh(), []
+    for second in range(4):
+        services.created = second >= 2  # the holdback's apply failed before its Service, once
+        route.second = second
+        result = await loop.tick(
+            sdep, status, world.pods(), T0 + timedelta(seconds=second), draft_stale=False
+        )
+        events.extend(result.events)
+        status = result.status
+        if result.roll_to is not None:
+            world.revision, world.holdback = result.roll_to, status.speculation.holdback is not None
+    assert route.writes[0][3] == 0 and all(
+        w[3] == 0 for w, s in zip(route.writes, route.seconds, strict=True) if s < 2
+    )
+    assert any(w[3] > 0 for w in route.writes)  # it joined once the Service was there
+    missing = [e for e in events if e.reason == "HoldbackWeightNotSet"]
+    assert len(missing) == 1 and "does not exist yet" in missing[0].message

@@ -192,11 +192,27 @@ class ControlLoop:
         if self.routes is None or gateway_api is None:
             return confirmed, "no HTTPRoute to weight"
         namespace, name = _key(resource)
+        held = variant_service_name(name, HOLDBACK)
+        if weight > 0 and self.kube is not None:
+            # a route naming a Service that does not exist fails that share of requests: the
+            # Service comes with the holdback's Deployment, and a failed apply can leave it out
+            try:
+                service = await self.kube.get("v1", "Service", namespace, held)
+            except KubeApiError as error:
+                return (
+                    confirmed,
+                    f"could not read Service {namespace}/{held}: {error}; tried again every interval",
+                )
+            if service is None:
+                return confirmed, (
+                    f"Service {namespace}/{held} does not exist yet: the holdback stays off HTTPRoute "
+                    f"{namespace}/{gateway_api.http_route} until it does"
+                )
         result = await self.routes.set_route_weight(
             namespace,
             gateway_api.http_route,
             variant_service_name(name, STABLE),
-            variant_service_name(name, HOLDBACK),
+            held,
             weight,
         )
         if result.ok:
