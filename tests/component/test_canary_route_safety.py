@@ -8,7 +8,7 @@ repairs a route that still names the canary; deletion waits for the route.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Hashable
+from collections.abc import Hashable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -16,7 +16,7 @@ import httpx
 import pytest
 import yaml
 
-from specops.adapters.kube import KubeClient, load_connection_settings
+from specops.adapters.kube import KubeClient
 from specops.adapters.routing import GatewayApiRouter, ReplicaRatioRouter
 from specops.api.models import SpeculativeDeployment
 from specops.assets import llmapi_model_source
@@ -114,27 +114,6 @@ CANARY_STATUS = {
         "trafficRouting": "GatewayAPI",
     },
 }
-
-
-@pytest.fixture
-async def kube(cluster: EmulatedCluster) -> AsyncIterator[KubeClient]:
-    client = KubeClient(load_connection_settings(str(cluster.kubeconfig_path)))
-    try:
-        yield client
-    finally:
-        await client.close()
-
-
-@pytest.fixture
-def failing_route_writes(cluster: EmulatedCluster) -> dict[str, bool]:
-    """While `on`, every PATCH of the HTTPRoute answers 503 (the API server, not the route, fails)."""
-    switch = {"on": False}
-
-    def matches(request: Any) -> bool:
-        return switch["on"] and request.method == "PATCH" and "/httproutes/" in str(request.url)
-
-    cluster.emulator[matches] << 503
-    return switch
 
 
 async def given_a_canary(

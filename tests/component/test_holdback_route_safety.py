@@ -7,12 +7,11 @@ Service; a deletion takes it out of the route first.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 
-from specops.adapters.kube import KubeApiError, KubeClient, load_connection_settings
+from specops.adapters.kube import KubeApiError, KubeClient
 from specops.adapters.routing import GatewayApiRouter, ReplicaRatioRouter
 from specops.api.models import SpeculativeDeployment
 from specops.assets import llmapi_model_source
@@ -56,27 +55,6 @@ def status(*, holdback: bool) -> dict[str, Any]:
         "draft": {"model": "llama-3.1-8b-draft", "version": "v3", "uri": "pvc://models/llama-70b-draft/v3"},
         "speculation": speculation,
     }
-
-
-@pytest.fixture
-async def kube(cluster: EmulatedCluster) -> AsyncIterator[KubeClient]:
-    client = KubeClient(load_connection_settings(str(cluster.kubeconfig_path)))
-    try:
-        yield client
-    finally:
-        await client.close()
-
-
-@pytest.fixture
-def failing_route_writes(cluster: EmulatedCluster) -> dict[str, bool]:
-    """While `on`, every PATCH of the HTTPRoute answers 503."""
-    switch = {"on": False}
-
-    def matches(request: Any) -> bool:
-        return switch["on"] and request.method == "PATCH" and "/httproutes/" in str(request.url)
-
-    cluster.emulator[matches] << 503
-    return switch
 
 
 async def given_a_holdback_on_the_route(

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 import yaml
 
-from specops.adapters.kube import KubeClient, load_connection_settings
+from specops.adapters.kube import KubeClient
 from specops.api.models import SpeculativeDeployment
 from specops.domain.retraining.naming import LABEL_JOB
 from specops.ports import KubeApiError
@@ -40,15 +39,6 @@ def stale_resource(cluster: EmulatedCluster) -> SpeculativeDeployment:
     live = cluster.get("speculativedeployments", NAME)
     assert live is not None
     return SpeculativeDeployment.model_validate(live)
-
-
-@pytest.fixture
-async def kube(cluster: EmulatedCluster) -> AsyncIterator[KubeClient]:
-    client = KubeClient(load_connection_settings(str(cluster.kubeconfig_path)))
-    try:
-        yield client
-    finally:
-        await client.close()
 
 
 async def test_a_conflict_that_is_not_already_exists_is_an_error_not_a_started_round(

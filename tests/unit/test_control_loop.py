@@ -65,8 +65,11 @@ def slow_world(per_token_ms: float = 2.0, fixed_ms: float = 0.0) -> ServingProfi
 class World:
     """The pods' metrics: the profile at the revision they run, at the batch of the moment."""
 
-    def __init__(self, profile: ServingProfile, batch: float | Callable[[float], float]) -> None:
+    def __init__(
+        self, profile: ServingProfile, batch: float | Callable[[float], float], replicas: int = REPLICAS
+    ) -> None:
         self.profile = profile
+        self.replicas = replicas
         self.batch_at = batch if callable(batch) else (lambda _s: batch)
         self.revision: Revision = PLAIN
         self.holdback = False
@@ -108,7 +111,7 @@ class World:
         pass
 
     def pods(self) -> list[PodEndpoint]:
-        stable = REPLICAS - 1 if self.holdback else REPLICAS
+        stable = self.replicas - 1 if self.holdback else self.replicas
         pods = [
             PodEndpoint(f"pod-{i}", "default", "127.0.0.1", 8000 + i, "stable", revision=self.revision.digest)
             for i in range(stable)

@@ -9,8 +9,6 @@ from typing import Any
 
 from specops.api.models import SpeculativeDeployment
 from specops.api.status import SpeculativeDeploymentStatus
-from specops.domain.discovery import PodEndpoint
-from specops.domain.engines.schedule import PLAIN
 from specops.ports import RouteResult
 from specops.services.control import ControlLoop
 from specops.services.reconciler import stable_plan
@@ -42,18 +40,6 @@ class Route:
         return RouteResult(True, weight)
 
 
-class Fleet(World):
-    def pods(self) -> list[PodEndpoint]:
-        stable = PODS - 1 if self.holdback else PODS
-        pods = [
-            PodEndpoint(f"pod-{i}", "default", "127.0.0.1", 8000 + i, "stable", revision=self.revision.digest)
-            for i in range(stable)
-        ]
-        if self.holdback:
-            pods.append(PodEndpoint("held", "default", "127.0.0.1", 8100, "holdback", revision=PLAIN.digest))
-        return pods
-
-
 def routed() -> SpeculativeDeployment:
     sdep = resource(PODS, rollout={"baseline": "60s", "soak": "20s"})
     body = sdep.model_dump(by_alias=True, exclude_none=True)
@@ -65,7 +51,7 @@ async def replay(route: Route, seconds: int) -> tuple[SpeculativeDeploymentStatu
     """Tick every second; returns the last status, the Events, the second of each rollout, and the
     second the speculating pods first served."""
     sdep = routed()
-    world = Fleet(slow_world(), batch=48)
+    world = World(slow_world(), batch=48, replicas=PODS)
     world.revision, world.holdback = stable_plan(sdep)
     loop = ControlLoop(world, rate_window_s=2.0, routes=route)
     status, events, rolls = fresh(), [], []
@@ -123,7 +109,7 @@ class Services:
 
 async def test_the_holdback_joins_the_route_only_once_its_service_exists() -> None:
     sdep = routed()
-    world = Fleet(slow_world(), batch=48)
+    world = World(slow_world(), batch=48, replicas=PODS)
     world.revision, world.holdback = stable_plan(sdep)
     route, services = Route(), Services()
     loop = ControlLoop(world, rate_window_s=2.0, routes=route, kube=services)  # type: ignore[arg-type]

@@ -464,17 +464,12 @@ class CanaryService:
             router = self.routers[canary.traffic_routing]
             result = await router.set_weight(meta["namespace"], meta["name"], resource.spec, 0)
             results.append((variant_service_name(meta["name"], CANARY), result))
-        if (
-            resource.status.speculation.holdback is not None
-            and gateway_api is not None
-            and self.reconciler.routes
-        ):
+        if resource.status.speculation.holdback is not None and gateway_api is not None:
             # a holdback's Service on the route: dropped from it like the canary's
-            held = variant_service_name(meta["name"], HOLDBACK)
-            result = await self.reconciler.routes.set_route_weight(
-                meta["namespace"], gateway_api.http_route, variant_service_name(meta["name"], STABLE), held, 0
+            result = await self.reconciler.release_holdback(
+                meta["namespace"], meta["name"], gateway_api.http_route
             )
-            results.append((held, result))
+            results.append((variant_service_name(meta["name"], HOLDBACK), result))
         failed = [(service, result) for service, result in results if not result.ok]
         if not failed:
             return [

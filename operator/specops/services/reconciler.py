@@ -42,7 +42,7 @@ from specops.domain.render import (
 )
 from specops.domain.revision_step import config_from_spec, holds_back, initial_state
 from specops.domain.status_patch import merge_patch
-from specops.ports import KubeApiError, KubePort, RouteWeights
+from specops.ports import KubeApiError, KubePort, RouteResult, RouteWeights
 
 log = logging.getLogger(__name__)
 
@@ -353,12 +353,16 @@ class Reconciler:
                 await self.kube.delete(api_version, kind, namespace, live["metadata"]["name"])
                 report.pruned.append(key)
 
-    async def _release_holdback(self, namespace: str, name: str, route: str) -> None:
+    async def release_holdback(self, namespace: str, name: str, route: str) -> RouteResult:
+        """Take the holdback's Service out of ``route`` (read back); done at once without a router."""
         if self.routes is None:
-            return
-        result = await self.routes.set_route_weight(
+            return RouteResult(True, 0)
+        return await self.routes.set_route_weight(
             namespace, route, variant_service_name(name, STABLE), variant_service_name(name, HOLDBACK), 0
         )
+
+    async def _release_holdback(self, namespace: str, name: str, route: str) -> None:
+        result = await self.release_holdback(namespace, name, route)
         if not result.ok:
             raise KubeApiError(
                 503,
