@@ -71,6 +71,10 @@ class BandAnchorStatus(ApiModel):
     plain_seconds: float | None = Field(default=None, description="Measured plain step, seconds.")
     k: int = Field(default=0, description="Draft length the round below was measured at.")
     round_seconds: float | None = Field(default=None, description="Measured speculative round at k, seconds.")
+    k0_seconds: float | None = Field(
+        default=None,
+        description="Measured per-token latency of a speculating pod at K=0 (plain plus K=0's cost), seconds.",
+    )
 
 
 class CalibrationStatus(ApiModel):

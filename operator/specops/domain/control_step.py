@@ -45,7 +45,7 @@ from specops.domain.engines.schedule import PLAIN, Revision
 from specops.domain.lifecycle import EventRecord
 from specops.domain.metrics import REASON_PENDING, Measurement
 from specops.domain.names import STABLE
-from specops.domain.revision_policy import BAND_EDGES, Evidence, SpeedupModel
+from specops.domain.revision_policy import BAND_EDGES, K0_COST_HIGH, Evidence, SpeedupModel
 from specops.domain.revision_policy import break_even as revision_break_even
 from specops.domain.revision_step import BASELINE_SAMPLES, PRIOR_ALPHA, StepConfig, StepState
 from specops.domain.revision_step import step as decide
@@ -402,11 +402,12 @@ def _decided(
             anchors=anchors,
             steps=fitted,
             prior_steps=prior_model,
+            k0_cost=K0_COST_HIGH if state.decision.k0_cost is None else state.decision.k0_cost,
         )
         if learn.enabled
         else _Tabled(prior_model, top)
     )
-    k0 = tuple(learning.k0_ratios(at_zero, fitted)) if learn.enabled else ()
+    k0 = tuple(learning.k0_ratios(at_zero, anchors, BAND_EDGES, fitted)) if learn.enabled else ()
 
     applied, rollout = _pods(snapshot, state.decision, now)
     inputs = cs.inputs_from(

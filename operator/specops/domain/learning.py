@@ -376,16 +376,23 @@ def learn_pods(
 
 
 def k0_ratios(
-    at_zero: Sequence[PodReading], fitted: CalibratedModel, min_plain_samples: float = 1.0
+    at_zero: Sequence[PodReading],
+    anchors: Mapping[float, Anchor],
+    edges: Sequence[int],
+    fitted: CalibratedModel,
+    min_plain_samples: float = 1.0,
 ) -> list[float]:
-    """Latency of speculating pods at K=0 over the fitted plain latency at their batch, where plain
-    was measured near that batch: what K=0 inside a speculating engine costs here."""
+    """Latency of speculating pods at K=0 over the plain latency measured in their band (a plain pod
+    ran there), else over the fitted plain latency where plain was measured near their batch: what
+    K=0 inside a speculating engine costs here."""
     ratios = []
     for reading in at_zero:
-        if reading.tpot_s is None or fitted.confidence(reading.batch).off < min_plain_samples:
+        if reading.tpot_s is None:
             continue
-        plain_s = fitted.step_s(0, reading.batch)
-        if plain_s > 0:
+        plain_s = anchors.get(band_of(reading.batch, edges), Anchor()).plain_s
+        if not plain_s and fitted.confidence(reading.batch).off >= min_plain_samples:
+            plain_s = fitted.step_s(0, reading.batch)
+        if plain_s:
             ratios.append(reading.tpot_s / plain_s)
     return ratios
 
@@ -404,6 +411,8 @@ class Anchor:
     plain_s: float | None = None
     k: int = 0
     round_s: float | None = None
+    k0_s: float | None = None
+    """A speculating pod's latency at K=0: plain plus what K=0 costs inside the engine."""
 
 
 def band_of(batch: float, edges: Sequence[int]) -> float:
@@ -424,7 +433,8 @@ def anchor_pods(
 ) -> dict[float, Anchor]:
     """Each settled pod's window moves its band's anchor: a plain pod its plain step, a pod drafting
     K its round time at K (per-token latency x expected tokens at its acceptance). A band measured at
-    another K starts that K afresh. A speculating pod at K=0 anchors nothing."""
+    another K starts that K afresh. A speculating pod at K=0 its K=0 latency (plain plus K=0's
+    cost: where no plain pod ran, the nearest thing to plain measured there)."""
     kept = dict(anchors)
     if not config.enabled:
         return kept
@@ -433,13 +443,16 @@ def anchor_pods(
         anchor = kept.get(band, Anchor())
         if reading.revision.mode == "plain":
             plain = tpot_s if anchor.plain_s is None else _mix(anchor.plain_s, tpot_s)
-            kept[band] = Anchor(plain, anchor.k, anchor.round_s)
-        elif k > 0 and reading.alpha is not None:
+            kept[band] = replace(anchor, plain_s=plain)
+        elif k == 0:
+            k0_s = tpot_s if anchor.k0_s is None else _mix(anchor.k0_s, tpot_s)
+            kept[band] = replace(anchor, k0_s=k0_s)
+        elif reading.alpha is not None:
             round_s = tpot_s * expected_tokens(reading.alpha, k)
             if anchor.k != k or anchor.round_s is None:
-                kept[band] = Anchor(anchor.plain_s, k, round_s)
+                kept[band] = replace(anchor, k=k, round_s=round_s)
             else:
-                kept[band] = Anchor(anchor.plain_s, k, _mix(anchor.round_s, round_s))
+                kept[band] = replace(anchor, round_s=_mix(anchor.round_s, round_s))
     return kept
 
 
@@ -454,10 +467,11 @@ def anchors_to_status(anchors: Mapping[float, Anchor]) -> list[BandAnchorStatus]
             plain_seconds=None if a.plain_s is None else round(a.plain_s, 6),
             k=a.k,
             round_seconds=None if a.round_s is None else round(a.round_s, 6),
+            k0_seconds=None if a.k0_s is None else round(a.k0_s, 6),
         )
         for batch, a in sorted(anchors.items())
     ]
 
 
 def anchors_from_status(recorded: Sequence[BandAnchorStatus]) -> dict[float, Anchor]:
-    return {float(a.batch): Anchor(a.plain_seconds, a.k, a.round_seconds) for a in recorded}
+    return {float(a.batch): Anchor(a.plain_seconds, a.k, a.round_seconds, a.k0_seconds) for a in recorded}

@@ -55,6 +55,9 @@ heaviest batch is never more than 1.5x its lightest (engines capture CUDA graphs
 DEFAULT_K0_COST = 0.05
 """The per-token cost of K = 0 inside a speculating engine assumed until measured (vLLM measured
 +6.6 % at concurrency 2 and +21.6 % at 189)."""
+K0_COST_HIGH = 0.22
+"""K=0's cost at its highest measured (vLLM, +21.6 % at concurrency 189): a plain step derived from
+a K=0 latency before the cost was measured assumes it, so the speculation it predicts errs low."""
 
 
 class SpeedupModel(Protocol):
@@ -146,6 +149,8 @@ class BandAnchor(Protocol):
     def k(self) -> int: ...
     @property
     def round_s(self) -> float | None: ...
+    @property
+    def k0_s(self) -> float | None: ...
 
 
 EXPLORE_SHARE = 0.05
@@ -186,6 +191,9 @@ class Evidence:
     """The prior's step times: the plain step where plain was not measured in the band, at the level
     the nearest measured plain band shows (a fit that saw speculation only at a batch can blame
     plain decoding for what the draft cost there; the prior's shape cannot)."""
+    k0_cost: float = K0_COST_HIGH
+    """What K=0 inside a speculating engine costs, as measured (K0_COST_HIGH until it is): a band
+    measured only at K=0 has its plain step at that latency over 1 + this."""
     _ratios: dict[float, tuple[tuple[float, float], ...]] = field(
         default_factory=dict, compare=False, repr=False
     )
@@ -219,24 +227,46 @@ class Evidence:
         anchor = self.anchors.get(batch)
         if draft_length <= 0 or anchor is None or not anchor.round_s or self.steps is None:
             return None
-        plain_s = anchor.plain_s or self._plain_s(batch, context_tokens)
+        plain_s = self.plain_at(batch) or self._plain_s(batch, context_tokens)
         shape = self.steps.step_s(draft_length, batch, context_tokens) / self.steps.step_s(
             anchor.k, batch, context_tokens
         )
         return expected_tokens(alpha, draft_length) * plain_s / (anchor.round_s * shape)
 
+    def plain_at(self, batch: float) -> float | None:
+        """The plain step measured in this band: a plain pod's, else a speculating pod's at K=0 less
+        K=0's cost. None where neither ran."""
+        anchor = self.anchors.get(batch)
+        if anchor is None:
+            return None
+        if anchor.plain_s:
+            return anchor.plain_s
+        return anchor.k0_s / (1.0 + self.k0_cost) if anchor.k0_s else None
+
     def _plain_s(self, batch: float, context_tokens: float | None) -> float:
-        """The plain step at ``batch`` where no plain pod was measured in its band."""
+        """The plain step at ``batch`` where it was not measured in its band: the prior's shape at the
+        level the measured bands show, interpolated in log batch between the nearest measured band
+        below and above (the nearest one's level beyond them)."""
         assert self.steps is not None
         if self.prior_steps is None:
             return self.steps.step_s(0, batch, context_tokens)
-        measured = [(edge, a.plain_s) for edge, a in self.anchors.items() if a.plain_s]
-        if not measured:
+        prior = self.prior_steps
+        levels = sorted(
+            (math.log(max(1.0, edge)), math.log(plain / prior.step_s(0, edge, context_tokens)))
+            for edge in self.anchors
+            if (plain := self.plain_at(edge))
+        )
+        if not levels:
             return self.steps.step_s(0, batch, context_tokens)
         where = math.log(max(1.0, batch))
-        edge, plain = min(measured, key=lambda item: (abs(math.log(max(1.0, item[0])) - where), item[0]))
-        level = plain / self.prior_steps.step_s(0, edge, context_tokens)
-        return level * self.prior_steps.step_s(0, batch, context_tokens)
+        below = [item for item in levels if item[0] <= where]
+        above = [item for item in levels if item[0] >= where]
+        if below and above and above[0][0] > below[-1][0]:
+            (x0, y0), (x1, y1) = below[-1], above[0]
+            level = y0 + (y1 - y0) * (where - x0) / (x1 - x0)
+        else:
+            level = (below[-1] if below else above[0])[1]
+        return math.exp(level) * prior.step_s(0, batch, context_tokens)
 
     def measured(self, batch: float) -> bool:
         return float(getattr(self.confident.confidence(batch), "on", 0.0)) >= MEASURED_NEAR
@@ -259,11 +289,11 @@ class Evidence:
         anchored = self._anchored(alpha, draft_length, batch, context_tokens)
         if anchored is not None:
             return anchored
-        anchor = self.anchors.get(batch)
-        if draft_length > 0 and anchor is not None and anchor.plain_s and self.steps is not None:
+        plain_s = self.plain_at(batch)
+        if draft_length > 0 and plain_s and self.steps is not None:
             # plain measured here, speculation not: the measured plain step over the fitted round
             round_s = self.steps.step_s(draft_length, batch, context_tokens)
-            return expected_tokens(alpha, draft_length) * anchor.plain_s / round_s
+            return expected_tokens(alpha, draft_length) * plain_s / round_s
         if self.measured(batch):
             return self.fitted.predict_speedup(alpha, draft_length, batch, context_tokens)
         prior = self.prior.predict_speedup(alpha, draft_length, batch, context_tokens)

@@ -417,7 +417,15 @@ def step(
         # a revision measured slower than plain is replaced mid-rollout (its pods restart again)
         rollout_running=inputs.rollout_running and not slowdown,
     )
-    unmeasured = _plain_unmeasured(model, seen) if config.holdback and result.roll else []
+    # the load sits where no pod measured plain speed: measured before a change that rests on it, or
+    # as soon as the soak allows where the pods run K=0 there (its cost is unknown, its gain none)
+    idle = _idle_unmeasured(current, model, seen)
+    settled = (
+        state.last_change is None or (now - state.last_change).total_seconds() >= config.soak_s
+    ) and not (inputs.rollout_running or inputs.canary_running)
+    unmeasured = (
+        _plain_unmeasured(model, seen) if config.holdback and (result.roll or (idle and settled)) else []
+    )
     if proposed != current and unmeasured:
         # the load sits where no pod measured plain speed, so no decision there rests on evidence:
         # one pod runs plain beside the others first (one restart, not every pod's)
@@ -553,7 +561,10 @@ def _held_back(
         and state.baseline.samples >= BASELINE_SAMPLES  # the holdback pod serves and was measured
     )
     elapsed = (now - state.phase_since).total_seconds()
-    if not slower and _measuring(config, state, now):
+    # within the margin of plain either way the evidence is not yet clear: measured on (up to three
+    # baselines) rather than restarting the holdback pod into a revision that may have to go
+    unclear = measured is not None and measured < 1.0 + config.margin
+    if not slower and (_measuring(config, state, now) or (unclear and elapsed < 3 * config.baseline_s)):
         return Decision(
             state,
             current,
@@ -601,7 +612,8 @@ PLAIN_LOAD_SHARE = 0.1
 
 
 def _plain_unmeasured(model: SpeedupModel, seen: Mapping[float, float]) -> list[float]:
-    """Loaded bands (upper edges) with no plain measurement near them; none for a model without
+    """Loaded bands (upper edges) with no plain pod measured near them (a speculating pod at K=0 says
+    plain only up to K=0's cost, which is learnt where both ran); none for a model without
     measurements (calibration off)."""
     anchors = getattr(model, "anchors", None)
     if not isinstance(anchors, Mapping):
@@ -614,3 +626,18 @@ def _plain_unmeasured(model: SpeedupModel, seen: Mapping[float, float]) -> list[
         if weight >= PLAIN_LOAD_SHARE * total
         and not any(abs(math.log(max(1.0, edge)) - at) <= PLAIN_REACH for at in plain)
     )
+
+
+IDLE_SHARE = 0.25
+"""Share of the load seen at K=0 with plain unmeasured there that has a plain pod measure it."""
+
+
+def _idle_unmeasured(current: Revision, model: SpeedupModel, seen: Mapping[float, float]) -> list[float]:
+    """Loaded bands where ``current`` speculates at K=0 and no plain pod measured plain near them,
+    when together they carry IDLE_SHARE of the load seen (none otherwise)."""
+    if current.mode != "spec" or current.schedule is None:
+        return []
+    total = sum(seen.values())
+    unmeasured = set(_plain_unmeasured(model, seen))
+    idle = [edge for edge in seen if edge in unmeasured and current.schedule.k_at(edge) == 0]
+    return idle if total > 0 and sum(seen[e] for e in idle) >= IDLE_SHARE * total else []
