@@ -154,3 +154,16 @@ def test_load_at_k0_where_plain_was_never_measured_holds_a_pod_back_once_the_soa
     calm = StepState("Dynamic", changed, SPECULATING, changed, 0.7, (), changed)
     later = step(config, calm, inputs, known, changed + timedelta(minutes=11))
     assert not later.changed and later.reason != "MeasuringPlain"
+
+
+def test_plain_pods_never_hold_one_back_to_measure_plain() -> None:
+    """Where the pods run plain they measure plain themselves: a speculating proposal on load no
+    plain pod settled at rolls out on its own merits, with no holdback first."""
+    config = config_from_spec(spec(), spec().draft)
+    model = Measured(1.5, {8.0: Anchor(plain_s=0.01)})  # plain settled near batch 8 only
+    state = StepState("Dynamic", T0, PLAIN, T0, 0.7, (), T0)
+    decision = step(
+        config, state, StepInputs(batch=128, alpha=None, tpot_p50_s=0.02), model, T0 + timedelta(hours=1)
+    )
+    assert decision.changed and decision.reason != "MeasuringPlain" and not decision.state.holdback
+    assert decision.state.revision.mode == "spec"

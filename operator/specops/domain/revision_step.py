@@ -418,13 +418,16 @@ def step(
         rollout_running=inputs.rollout_running and not slowdown,
     )
     # the load sits where no pod measured plain speed: measured before a change that rests on it, or
-    # as soon as the soak allows where the pods run K=0 there (its cost is unknown, its gain none)
+    # as soon as the soak allows where the pods run K=0 there (its cost is unknown, its gain none);
+    # plain pods measure plain themselves
     idle = _idle_unmeasured(current, model, seen)
     settled = (
         state.last_change is None or (now - state.last_change).total_seconds() >= config.soak_s
     ) and not (inputs.rollout_running or inputs.canary_running)
     unmeasured = (
-        _plain_unmeasured(model, seen) if config.holdback and (result.roll or (idle and settled)) else []
+        _plain_unmeasured(model, seen)
+        if config.holdback and current.mode == "spec" and (result.roll or (idle and settled))
+        else []
     )
     if proposed != current and unmeasured:
         # the load sits where no pod measured plain speed, so no decision there rests on evidence:
