@@ -2,18 +2,22 @@
 
 ``step(config, state, inputs, model, now) -> Decision``. The engine applies its schedule at
 every iteration; this step only learns where the curve lies (the model comes in fitted) and
-picks the revision, which is rare because each change restarts every pod:
+picks the revision, which is rare because each change restarts pods:
 
-- Baseline: the pods run plain for ``rollout.baseline`` so plain speed at the deployment's
-  own load is measured; then the first speculating revision rolls out (phase Fixed) with the
-  prior's schedule capped at ``draftLength.initial``.
-- Fixed: that revision soaks for ``rollout.soak`` (ended early when it is measured slower than
-  plain on the load seen); then Dynamic.
+- Baseline, two or more replicas: all pods but one run the prior's schedule (capped at
+  ``draftLength.initial``) beside one plain holdback pod, for ``rollout.baseline``; it ends
+  early on a measured slowdown, and measures on (up to three baselines) while the speculating
+  pods measure within the margin of plain. Its end picks what every pod runs (Dynamic).
+- Baseline, one replica: plain for ``rollout.baseline``; then the first speculating revision
+  (Fixed), which soaks for ``rollout.soak`` (ended early when measured slower than plain).
 - Dynamic: the best schedule for the fitted curve at the smoothed acceptance
   (revision_policy.best_schedule) is proposed, or plain when that schedule, on the batches the
   deployment saw and with K=0's cost inside a speculating engine, is predicted no faster than
-  plain; it rolls out when it pays for the restarts (revision_policy.verdict). A revision the model, fed by measurements, now finds slower than
-  plain on the load seen skips the minimum interval.
+  plain; it rolls out when it pays for the restarts (revision_policy.verdict). A revision the
+  model, fed by measurements, now finds slower than plain on the load seen skips the minimum
+  interval. Where the load sits at batches no plain pod measured, before a change that rests on
+  them (or, once the soak allows, when the pods run K=0 there), one pod is held back plain again
+  (MeasuringPlain, back to Baseline).
 - Speculation off (``mode: off``, a draft that has not passed its lossless check, or a stale
   draft with ``retraining.whileStale: off``): plain pods, at once.
 
