@@ -28,7 +28,7 @@ A resource whose inputs did not move takes the same path and returns the same de
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Literal
@@ -424,15 +424,14 @@ def step(
     # the load sits where no pod measured plain speed: measured before a change that rests on it, or
     # as soon as the soak allows where the pods run K=0 there (its cost is unknown, its gain none);
     # plain pods measure plain themselves
-    idle = _idle_unmeasured(current, model, seen)
-    settled = (
-        state.last_change is None or (now - state.last_change).total_seconds() >= config.soak_s
-    ) and not (inputs.rollout_running or inputs.canary_running)
-    unmeasured = (
-        _plain_unmeasured(model, seen)
-        if config.holdback and current.mode == "spec" and (result.roll or (idle and settled))
-        else []
-    )
+    unmeasured: list[float] = []
+    if config.holdback and current.mode == "spec":
+        bands = _plain_unmeasured(model, seen)
+        settled = (
+            state.last_change is None or (now - state.last_change).total_seconds() >= config.soak_s
+        ) and not (inputs.rollout_running or inputs.canary_running)
+        if result.roll or (settled and _idle(current, bands, seen)):
+            unmeasured = bands
     if proposed != current and unmeasured:
         # the load sits where no pod measured plain speed, so no decision there rests on evidence:
         # one pod runs plain beside the others first (one restart, not every pod's)
@@ -639,12 +638,11 @@ IDLE_SHARE = 0.25
 """Share of the load seen at K=0 with plain unmeasured there that has a plain pod measure it."""
 
 
-def _idle_unmeasured(current: Revision, model: SpeedupModel, seen: Mapping[float, float]) -> list[float]:
-    """Loaded bands where ``current`` speculates at K=0 and no plain pod measured plain near them,
-    when together they carry IDLE_SHARE of the load seen (none otherwise)."""
-    if current.mode != "spec" or current.schedule is None:
-        return []
+def _idle(current: Revision, unmeasured: Sequence[float], seen: Mapping[float, float]) -> bool:
+    """Whether the ``unmeasured`` bands (no plain pod near them) where ``current`` runs K=0 carry
+    IDLE_SHARE of the load seen."""
     total = sum(seen.values())
-    unmeasured = set(_plain_unmeasured(model, seen))
-    idle = [edge for edge in seen if edge in unmeasured and current.schedule.k_at(edge) == 0]
-    return idle if total > 0 and sum(seen[e] for e in idle) >= IDLE_SHARE * total else []
+    if current.schedule is None or total <= 0:
+        return False
+    idle = sum(seen[edge] for edge in unmeasured if current.schedule.k_at(edge) == 0)
+    return idle >= IDLE_SHARE * total

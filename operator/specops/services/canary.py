@@ -117,9 +117,9 @@ class CanaryService:
         self.engine_deadline_s = engine_deadline_s
         """How long one golden prompt may take on one pod (a hung pod fails the try, not the tick forever)."""
         self.checks: Outlasting[rollout.LosslessOutcome] = Outlasting()
+        """Lossless checks under way: each tick waits for one at most half its resource's interval."""
         self._check_pods: dict[tuple[str, str], tuple[tuple[object, ...], datetime]] = {}
         """First-draft check pods as last applied: what they were rendered from, and when."""
-        """Lossless checks under way: each tick waits for one at most half its resource's interval."""
         self.reconciler = reconciler
         self.routers = routers
         self.gateway_api = gateway_api
