@@ -281,3 +281,30 @@ def test_a_record_that_status_no_longer_shows_takes_the_decision_from_status() -
     # Then the step decides from what status shows: the revision in status holds (too soon to change)
     assert actions.roll_to is None and after.decision.revision == SPECULATING
     assert after.decision.last_change == written.last_change and after.shown_by(poll.status)
+
+
+def test_the_break_even_shown_is_worked_out_again_once_a_minute_and_at_a_change() -> None:
+    # Given a speculating fleet whose polls move the fit a little every 15 s
+    state: ControlState | None = record(DYNAMIC)
+    poll = snapshot(DYNAMIC, POLL, pods(SPECULATING))
+    worked_out = []
+    for second in range(0, 136, 15):
+        now = LATER + timedelta(seconds=second)
+        poll = following(poll, None, now, batch=8.0 + second / 15.0, tpot_s=0.012 + second / 1e5)
+        state, actions = step(state, poll, now)
+        assert state.curve is not None and actions.status is not None
+        calibration = actions.status.speculation.calibration
+        # status shows the break-even last worked out, never a stale mix
+        assert calibration.break_even_batch == state.curve.break_even
+        assert calibration.break_even_band == list(state.curve.band)
+        worked_out.append((state.curve.at - LATER).total_seconds())
+        poll = replace(poll, status=actions.status)
+    # Then it is worked out at the first step and again once CURVE_REFRESH_S has passed
+    assert sorted(set(worked_out)) == [0.0, 60.0, 120.0]
+    # And a decision that changes the revision works it out at once for the new one
+    changed = replace(DYNAMIC, revision=PLAIN)
+    assert state is not None
+    moved, _ = step(
+        replace(state, decision=changed, digest=None), snapshot(changed, POLL), LATER + timedelta(seconds=140)
+    )
+    assert moved.curve is not None and moved.curve.revision == moved.decision.revision.digest

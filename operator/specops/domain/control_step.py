@@ -12,7 +12,9 @@ it, and the pods to restart after an acceptance collapse. The step composes, in 
 - learning (domain.learning): each settled pod's window at the K its revision's schedule gave
   at its batch (``track_pods``, ``learn_pods``, ``anchor_pods``), then the fitted model (the
   calibration over the prior, per-band anchors: revision_policy.Evidence);
-- the decision (domain.revision_step.step) and the break-even shown.
+- the decision (domain.revision_step.step) and the break-even shown, worked out again once a
+  ``CURVE_REFRESH_S`` or when the decision changes (it is what status and an Event show, and was
+  two fifths of a tick's CPU when worked out every poll).
 
 ``ControlState`` is the resource's one runtime record. What a restart of the operator must not
 lose is in status: the revision, the phase and its start, the last change (written at once), the
@@ -110,6 +112,27 @@ class Snapshot:
 # ------------------------------------------------------------------ state
 
 
+CURVE_REFRESH_S = 60.0
+"""The break-even, the prior's and the band status shows are worked out again this often (or when
+the decision changes): the model moves by a sample or two a poll, status refreshes its
+measurements about once a minute, and the search asks the model a hundred points."""
+
+
+@dataclass(frozen=True)
+class Curve:
+    """The break-even shown, and when and for what it was worked out."""
+
+    at: datetime
+    alpha: float
+    revision: str
+    break_even: int | None
+    prior_break_even: int | None
+    band: tuple[int, ...]
+
+    def fresh(self, now: datetime, revision: str) -> bool:
+        return revision == self.revision and (now - self.at).total_seconds() < CURVE_REFRESH_S
+
+
 Shown = tuple[str, int, str, int | None, bool]
 """What status shows of a decision once written: phase, its start, the revision, the last change
 (times to the second, as status holds them), whether a pod is held back."""
@@ -147,6 +170,8 @@ class ControlState:
     """The holdback's route weight the step decided (None: nothing to set, the route is not ours)."""
     weight_failure: str | None = None
     """Why the last weight write failed (None: it did not)."""
+    curve: Curve | None = None
+    """The break-even last worked out (None: never yet)."""
 
     def shown_by(self, status: SpeculativeDeploymentStatus) -> bool:
         """Whether status shows this record's decision (else the record is restored from it)."""
@@ -420,9 +445,18 @@ def _decided(
     )
     decision = decide(config, state.decision, inputs, model, now)
     alpha = decision.state.alpha if decision.state.alpha is not None else PRIOR_ALPHA
-    bounds = (max(1, config.min_k), max(1, config.min_k, config.max_k))
-    break_even = revision_break_even(model, alpha, bounds)
-    prior_break_even = learning.break_even(prior_model, alpha, bounds)
+    curve = state.curve
+    if curve is None or decision.changed or not curve.fresh(now, decision.state.revision.digest):
+        bounds = (max(1, config.min_k), max(1, config.min_k, config.max_k))
+        curve = Curve(
+            now,
+            alpha,
+            decision.state.revision.digest,
+            revision_break_even(model, alpha, bounds),
+            learning.break_even(prior_model, alpha, bounds),
+            tuple(_break_even_band(fitted if learn.enabled else prior_model, alpha, bounds)),
+        )
+    break_even, prior_break_even = curve.break_even, curve.prior_break_even
     knowledge, moved = learning.announce(knowledge, break_even, prior_break_even)
     events: list[EventRecord] = []
     if moved is not None:
@@ -430,7 +464,7 @@ def _decided(
             EventRecord(
                 "Normal",
                 "CalibrationMovedBreakEven",
-                f"{moved} (alpha {alpha:.2f}, {knowledge.calibration.samples} samples, "
+                f"{moved} (alpha {curve.alpha:.2f}, {knowledge.calibration.samples} samples, "
                 f"relative fit error {fitted.relative_fit_error() or 0.0:.3f}).",
             )
         )
@@ -481,7 +515,7 @@ def _decided(
         update={
             **_prior_fields(snapshot, knowledge, learn),
             "anchors": learning.anchors_to_status(anchors),
-            "break_even_band": _break_even_band(fitted if learn.enabled else prior_model, alpha, bounds),
+            "break_even_band": list(curve.band),
         }
     )
     speculation = speculation.model_copy(
@@ -516,6 +550,7 @@ def _decided(
         state.weight,
         state.wanted_weight if snapshot.canary_running else weight,
         state.weight_failure,
+        curve,
     )
     actions = Actions(
         status=new_status,

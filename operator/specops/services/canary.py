@@ -65,6 +65,16 @@ log = logging.getLogger(__name__)
 CHECK_POD_REFRESH_S = 60.0
 """A first-draft check pod whose inputs did not move is applied again at most this often."""
 
+
+@dataclass(frozen=True)
+class _CheckPod:
+    """A first-draft check pod as last applied: what it was rendered from, when, and its objects."""
+
+    key: tuple[object, ...]
+    at: datetime
+    children: list[dict[str, Any]]
+
+
 PAUSED_ANNOTATION = "specops.dev/canary-paused"
 ACTION_ANNOTATION = "specops.dev/canary-action"
 
@@ -118,7 +128,7 @@ class CanaryService:
         """How long one golden prompt may take on one pod (a hung pod fails the try, not the tick forever)."""
         self.checks: Outlasting[rollout.LosslessOutcome] = Outlasting()
         """Lossless checks under way: each tick waits for one at most half its resource's interval."""
-        self._check_pods: dict[tuple[str, str], tuple[tuple[object, ...], datetime]] = {}
+        self._check_pods: dict[tuple[str, str], _CheckPod] = {}
         """First-draft check pods as last applied: what they were rendered from, and when."""
         self.reconciler = reconciler
         self.routers = routers
@@ -395,7 +405,13 @@ class CanaryService:
     async def _apply_canary(
         self, resource: SpeculativeDeployment, draft: DraftSpec, *, replicas: int, traffic: bool
     ) -> None:
-        children = render_children(
+        children = self._render_canary(resource, draft, replicas=replicas, traffic=traffic)
+        await self.reconciler.apply(children, resource.metadata.get("uid", ""))
+
+    def _render_canary(
+        self, resource: SpeculativeDeployment, draft: DraftSpec, *, replicas: int, traffic: bool
+    ) -> list[dict[str, Any]]:
+        return render_children(
             resource,
             self.reconciler.render_options,
             canary_revision(resource, draft),
@@ -404,16 +420,15 @@ class CanaryService:
             replicas=replicas,
             receives_traffic=traffic,
         )
-        await self.reconciler.apply(children, resource.metadata.get("uid", ""))
 
     async def _apply_check_pod(
         self, resource: SpeculativeDeployment, draft: DraftSpec, now: datetime
     ) -> None:
         """The first draft's check pod: one canary-variant pod speculating with it, out of traffic.
 
-        Rendered and applied again only when what it is rendered from moved (the spec's
-        generation, the draft, the stable revision in status) or CHECK_POD_REFRESH_S passed (a
-        pod deleted by hand comes back): a fleet starting up waits for thousands of them, and
+        Rendered only when what it is rendered from moved (the spec's generation, the draft, the
+        stable revision in status), and applied again only then or once CHECK_POD_REFRESH_S passed
+        (a pod deleted by hand comes back): a fleet starting up waits for thousands of them, and
         rendering and comparing each every tick was most of a tick's CPU."""
         meta = resource.metadata
         key = (
@@ -424,14 +439,14 @@ class CanaryService:
         )
         where = (str(meta["namespace"]), str(meta["name"]))
         applied = self._check_pods.get(where)
-        if (
-            applied is not None
-            and applied[0] == key
-            and (now - applied[1]).total_seconds() < CHECK_POD_REFRESH_S
-        ):
-            return
-        await self._apply_canary(resource, draft, replicas=1, traffic=False)
-        self._check_pods[where] = (key, now)
+        if applied is not None and applied.key == key:
+            if (now - applied.at).total_seconds() < CHECK_POD_REFRESH_S:
+                return
+            children = applied.children
+        else:
+            children = self._render_canary(resource, draft, replicas=1, traffic=False)
+        await self.reconciler.apply(children, meta.get("uid", ""))
+        self._check_pods[where] = _CheckPod(key, now, children)
 
     async def _delete_canary(self, namespace: str, name: str) -> None:
         self._check_pods.pop((namespace, name), None)
