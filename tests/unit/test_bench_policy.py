@@ -18,6 +18,7 @@ from specops.bench.policy import (
     RESULT_KEYS,
     TracePoint,
     World,
+    hindsight_bound,
     load_trace,
     parse_trace,
     replay,
@@ -286,3 +287,28 @@ def test_worlds_cover_the_issues_cases() -> None:
     assert k0.k0_ms_at(256) / k0.plain_ms_at(256) >= 1.15
     assert profiles.load_builtin("qwen3-30b-a3b-moe-eagle3-h100").break_even_batch(0.85) == 1
     assert profiles.load_builtin("llama3.1-8b-longctx-magicdec").break_even_batch(0.75) is None
+
+
+def test_the_hindsight_bound_charges_the_restarts_out_of_the_first_fleet() -> None:
+    # Given a world where speculation never pays, and the fleet the operator starts with
+    world = world_from("qwen3-30b-a3b-moe-eagle3-h100", SETUP)
+    setup, gpu = setup_of(world, SETUP, "H100")
+    trace = [TracePoint(float(s), 24.0, 0.8) for s in range(1800)]
+    run = replay(world, trace, setup=setup, gpu=gpu, replicas=4)
+    first = [run.revisions[d].mode for d in run.configs[0]]
+    assert first == ["spec", "spec", "spec", "plain"]
+    bound = hindsight_bound(run)
+    # Then the best fixed fleet is plain, reached by restarting the three speculating pods one at a
+    # time: every second one is down is slower than the all-plain fleet
+    hours = len(trace) / 3600.0
+    assert bound["restarts_per_pod_hour"] == pytest.approx(3 / (4 * hours), abs=1e-3)
+    assert bound["slowdown_time_fraction"] >= 3 * world.restart_s / len(trace)
+    assert bound["ratio_to_oracle"] < 1.0
+    # And a fleet already on the best revision pays nothing
+    plain_first = replace(run, configs=[[PLAIN.digest] * 4, *run.configs[1:]])
+    plain_first.revisions[PLAIN.digest] = PLAIN
+    assert hindsight_bound(plain_first) == {
+        "ratio_to_oracle": 1.0,
+        "slowdown_time_fraction": 0.0,
+        "restarts_per_pod_hour": 0.0,
+    }
