@@ -23,7 +23,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
-from typing import Protocol
+from typing import Any, Protocol
 
 from specops.domain.engines.schedule import Schedule
 from specops.domain.perf import expected_tokens
@@ -197,12 +197,22 @@ class Evidence:
     _ratios: dict[float, tuple[tuple[float, float], ...]] = field(
         default_factory=dict, compare=False, repr=False
     )
+    _memo: dict[tuple[object, ...], Any] = field(default_factory=dict, init=False, compare=False, repr=False)
+    """What does not depend on K, per batch (a best schedule asks every K at every band edge): a
+    model lives for one step."""
 
     def prior_scale(self, alpha: float, batch: float) -> float:
         """How far the prior sits from what the nearest measured band within an octave measured
         (measured over prior speedup at that band's K): applied to the prior where nothing was
         measured, so a prior that measurements found optimistic nearby is not trusted at face value
         (1 where no band within an octave was measured)."""
+        memo = ("scale", alpha, batch)
+        if memo in self._memo:
+            return float(self._memo[memo])
+        scale = self._memo[memo] = self._prior_scale(alpha, batch)
+        return scale
+
+    def _prior_scale(self, alpha: float, batch: float) -> float:
         key = round(alpha, 2)
         if key not in self._ratios:
             found: list[tuple[float, float]] = []
@@ -227,10 +237,13 @@ class Evidence:
         anchor = self.anchors.get(batch)
         if draft_length <= 0 or anchor is None or not anchor.round_s or self.steps is None:
             return None
-        plain_s = self.plain_at(batch) or self._plain_s(batch, context_tokens)
-        shape = self.steps.step_s(draft_length, batch, context_tokens) / self.steps.step_s(
-            anchor.k, batch, context_tokens
-        )
+        key = ("anchored", batch, context_tokens)
+        found = self._memo.get(key)
+        if found is None:  # the band's plain step, and the fitted round at the anchor's K
+            plain_s = self.plain_at(batch) or self._plain_s(batch, context_tokens)
+            found = self._memo[key] = (plain_s, self.steps.step_s(anchor.k, batch, context_tokens))
+        plain_s, anchor_step = found
+        shape = self.steps.step_s(draft_length, batch, context_tokens) / anchor_step
         return expected_tokens(alpha, draft_length) * plain_s / (anchor.round_s * shape)
 
     def plain_at(self, batch: float) -> float | None:
@@ -269,7 +282,13 @@ class Evidence:
         return math.exp(level) * prior.step_s(0, batch, context_tokens)
 
     def measured(self, batch: float) -> bool:
-        return float(getattr(self.confident.confidence(batch), "on", 0.0)) >= MEASURED_NEAR
+        key = ("measured", batch)
+        found = self._memo.get(key)
+        if found is None:
+            found = self._memo[key] = (
+                float(getattr(self.confident.confidence(batch), "on", 0.0)) >= MEASURED_NEAR
+            )
+        return bool(found)
 
     def knows(self, batch: float) -> bool:
         """Whether speculation was measured in this band (an anchor's round, or the fit's samples)."""
