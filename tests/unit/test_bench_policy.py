@@ -312,3 +312,15 @@ def test_the_hindsight_bound_charges_the_restarts_out_of_the_first_fleet() -> No
         "slowdown_time_fraction": 0.0,
         "restarts_per_pod_hour": 0.0,
     }
+
+
+def test_the_hindsight_bound_of_one_pod_starting_plain_weighs_speculating() -> None:
+    # Given one pod, which runs plain through its baseline, in a world where speculation pays
+    world = world_from("roofline", SETUP)
+    trace = [TracePoint(float(s), 8.0, 0.8) for s in range(1200)]
+    run = replay(world, trace, setup=SETUP, replicas=1)
+    assert run.revisions[run.configs[0][0]].mode == "plain"
+    bound = hindsight_bound(run)
+    # Then the bound restarts it into speculation once (an outage of restart_s) and gains from it
+    assert bound["restarts_per_pod_hour"] == pytest.approx(1 / (len(trace) / 3600.0), abs=1e-3)
+    assert bound["ratio_to_oracle"] > result(run)["plain_speedup"] / result(run)["oracle_speedup"]

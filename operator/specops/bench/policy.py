@@ -332,7 +332,8 @@ def hindsight_bound(run: Run) -> dict[str, float]:
     leave its first fleet does no better on a trace it serves with one fleet throughout."""
     world, trace, replicas = run.world, run.trace, run.replicas
     first = [run.revisions[digest] for digest in run.configs[0]]
-    model = next((r for r in first if r.mode == "spec"), None)
+    # the draft and method the run speculated with (a one-pod fleet starts plain)
+    model = next((r for r in (*first, *run.revisions.values()) if r.mode == "spec"), None)
     mean_alpha = sum(p.alpha for p in trace) / len(trace)
     candidates = [PLAIN]
     if model is not None:
