@@ -13,8 +13,8 @@ it, and the pods to restart after an acceptance collapse. The step composes, in 
   at its batch (``track_pods``, ``learn_pods``, ``anchor_pods``), then the fitted model (the
   calibration over the prior, per-band anchors: revision_policy.Evidence);
 - the decision (domain.revision_step.step) and the break-even shown, worked out again once a
-  ``CURVE_REFRESH_S`` or when the decision changes (it is what status and an Event show, and was
-  two fifths of a tick's CPU when worked out every poll).
+  ``CURVE_REFRESH_S`` or when the decision changes (it is what status and an Event show; worked
+  out at every poll it would be two fifths of a tick's CPU).
 
 ``ControlState`` is the resource's one runtime record. What a restart of the operator must not
 lose is in status: the revision, the phase and its start, the last change (written at once), the
