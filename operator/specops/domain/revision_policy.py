@@ -206,11 +206,11 @@ class Evidence:
         (measured over prior speedup at that band's K): applied to the prior where nothing was
         measured, so a prior that measurements found optimistic nearby is not trusted at face value
         (1 where no band within an octave was measured)."""
-        memo = ("scale", alpha, batch)
-        if memo in self._memo:
-            return float(self._memo[memo])
-        scale = self._memo[memo] = self._prior_scale(alpha, batch)
-        return scale
+        key = ("scale", alpha, batch)
+        found = self._memo.get(key)
+        if found is None:
+            found = self._memo[key] = self._prior_scale(alpha, batch)
+        return float(found)
 
     def _prior_scale(self, alpha: float, batch: float) -> float:
         key = round(alpha, 2)
@@ -282,13 +282,7 @@ class Evidence:
         return math.exp(level) * prior.step_s(0, batch, context_tokens)
 
     def measured(self, batch: float) -> bool:
-        key = ("measured", batch)
-        found = self._memo.get(key)
-        if found is None:
-            found = self._memo[key] = (
-                float(getattr(self.confident.confidence(batch), "on", 0.0)) >= MEASURED_NEAR
-            )
-        return bool(found)
+        return float(getattr(self.confident.confidence(batch), "on", 0.0)) >= MEASURED_NEAR
 
     def knows(self, batch: float) -> bool:
         """Whether speculation was measured in this band (an anchor's round, or the fit's samples)."""
